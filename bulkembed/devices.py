@@ -1,0 +1,51 @@
+"""Pick the device and compute dtype from `--devices` and `--dtype`."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from bulkembed.config import DType
+from bulkembed.errors import BulkembedError
+
+if TYPE_CHECKING:
+    import torch
+
+
+def resolve_device(devices: str) -> str:
+    """`auto`, `cpu`, `cuda` or `cuda:N` as a torch device string that exists here."""
+    import torch
+
+    choice = devices.strip().lower()
+    if "," in choice:
+        raise BulkembedError(
+            f"--devices {devices}: this version runs on one device at a time; pass one of them"
+        )
+    if choice == "auto":
+        return "cuda:0" if torch.cuda.is_available() else "cpu"
+    if choice == "cpu":
+        return "cpu"
+    if choice == "cuda" or choice.startswith("cuda:"):
+        index_text = choice.partition(":")[2] or "0"
+        if not index_text.isdigit():
+            raise BulkembedError(f"--devices {devices}: expected cuda:N with N a number")
+        available = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if int(index_text) >= available:
+            raise BulkembedError(
+                f"--devices {devices}: this machine has {available} CUDA device(s); "
+                "use --devices cpu or auto"
+            )
+        return f"cuda:{index_text}"
+    raise BulkembedError(f"--devices {devices}: expected auto, cpu or cuda:N")
+
+
+def resolve_dtype(dtype: DType, device: str) -> torch.dtype:
+    """float32 on CPU and float16 on CUDA unless `--dtype` says otherwise."""
+    import torch
+
+    if dtype is DType.AUTO:
+        return torch.float32 if device == "cpu" else torch.float16
+    return {
+        DType.FLOAT32: torch.float32,
+        DType.FLOAT16: torch.float16,
+        DType.BFLOAT16: torch.bfloat16,
+    }[dtype]

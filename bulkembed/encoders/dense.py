@@ -1,0 +1,48 @@
+"""Dense embeddings from a `transformers.AutoModel`: pooled, optionally L2-normalized."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+
+from bulkembed.encoders.base import Embeddings, Encoder, TokenBatch
+from bulkembed.encoders.pooling import pool
+from bulkembed.errors import ModelError
+
+if TYPE_CHECKING:
+    from bulkembed.model_spec import ModelSpec
+
+
+class DenseEncoder(Encoder):
+    """One vector per document: the encoder's last hidden state, pooled."""
+
+    family = "dense"
+
+    def __init__(self, spec: ModelSpec, device: str, dtype: torch.dtype) -> None:
+        super().__init__(spec, device, dtype)
+        from transformers import AutoModel
+        from transformers.utils import logging as transformers_logging
+
+        transformers_logging.disable_progress_bar()
+        transformers_logging.set_verbosity_error()
+        try:
+            model = AutoModel.from_pretrained(spec.source, revision=spec.revision, dtype=dtype)
+        except (OSError, ValueError) as e:
+            raise ModelError(f"cannot load the model {spec.source}: {e}") from e
+        self.model = model.to(device).eval()
+        self._dim = int(model.config.hidden_size)
+
+    @property
+    def dim(self) -> int:
+        return self._dim
+
+    @torch.inference_mode()
+    def embed(self, batch: TokenBatch) -> Embeddings:
+        input_ids, attention_mask = self.padded(batch)
+        hidden = self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        vectors = pool(hidden, attention_mask, self.spec.pooling)
+        if self.spec.normalize:
+            vectors = F.normalize(vectors, p=2, dim=1)
+        return Embeddings(dense=vectors.cpu().numpy())

@@ -1,0 +1,21 @@
+"""Errors a user can act on. The CLI prints them as one line, without a traceback."""
+
+
+class BulkembedError(Exception):
+    """A problem with the input, the options or the environment, explained in one line."""
+
+
+class InputError(BulkembedError):
+    """An input path, file or column is missing or unreadable."""
+
+
+class ModelError(BulkembedError):
+    """The model cannot be found, loaded or used as configured."""
+
+
+class OutputError(BulkembedError):
+    """The output cannot be created or written."""
+
+
+class WorkerError(BulkembedError):
+    """A worker process died or failed."""

@@ -1,0 +1,181 @@
+"""Everything bulkembed prints: progress while it runs, a summary at the end, errors.
+
+All of it goes to stderr, so stdout stays free for data. On a terminal progress is a rich
+bar; otherwise (CI logs, files) it is a plain line every few seconds.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+from rich.table import Table
+
+LOG_INTERVAL_SECONDS = 10.0
+
+
+@dataclass(slots=True)
+class RunStats:
+    """Counters of a run, updated after every batch."""
+
+    docs: int = 0
+    tokens: int = 0
+    padded_tokens: int = 0
+    batches: int = 0
+    bad_records: int = 0
+    truncated: int = 0
+    total: int | None = None
+    started: float = field(default_factory=time.monotonic)
+
+    @property
+    def seconds(self) -> float:
+        return time.monotonic() - self.started
+
+    @property
+    def docs_per_s(self) -> float:
+        return self.docs / max(self.seconds, 1e-9)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / max(self.seconds, 1e-9)
+
+    @property
+    def padding_efficiency(self) -> float:
+        return self.tokens / self.padded_tokens if self.padded_tokens else 1.0
+
+
+def _rates(stats: RunStats) -> str:
+    return (
+        f"{stats.docs_per_s:,.0f} docs/s  {stats.tokens_per_s:,.0f} tok/s  "
+        f"padding eff {stats.padding_efficiency:.2f}"
+    )
+
+
+class Reporter:
+    """Prints nothing but errors (`--quiet`); the base of the other reporters."""
+
+    def __init__(self) -> None:
+        self.console = Console(stderr=True, highlight=False)
+
+    def info(self, message: str) -> None:
+        """A line about the run before it starts (model, device, derived figures)."""
+
+    def start(self, stats: RunStats) -> None:
+        """The run begins; `stats.total` may be set later by `set_total`."""
+
+    def set_total(self, total: int) -> None:
+        """Documents to embed, once counted."""
+
+    def update(self, stats: RunStats) -> None:
+        """Counters moved."""
+
+    def finish(self, summary: dict[str, Any]) -> None:
+        """The run ended; `summary` is what `summary.json` holds."""
+
+    def close(self) -> None:
+        """Release the terminal, whatever happened."""
+
+
+class LogReporter(Reporter):
+    """A plain line every `interval` seconds, for logs."""
+
+    def __init__(self, interval: float = LOG_INTERVAL_SECONDS) -> None:
+        super().__init__()
+        self.interval = interval
+        self._last = 0.0
+        self._total: int | None = None
+
+    def info(self, message: str) -> None:
+        self.console.print(message, soft_wrap=True, markup=False)
+
+    def set_total(self, total: int) -> None:
+        self._total = total
+
+    def update(self, stats: RunStats) -> None:
+        now = time.monotonic()
+        if now - self._last < self.interval:
+            return
+        self._last = now
+        done = f"{stats.docs:,}" + (f"/{self._total:,}" if self._total else "")
+        self.console.print(f"bulkembed: {done} docs  {_rates(stats)}", soft_wrap=True)
+
+    def finish(self, summary: dict[str, Any]) -> None:
+        self.console.print(summary_table(summary))
+
+
+class BarReporter(LogReporter):
+    """A rich progress bar on the terminal."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.progress = Progress(
+            TextColumn("embedding"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[rates]}"),
+            TimeElapsedColumn(),
+            TextColumn("ETA"),
+            TimeRemainingColumn(),
+            console=self.console,
+        )
+        self.task = self.progress.add_task("embed", total=None, rates="", start=False)
+
+    def start(self, stats: RunStats) -> None:
+        self.progress.start()
+        self.progress.start_task(self.task)
+
+    def set_total(self, total: int) -> None:
+        self.progress.update(self.task, total=total)
+
+    def update(self, stats: RunStats) -> None:
+        self.progress.update(self.task, completed=stats.docs, rates=_rates(stats))
+
+    def finish(self, summary: dict[str, Any]) -> None:
+        self.close()
+        super().finish(summary)
+
+    def close(self) -> None:
+        self.progress.stop()
+
+
+def make_reporter(quiet: bool) -> Reporter:
+    """The reporter for this terminal: silent, a progress bar, or log lines."""
+    if quiet:
+        return Reporter()
+    return BarReporter() if sys.stderr.isatty() else LogReporter()
+
+
+def summary_table(summary: dict[str, Any]) -> Table:
+    """The summary of a run as a two-column table."""
+    table = Table(title="bulkembed summary", show_header=False, title_justify="left")
+    table.add_column("figure", style="bold")
+    table.add_column("value", justify="right")
+    for key, value in summary.items():
+        if isinstance(value, bool) or value is None:
+            text = str(value).lower() if value is not None else "-"
+        elif isinstance(value, float):
+            text = f"{value:,.3f}" if value < 100 else f"{value:,.0f}"
+        elif isinstance(value, int):
+            text = f"{value:,}"
+        else:
+            text = str(value)
+        table.add_row(key.replace("_", " "), text)
+    return table
+
+
+def print_error(message: str) -> None:
+    """One line on stderr, never wrapped."""
+    flat = " ".join(message.splitlines())
+    sys.stderr.write(f"error: {flat}\n")
+    sys.stderr.flush()

@@ -1,0 +1,143 @@
+"""Tokenize chunks of texts on CPU worker processes.
+
+Each worker rebuilds the fast tokenizer from its JSON once, then turns lists of texts into
+flat arrays of token ids plus lengths (truncated, no padding), which pickle cheaply. At most
+`max_in_flight` chunks are queued; results come back in submission order; a worker that dies
+raises `WorkerError` instead of hanging the run.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+from collections import deque
+from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
+
+import numpy as np
+
+from bulkembed.errors import WorkerError
+from bulkembed.sources import Chunk
+
+
+@dataclass(frozen=True, slots=True)
+class TokenizerSettings:
+    """What a worker needs to reproduce the model's tokenization exactly."""
+
+    tokenizer_json: str
+    max_length: int
+    prompt: str = ""
+    lowercase: bool = False
+
+
+@dataclass(slots=True)
+class TokenizedChunk:
+    """A chunk's token ids, flat, with one length per text (texts themselves are dropped)."""
+
+    chunk: Chunk
+    token_ids: np.ndarray
+    lengths: np.ndarray
+    truncated: int
+
+
+class TextTokenizer:
+    """The model's fast tokenizer with truncation on and padding off."""
+
+    def __init__(self, settings: TokenizerSettings) -> None:
+        from tokenizers import Tokenizer
+
+        self.settings = settings
+        self.tokenizer = Tokenizer.from_str(settings.tokenizer_json)
+        self.tokenizer.no_padding()
+        self.tokenizer.enable_truncation(settings.max_length)
+
+    def __call__(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray, int]:
+        """Flat token ids, their lengths per text, and how many texts were truncated."""
+        prompt, lowercase = self.settings.prompt, self.settings.lowercase
+        inputs = [prompt + (t.lower() if lowercase else t) for t in texts]
+        encodings = self.tokenizer.encode_batch(inputs, add_special_tokens=True)
+        lengths = np.fromiter((len(e.ids) for e in encodings), dtype=np.int32, count=len(inputs))
+        flat = np.fromiter(
+            (i for e in encodings for i in e.ids), dtype=np.int32, count=int(lengths.sum())
+        )
+        truncated = sum(1 for e in encodings if e.overflowing)
+        return flat, lengths, truncated
+
+
+_worker_tokenizer: TextTokenizer | None = None
+
+
+def _init_worker(settings: TokenizerSettings) -> None:
+    global _worker_tokenizer
+    _worker_tokenizer = TextTokenizer(settings)
+
+
+def _tokenize_in_worker(texts: list[str]) -> tuple[np.ndarray, np.ndarray, int]:
+    assert _worker_tokenizer is not None, "worker initializer did not run"
+    return _worker_tokenizer(texts)
+
+
+class TokenizerPool:
+    """Tokenize chunks on `workers` processes (0: in this process), in order, bounded."""
+
+    def __init__(self, settings: TokenizerSettings, workers: int, max_in_flight: int = 0) -> None:
+        self.workers = workers
+        self.max_in_flight = max_in_flight or max(2, 4 * workers)
+        self._local: TextTokenizer | None = None
+        self._executor: ProcessPoolExecutor | None = None
+        if workers == 0:
+            self._local = TextTokenizer(settings)
+        else:
+            self._executor = ProcessPoolExecutor(
+                max_workers=workers,
+                mp_context=multiprocessing.get_context("spawn"),
+                initializer=_init_worker,
+                initargs=(settings,),
+            )
+
+    def map(self, chunks: Iterable[Chunk]) -> Iterator[TokenizedChunk]:
+        """Tokenized chunks in the order of `chunks`, keeping at most `max_in_flight` queued."""
+        if self._local is not None:
+            for chunk in chunks:
+                yield TokenizedChunk(chunk, *self._local(chunk.texts))
+            return
+        assert self._executor is not None
+        in_flight: deque[tuple[Chunk, Future]] = deque()
+        for chunk in chunks:
+            in_flight.append((chunk, self._submit(chunk)))
+            if len(in_flight) >= self.max_in_flight:
+                yield self._result(*in_flight.popleft())
+        while in_flight:
+            yield self._result(*in_flight.popleft())
+
+    def _submit(self, chunk: Chunk) -> Future:
+        assert self._executor is not None
+        try:
+            return self._executor.submit(_tokenize_in_worker, chunk.texts)
+        except BrokenProcessPool as e:
+            raise self._died() from e
+
+    def _result(self, chunk: Chunk, future: Future) -> TokenizedChunk:
+        try:
+            return TokenizedChunk(chunk, *future.result())
+        except BrokenProcessPool as e:
+            raise self._died() from e
+
+    def _died(self) -> WorkerError:
+        return WorkerError(
+            f"a tokenizer worker process died (killed, or out of memory?) "
+            f"with {self.workers} worker(s); try fewer --tokenize-workers"
+        )
+
+    def close(self) -> None:
+        """Stop the workers; queued work is cancelled."""
+        if self._executor is not None:
+            self._executor.shutdown(wait=True, cancel_futures=True)
+            self._executor = None
+
+    def __enter__(self) -> TokenizerPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

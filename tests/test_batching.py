@@ -1,0 +1,81 @@
+import numpy as np
+import pytest
+
+from bulkembed.batching import pack_batches, padding_efficiency, restore_order
+
+
+def _random_lengths(seed: int, n: int = 2000) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    # Length-skewed like real corpora: most short, a long tail, some past the budget.
+    return np.minimum(rng.lognormal(3.0, 1.2, n).astype(int) + 1, 40000)
+
+
+@pytest.mark.parametrize("seed", range(5))
+@pytest.mark.parametrize("budget", [512, 4096, 16384])
+def test_padded_budget_is_never_exceeded_except_by_a_lone_long_document(seed, budget):
+    lengths = _random_lengths(seed)
+    batches = pack_batches(lengths, budget)
+    for batch in batches:
+        assert batch.padded_tokens <= budget or (batch.size == 1 and batch.lengths[0] > budget)
+        assert batch.lengths[0] == batch.lengths.max()
+        np.testing.assert_array_equal(batch.lengths, lengths[batch.indices])
+    over_long = int((lengths > budget).sum())
+    assert sum(1 for b in batches if b.padded_tokens > budget) == over_long
+
+
+@pytest.mark.parametrize("padded", [True, False])
+def test_every_document_lands_in_exactly_one_batch(padded):
+    lengths = _random_lengths(7)
+    batches = pack_batches(lengths, 2048, padded=padded)
+    seen = np.concatenate([b.indices for b in batches])
+    assert sorted(seen.tolist()) == list(range(len(lengths)))
+
+
+def test_unpadded_batches_fill_up_to_the_budget_in_real_tokens():
+    batches = pack_batches([100] * 10 + [30] * 10, 350, padded=False)
+    assert [b.tokens for b in batches] == [300, 300, 300, 100 + 8 * 30, 2 * 30]
+    assert all(b.tokens <= 350 for b in batches)
+
+
+def test_docstring_example_counts():
+    sizes = [b.size for b in pack_batches([128] * 256 + [512] * 32, 16384)]
+    assert sizes == [32, 128, 128]
+
+
+def test_short_documents_are_not_padded_to_a_much_longer_one():
+    batches = pack_batches([40] * 300 + [5] * 300, 16384)
+    assert [(b.size, int(b.lengths[0]), int(b.lengths[-1])) for b in batches] == [
+        (300, 40, 40),
+        (300, 5, 5),
+    ]
+    assert padding_efficiency(batches) == 1.0
+
+
+def test_padding_efficiency_counts_padding():
+    batches = pack_batches([10, 5], 1000, batch_overhead_tokens=1000)
+    assert len(batches) == 1
+    assert padding_efficiency(batches) == pytest.approx(15 / 20)
+
+
+def test_restore_order_puts_outputs_back_in_window_order():
+    lengths = _random_lengths(3, 500)
+    batches = pack_batches(lengths, 1024)
+    # Each "output" row is its document's own length: restoring must give back `lengths`.
+    outputs = [b.lengths.reshape(-1, 1).astype(np.float32) for b in batches]
+    restored = restore_order(batches, outputs)
+    np.testing.assert_array_equal(restored[:, 0], lengths)
+
+
+def test_restore_order_rejects_a_short_output():
+    batches = pack_batches([3, 2, 1], 100)
+    with pytest.raises(ValueError, match="got 2 outputs"):
+        restore_order(batches, [np.zeros((2, 4))])
+
+
+def test_empty_window_gives_no_batch():
+    assert pack_batches([], 100) == []
+
+
+def test_budget_must_be_positive():
+    with pytest.raises(ValueError, match="positive"):
+        pack_batches([1], 0)

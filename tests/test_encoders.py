@@ -1,0 +1,110 @@
+import numpy as np
+import pytest
+import torch
+from conftest import sample_texts
+
+from bulkembed.config import RunConfig
+from bulkembed.encoders import Embeddings, Encoder, TokenBatch, build_encoder, register_encoder
+from bulkembed.encoders.pooling import cls_pool, last_token_pool, mean_pool
+from bulkembed.errors import ModelError
+from bulkembed.model_spec import resolve_model
+from bulkembed.tokenize import TextTokenizer, TokenizerSettings
+
+
+def _embed(folder, texts, **options) -> np.ndarray:
+    spec = resolve_model(RunConfig(inputs=("x",), output="out", model=str(folder), **options))
+    encoder = build_encoder(spec, "cpu", torch.float32)
+    tokenizer = TextTokenizer(TokenizerSettings(spec.tokenizer_json, spec.max_length, spec.prompt))
+    flat, lengths, _ = tokenizer(texts)
+    return encoder.embed(TokenBatch(flat, lengths)).dense
+
+
+def _cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    a = a / np.linalg.norm(a, axis=1, keepdims=True)
+    b = b / np.linalg.norm(b, axis=1, keepdims=True)
+    return (a * b).sum(axis=1)
+
+
+@pytest.mark.parametrize("mode", ["cls", "mean", "lasttoken"])
+def test_tiny_model_matches_sentence_transformers(tiny_st, mode):
+    from sentence_transformers import SentenceTransformer
+
+    folder = tiny_st(mode)
+    texts = sample_texts(40)
+    ours = _embed(folder, texts)
+    reference = SentenceTransformer(str(folder), device="cpu").encode(
+        texts, batch_size=8, convert_to_numpy=True
+    )
+    assert ours.shape == reference.shape == (40, 32)
+    assert _cosines(ours, reference).min() >= 0.9999
+    np.testing.assert_allclose(np.linalg.norm(ours, axis=1), 1.0, rtol=1e-5)
+
+
+def test_unnormalized_output_keeps_its_length(tiny_st):
+    from sentence_transformers import SentenceTransformer
+
+    folder = tiny_st("mean", normalize=False)
+    texts = sample_texts(10)
+    reference = SentenceTransformer(str(folder), device="cpu").encode(texts)
+    np.testing.assert_allclose(_embed(folder, texts), reference, rtol=1e-4, atol=1e-5)
+
+
+def test_padding_does_not_change_a_vector(tiny_st):
+    texts = sample_texts(12)
+    together = _embed(tiny_st("mean"), texts)
+    alone = np.stack([_embed(tiny_st("mean"), [t])[0] for t in texts])
+    assert _cosines(together, alone).min() >= 0.99999
+
+
+def test_pooling_functions_against_hand_computed_values():
+    hidden = torch.tensor(
+        [[[1.0, 2.0], [3.0, 4.0], [100.0, 100.0]], [[5.0, 6.0], [7.0, 8.0], [9.0, 10.0]]]
+    )
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
+    before = hidden.clone()
+    assert cls_pool(hidden).tolist() == [[1.0, 2.0], [5.0, 6.0]]
+    assert mean_pool(hidden, mask).tolist() == [[2.0, 3.0], [7.0, 8.0]]
+    assert last_token_pool(hidden, mask).tolist() == [[3.0, 4.0], [9.0, 10.0]]
+    assert torch.equal(hidden, before)
+
+
+def test_pooling_accumulates_in_float32():
+    hidden = torch.full((1, 4, 2), 1000.5, dtype=torch.float16)
+    pooled = mean_pool(hidden, torch.ones(1, 4, dtype=torch.long))
+    assert pooled.dtype == torch.float32
+
+
+class _LengthEncoder(Encoder):
+    """Embeds a document as [length, first token id]: easy to check where rows went."""
+
+    family = "length-test"
+
+    @property
+    def dim(self) -> int:
+        return 2
+
+    def embed(self, batch: TokenBatch) -> Embeddings:
+        starts = np.cumsum(batch.lengths) - batch.lengths
+        firsts = batch.token_ids[starts]
+        return Embeddings(dense=np.stack([batch.lengths, firsts], axis=1).astype(np.float32))
+
+
+def test_registry_builds_registered_and_built_in_families(tiny_st):
+    register_encoder("length-test", _LengthEncoder)
+    spec = resolve_model(RunConfig(inputs=("x",), output="o", model=str(tiny_st("mean"))))
+    from dataclasses import replace
+
+    encoder = build_encoder(replace(spec, family="length-test"), "cpu", torch.float32)
+    out = encoder.embed(TokenBatch.from_sequences([np.array([5, 6, 7]), np.array([9])]))
+    assert out.dense.tolist() == [[3.0, 5.0], [1.0, 9.0]]
+    with pytest.raises(ModelError, match="unknown model family 'nope'"):
+        build_encoder(replace(spec, family="nope"), "cpu", torch.float32)
+
+
+def test_padded_tensors_use_the_pad_id_and_mask(tiny_st):
+    spec = resolve_model(RunConfig(inputs=("x",), output="o", model=str(tiny_st("mean"))))
+    encoder = _LengthEncoder(spec, "cpu", torch.float32)
+    ids, mask = encoder.padded(TokenBatch.from_sequences([np.array([5, 6, 7]), np.array([9])]))
+    pad = spec.pad_token_id
+    assert ids.tolist() == [[5, 6, 7], [9, pad, pad]]
+    assert mask.tolist() == [[1, 1, 1], [1, 0, 0]]

@@ -1,0 +1,99 @@
+import json
+
+import pytest
+
+from bulkembed.config import Pooling, RunConfig, list_recipes
+from bulkembed.errors import ModelError
+from bulkembed.model_spec import resolve_model
+
+
+def _config(model, **options) -> RunConfig:
+    return RunConfig(inputs=("x",), output="out", model=str(model), **options)
+
+
+@pytest.mark.parametrize(
+    ("mode", "expected"),
+    [("cls", Pooling.CLS), ("mean", Pooling.MEAN), ("lasttoken", Pooling.LAST_TOKEN)],
+)
+def test_pooling_and_normalization_come_from_sentence_transformers_files(tiny_st, mode, expected):
+    spec = resolve_model(_config(tiny_st(mode)))
+    assert spec.pooling is expected
+    assert spec.normalize is True
+    assert spec.max_length == 64  # sentence_bert_config.json max_seq_length
+
+
+def test_no_normalize_module_means_no_normalization(tiny_st):
+    assert resolve_model(_config(tiny_st("mean", normalize=False))).normalize is False
+
+
+def test_command_line_overrides_the_model(tiny_st):
+    spec = resolve_model(
+        _config(tiny_st("mean"), pooling=Pooling.CLS, normalize=False, max_length=20)
+    )
+    assert (spec.pooling, spec.normalize, spec.max_length) == (Pooling.CLS, False, 20)
+
+
+def test_plain_model_without_pooling_asks_for_it(tiny_bert):
+    with pytest.raises(ModelError, match="pass --pooling cls\\|mean\\|last-token or --recipe"):
+        resolve_model(_config(tiny_bert))
+    spec = resolve_model(_config(tiny_bert, pooling=Pooling.MEAN))
+    assert spec.max_length == 128  # the tokenizer's model_max_length
+    assert spec.normalize is False
+
+
+def test_max_length_beyond_the_model_is_refused(tiny_bert):
+    with pytest.raises(ModelError, match="--max-length 500 exceeds the model's limit of 128"):
+        resolve_model(_config(tiny_bert, pooling=Pooling.MEAN, max_length=500))
+
+
+def test_recipe_settings_apply_to_local_weights(tiny_bert):
+    spec = resolve_model(_config(tiny_bert, recipe="e5-base-v2", max_length=100))
+    assert spec.recipe == "e5-base-v2"
+    assert (spec.pooling, spec.normalize, spec.prompt) == (Pooling.MEAN, True, "passage: ")
+    query = resolve_model(
+        _config(tiny_bert, recipe="e5-base-v2", max_length=100, prompt_name="query")
+    )
+    assert query.prompt == "query: "
+    literal = resolve_model(_config(tiny_bert, recipe="e5-base-v2", max_length=100, prompt="q> "))
+    assert literal.prompt == "q> "
+
+
+def test_unknown_prompt_name_lists_the_known_ones(tiny_bert):
+    with pytest.raises(ModelError, match=r"unknown prompt name 'title' .*known: document, query"):
+        resolve_model(_config(tiny_bert, recipe="e5-base-v2", max_length=100, prompt_name="title"))
+
+
+def test_unknown_model_says_where_it_looked(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ModelError, match="unknown model 'no-such/model': not a bundled recipe"):
+        resolve_model(_config("no-such/model"))
+
+
+def test_unsupported_sentence_transformers_module_is_refused(tiny_st, tmp_path):
+    import shutil
+
+    folder = tmp_path / "with-dense"
+    shutil.copytree(tiny_st("mean"), folder)
+    modules = json.loads((folder / "modules.json").read_text())
+    modules.append(
+        {"idx": 3, "name": "3", "path": "3_Dense", "type": "sentence_transformers.models.Dense"}
+    )
+    (folder / "modules.json").write_text(json.dumps(modules))
+    with pytest.raises(ModelError, match="module Dense is not supported"):
+        resolve_model(_config(folder))
+
+
+def test_bundled_recipes_parse_and_name_hub_models():
+    recipes = {r.name: r for r in list_recipes()}
+    assert {
+        "all-minilm-l6-v2",
+        "bge-small-en-v1.5",
+        "bge-base-en-v1.5",
+        "e5-base-v2",
+        "bge-m3",
+    } <= set(recipes)
+    assert recipes["all-minilm-l6-v2"].pooling is Pooling.MEAN
+    assert recipes["bge-base-en-v1.5"].pooling is Pooling.CLS
+    assert recipes["e5-base-v2"].prompts == {"query": "query: ", "document": "passage: "}
+    assert recipes["bge-m3"].model == "BAAI/bge-m3"
+    assert all(r.normalize for r in recipes.values())

@@ -1,0 +1,40 @@
+"""The real all-MiniLM-L6-v2 through the whole pipeline against sentence-transformers."""
+
+import numpy as np
+import pytest
+from conftest import SAMPLE, read_output
+
+from bulkembed import embed_corpus
+from bulkembed.config import RunConfig
+
+PARITY_DOCS = 300
+
+
+@pytest.mark.slow
+def test_minilm_matches_sentence_transformers_on_real_text(tmp_path, minilm):
+    import json
+
+    from sentence_transformers import SentenceTransformer
+
+    records = [json.loads(line) for line in SAMPLE.read_text(encoding="utf-8").splitlines()]
+    records = records[:PARITY_DOCS]
+    summary = embed_corpus(
+        RunConfig(
+            inputs=(str(SAMPLE),),
+            output=str(tmp_path / "out"),
+            model=str(minilm),
+            limit=PARITY_DOCS,
+            tokenize_workers=1,
+            quiet=True,
+        )
+    )
+    vectors = read_output(tmp_path / "out")
+    assert list(vectors) == [r["id"] for r in records]
+    reference = SentenceTransformer(str(minilm), device="cpu").encode(
+        [r["text"] for r in records], batch_size=32, normalize_embeddings=True
+    )
+    ours = np.array([vectors[r["id"]] for r in records])
+    cosines = (ours * reference).sum(axis=1) / np.linalg.norm(ours, axis=1)
+    assert cosines.min() >= 0.9999, f"lowest cosine {cosines.min():.6f}"
+    assert summary["truncated"] > 0  # the sample holds documents past 256 tokens
+    assert summary["docs"] == PARITY_DOCS

@@ -1,0 +1,179 @@
+import gzip
+import json
+
+import pyarrow as pa
+import pytest
+from conftest import write_jsonl, write_parquet
+
+from bulkembed.errors import InputError
+from bulkembed.sources import RecordReader, count_records, list_shards
+
+
+def _records(n: int, start: int = 0) -> list[dict]:
+    return [{"id": f"d{i}", "text": f"text number {i}"} for i in range(start, start + n)]
+
+
+def _read(shards, **options):
+    chunks = list(RecordReader(shards, **options))
+    ids = [i for c in chunks for i in c.ids.to_pylist()]
+    texts = [t for c in chunks for t in c.texts]
+    bad = [b for c in chunks for b in c.bad]
+    return chunks, ids, texts, bad
+
+
+def test_shards_are_found_recursively_sorted_and_once(tmp_path):
+    write_jsonl(tmp_path / "b" / "two.jsonl", _records(1))
+    write_jsonl(tmp_path / "a.jsonl", _records(1))
+    write_parquet(tmp_path / "b" / "c" / "three.parquet", _records(1))
+    (tmp_path / "notes.txt").write_text("not an input")
+    shards = list_shards([str(tmp_path), str(tmp_path / "a.jsonl"), str(tmp_path / "*.jsonl")])
+    assert [s.name for s in shards] == ["a.jsonl", "b/c/three.parquet", "b/two.jsonl"]
+    assert [s.format for s in shards] == ["jsonl", "parquet", "jsonl"]
+
+
+def test_globs_name_shards_relative_to_their_fixed_part(tmp_path):
+    write_jsonl(tmp_path / "x" / "one.jsonl", _records(1))
+    write_jsonl(tmp_path / "x" / "two.jsonl", _records(1))
+    shards = list_shards([str(tmp_path / "x" / "*.jsonl")])
+    assert [s.name for s in shards] == ["one.jsonl", "two.jsonl"]
+
+
+def test_missing_input_is_an_error_naming_it(tmp_path):
+    with pytest.raises(InputError, match=r"input not found: .*nowhere\.jsonl"):
+        list_shards([str(tmp_path / "nowhere.jsonl")])
+
+
+def test_unsupported_file_is_an_error(tmp_path):
+    path = tmp_path / "corpus.csv"
+    path.write_text("id,text\n")
+    with pytest.raises(InputError, match="unsupported input"):
+        list_shards([str(path)])
+
+
+def test_directory_without_inputs_is_an_error(tmp_path):
+    (tmp_path / "readme.txt").write_text("x")
+    with pytest.raises(InputError, match="no .parquet or .jsonl file"):
+        list_shards([str(tmp_path)])
+
+
+def test_parquet_units_are_row_groups_and_chunks_stay_small(tmp_path):
+    path = write_parquet(tmp_path / "c.parquet", _records(25), row_group_size=10)
+    chunks, ids, texts, _ = _read(list_shards([str(path)]), chunk_size=4)
+    assert ids == [f"d{i}" for i in range(25)]
+    assert texts[3] == "text number 3"
+    assert max(len(c.texts) for c in chunks) == 4
+    assert [(c.unit, c.last_in_unit) for c in chunks if c.last_in_unit] == [
+        (0, True),
+        (1, True),
+        (2, True),
+    ]
+    assert sorted({c.unit for c in chunks}) == [0, 1, 2]
+
+
+def test_jsonl_units_are_fixed_line_ranges(tmp_path):
+    path = write_jsonl(tmp_path / "c.jsonl", _records(10))
+    chunks, ids, _, _ = _read(list_shards([str(path)]), chunk_size=2, lines_per_unit=4)
+    assert ids == [f"d{i}" for i in range(10)]
+    ends = [(c.unit, c.ids.to_pylist()[-1]) for c in chunks if c.last_in_unit]
+    assert ends == [(0, "d3"), (1, "d7"), (2, "d9")]
+
+
+def test_gzipped_jsonl_reads_like_plain(tmp_path):
+    path = tmp_path / "c.jsonl.gz"
+    with gzip.open(path, "wt", encoding="utf-8") as f:
+        for record in _records(3):
+            f.write(json.dumps(record) + "\n")
+    _, ids, texts, _ = _read(list_shards([str(path)]))
+    assert ids == ["d0", "d1", "d2"]
+    assert texts == ["text number 0", "text number 1", "text number 2"]
+
+
+def test_ids_without_an_id_column_come_from_shard_name_and_position(tmp_path):
+    write_jsonl(tmp_path / "sub" / "a.jsonl", [{"text": "x"}, {"text": "y"}])
+    write_parquet(tmp_path / "b.parquet", [{"text": "x"}, {"text": "y"}, {"text": "z"}])
+    _, ids, _, _ = _read(list_shards([str(tmp_path)]))
+    assert ids == ["b.parquet:0", "b.parquet:1", "b.parquet:2", "sub/a.jsonl:0", "sub/a.jsonl:1"]
+
+
+def test_integer_ids_stay_integers(tmp_path):
+    path = write_parquet(tmp_path / "c.parquet", [{"id": 7, "text": "a"}, {"id": 9, "text": "b"}])
+    chunks, ids, _, _ = _read(list_shards([str(path)]))
+    assert ids == [7, 9]
+    assert chunks[0].ids.type == pa.int64()
+
+
+def test_custom_columns(tmp_path):
+    path = write_jsonl(tmp_path / "c.jsonl", [{"key": "k1", "body": "hello"}])
+    _, ids, texts, _ = _read(list_shards([str(path)]), text_column="body", id_column="key")
+    assert (ids, texts) == (["k1"], ["hello"])
+
+
+def test_missing_text_column_lists_the_columns_there_are(tmp_path):
+    jsonl = write_jsonl(tmp_path / "c.jsonl", [{"id": "a", "body": "x"}])
+    with pytest.raises(InputError, match=r"text column 'text' not found in .*columns: id, body"):
+        _read(list_shards([str(jsonl)]))
+    parquet = write_parquet(tmp_path / "p" / "c.parquet", [{"id": "a", "content": "x"}])
+    with pytest.raises(InputError, match=r"text column 'text' not found in .*columns: id, content"):
+        _read(list_shards([str(parquet)]))
+
+
+def test_missing_id_column_is_an_error_when_asked_for(tmp_path):
+    path = write_jsonl(tmp_path / "c.jsonl", [{"text": "x"}])
+    with pytest.raises(InputError, match="id column 'key' not found"):
+        _read(list_shards([str(path)]), id_column="key")
+
+
+def test_bad_jsonl_records_are_set_aside_with_line_and_reason(tmp_path):
+    path = tmp_path / "c.jsonl"
+    lines = [
+        b'{"id": "a", "text": "fine"}',
+        b'{"id": "b", "text": nope}',
+        b'{"id": "c", "text": null}',
+        b'{"id": "d", "text": 42}',
+        b'{"id": "e"}',
+        b'{"id": "f", "text": "caf\xe9"}',
+        b"",
+        b"[1, 2]",
+        b'{"id": "g", "text": ""}',
+    ]
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    _, ids, texts, bad = _read(list_shards([str(path)]))
+    assert ids == ["a", "g"]
+    assert texts == ["fine", ""]
+    assert [(b.line, b.id, b.reason.split(":")[0]) for b in bad] == [
+        (2, None, "malformed JSON"),
+        (3, "c", "text is null"),
+        (4, "d", "text is of type int, not a string"),
+        (5, "e", "no 'text' field"),
+        (6, None, "invalid UTF-8 at byte 24"),
+        (8, None, "a JSON list, not an object"),
+    ]
+
+
+def test_null_parquet_text_is_set_aside_with_its_row(tmp_path):
+    path = write_parquet(
+        tmp_path / "c.parquet", [{"id": "a", "text": "x"}, {"id": "b", "text": None}]
+    )
+    _, ids, _, bad = _read(list_shards([str(path)]))
+    assert ids == ["a"]
+    assert [(b.row, b.id, b.reason) for b in bad] == [(1, "b", "text is null")]
+
+
+def test_non_string_parquet_text_column_is_an_error(tmp_path):
+    path = write_parquet(tmp_path / "c.parquet", [{"id": "a", "text": 3}])
+    with pytest.raises(InputError, match="holds int64, not strings"):
+        _read(list_shards([str(path)]))
+
+
+def test_limit_stops_after_n_documents_and_ends_the_unit(tmp_path):
+    write_jsonl(tmp_path / "a.jsonl", _records(5))
+    write_jsonl(tmp_path / "b.jsonl", _records(5, start=5))
+    chunks, ids, _, _ = _read(list_shards([str(tmp_path)]), chunk_size=2, limit=7)
+    assert ids == [f"d{i}" for i in range(7)]
+    assert chunks[-1].last_in_unit
+
+
+def test_count_records(tmp_path):
+    write_jsonl(tmp_path / "a.jsonl", _records(5))
+    write_parquet(tmp_path / "b.parquet", _records(4))
+    assert count_records(list_shards([str(tmp_path)])) == 9

@@ -1,0 +1,72 @@
+import multiprocessing
+import os
+import signal
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from conftest import sample_texts
+
+from bulkembed.errors import WorkerError
+from bulkembed.sources import Chunk
+from bulkembed.tokenize import TextTokenizer, TokenizerPool, TokenizerSettings
+
+
+def _settings(folder, max_length=32, prompt="", lowercase=False) -> TokenizerSettings:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    return TokenizerSettings(tokenizer.backend_tokenizer.to_str(), max_length, prompt, lowercase)
+
+
+def _chunks(texts, size):
+    for start in range(0, len(texts), size):
+        part = texts[start : start + size]
+        yield Chunk(0, 0, pa.array([str(start + i) for i in range(len(part))]), part, False)
+
+
+def test_ids_match_the_transformers_tokenizer_with_truncation(minilm):
+    from transformers import AutoTokenizer
+
+    texts = sample_texts(200)
+    reference = AutoTokenizer.from_pretrained(minilm)
+    truncated_ids = reference(texts, truncation=True, max_length=64)["input_ids"]
+    full_ids = reference(texts)["input_ids"]
+    flat, lengths, truncated = TextTokenizer(_settings(minilm, max_length=64))(texts)
+    ours = np.split(flat, np.cumsum(lengths)[:-1])
+    assert [o.tolist() for o in ours] == truncated_ids
+    assert truncated == sum(1 for ids in full_ids if len(ids) > 64) > 0
+
+
+def test_prompt_and_lowercase_are_applied_before_tokenizing(minilm):
+    from transformers import AutoTokenizer
+
+    reference = AutoTokenizer.from_pretrained(minilm)("passage: hello world")["input_ids"]
+    flat, lengths, _ = TextTokenizer(_settings(minilm, 64, "passage: ", lowercase=True))(
+        ["Hello WORLD"]
+    )
+    assert flat.tolist() == reference and lengths.tolist() == [len(reference)]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_pool_returns_chunks_in_order(tiny_bert, workers):
+    texts = sample_texts(300)
+    settings = _settings(tiny_bert)
+    expected = TextTokenizer(settings)(texts)
+    with TokenizerPool(settings, workers, max_in_flight=3) as pool:
+        results = list(pool.map(_chunks(texts, 7)))
+    assert [r.chunk.ids[0].as_py() for r in results] == [str(i) for i in range(0, 300, 7)]
+    np.testing.assert_array_equal(np.concatenate([r.token_ids for r in results]), expected[0])
+    np.testing.assert_array_equal(np.concatenate([r.lengths for r in results]), expected[1])
+
+
+def test_dead_worker_is_an_error_not_a_hang(tiny_bert):
+    texts = sample_texts(50)
+    with TokenizerPool(_settings(tiny_bert), 1, max_in_flight=2) as pool:
+        results = pool.map(_chunks(texts * 200, 5))
+        next(results)
+        for child in multiprocessing.active_children():
+            os.kill(child.pid, signal.SIGKILL)
+        with pytest.raises(WorkerError, match="tokenizer worker process died"):
+            for _ in results:
+                pass
