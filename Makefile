@@ -8,7 +8,7 @@ TORCH_CPU ?= torch==2.13.0
 HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo yes)
 DEMO_OUT ?= demo-out
 
-.PHONY: install demo test lint format bench clean
+.PHONY: install demo test lint format bench docs clean
 
 install: $(VENV)/.installed
 
@@ -41,6 +41,9 @@ format: install
 bench: install
 	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/parity.py
 	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/memory.py
+
+docs: install
+	$(BIN)/python scripts/cli_reference.py
 
 clean:
 	rm -rf $(VENV) $(DEMO_OUT) .pytest_cache .ruff_cache

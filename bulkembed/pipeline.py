@@ -72,7 +72,7 @@ class _Writer:
         for bad in chunk.bad:
             self.run.quarantine(bad)
         name = part_name(chunk)
-        if len(chunk.texts):
+        if len(chunk.ids):
             if self.sink is None:
                 id_type = pa.int64() if pa.types.is_integer(chunk.ids.type) else pa.string()
                 self.schema = output_schema(id_type, self.dim)
@@ -153,7 +153,7 @@ def _summary(stats: RunStats, run_info: dict[str, Any], parts: int) -> dict[str,
 
 def embed_corpus(config: RunConfig, reporter: Reporter | None = None) -> dict[str, Any]:
     """Embed every document of `config.inputs` into `config.output`; return the summary."""
-    from bulkembed.devices import resolve_device, resolve_dtype
+    from bulkembed.devices import resolve_device, resolve_dtype, return_freed_buffers_to_the_os
     from bulkembed.encoders import build_encoder
     from bulkembed.model_spec import resolve_model
 
@@ -190,6 +190,7 @@ def embed_corpus(config: RunConfig, reporter: Reporter | None = None) -> dict[st
     run.write_config(
         {"version": __version__, "run": asdict(config), "model": spec_fields, **run_info}
     )
+    return_freed_buffers_to_the_os()
     encoder = build_encoder(spec, device, dtype)
     reporter.info(
         f"{spec.source} on {device} ({run_info['dtype']}), dim {encoder.dim}, "

@@ -78,6 +78,12 @@ def _tokenize_in_worker(texts: list[str]) -> tuple[np.ndarray, np.ndarray, int]:
     return _worker_tokenizer(texts)
 
 
+def _drop_texts(tokenized: TokenizedChunk) -> TokenizedChunk:
+    """Texts are not needed once tokenized; a window must not hold megabytes of them."""
+    tokenized.chunk.texts = []
+    return tokenized
+
+
 class TokenizerPool:
     """Tokenize chunks on `workers` processes (0: in this process), in order, bounded."""
 
@@ -100,7 +106,7 @@ class TokenizerPool:
         """Tokenized chunks in the order of `chunks`, keeping at most `max_in_flight` queued."""
         if self._local is not None:
             for chunk in chunks:
-                yield TokenizedChunk(chunk, *self._local(chunk.texts))
+                yield _drop_texts(TokenizedChunk(chunk, *self._local(chunk.texts)))
             return
         assert self._executor is not None
         in_flight: deque[tuple[Chunk, Future]] = deque()
@@ -120,7 +126,7 @@ class TokenizerPool:
 
     def _result(self, chunk: Chunk, future: Future) -> TokenizedChunk:
         try:
-            return TokenizedChunk(chunk, *future.result())
+            return _drop_texts(TokenizedChunk(chunk, *future.result()))
         except BrokenProcessPool as e:
             raise self._died() from e
 
