@@ -13,7 +13,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bulkembed.config import Pooling, Recipe, RunConfig, find_recipe, load_recipe_file
+from bulkembed.config import (
+    DEFAULT_MAX_BATCH_TOKENS,
+    Pooling,
+    Recipe,
+    RunConfig,
+    find_recipe,
+    load_recipe_file,
+)
 from bulkembed.errors import ModelError
 
 _ST_POOLING_KEYS = {
@@ -41,6 +48,7 @@ class ModelSpec:
     prompt: str
     lowercase: bool
     pad_token_id: int
+    max_batch_tokens: int
     tokenizer_json: str
 
 
@@ -264,5 +272,8 @@ def resolve_model(config: RunConfig) -> ModelSpec:
         prompt=_prompt(config, recipe, st),
         lowercase=st.lowercase,
         pad_token_id=int(pad_token_id),
+        max_batch_tokens=config.max_batch_tokens
+        or (recipe.max_batch_tokens if recipe else None)
+        or DEFAULT_MAX_BATCH_TOKENS,
         tokenizer_json=tokenizer.backend_tokenizer.to_str(),
     )

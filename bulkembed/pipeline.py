@@ -12,7 +12,7 @@ import threading
 from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -20,14 +20,13 @@ import pyarrow as pa
 from bulkembed import __version__
 from bulkembed.batching import Batch, pack_batches, restore_order
 from bulkembed.checkpoint import RunDirectory
-from bulkembed.config import DEFAULT_MAX_BATCH_TOKENS, RunConfig, default_tokenize_workers
+from bulkembed.config import RunConfig, default_tokenize_workers
+from bulkembed.encoders import Embeddings, Encoder, TokenBatch
 from bulkembed.progress import Reporter, RunStats
+from bulkembed.schema import output_schema, record_batch
 from bulkembed.sinks import ParquetSink, Sink
 from bulkembed.sources import Chunk, RecordReader, Shard, count_records, list_shards
 from bulkembed.tokenize import TokenizedChunk, TokenizerPool, TokenizerSettings
-
-if TYPE_CHECKING:
-    from bulkembed.encoders import Encoder
 
 # A window holds this many full batches' worth of tokens before it is sorted and packed:
 # enough that every length finds neighbours of a similar length, small enough to stay a
@@ -66,9 +65,6 @@ class _Writer:
         self.parts = 0
 
     def write(self, chunk: Chunk, dense: np.ndarray) -> None:
-        from bulkembed.encoders import Embeddings
-        from bulkembed.schema import output_schema, record_batch
-
         for bad in chunk.bad:
             self.run.quarantine(bad)
         name = part_name(chunk)
@@ -96,8 +92,6 @@ def _embed_window(
     reporter: Reporter,
 ) -> np.ndarray:
     """Dense vectors of every document of the window, in input order."""
-    from bulkembed.encoders import TokenBatch
-
     lengths = np.concatenate([c.lengths for c in window])
     token_ids = np.concatenate([c.token_ids for c in window])
     starts = np.cumsum(lengths) - lengths
@@ -128,7 +122,7 @@ def _start_counting(shards: list[Shard], limit: int | None, reporter: Reporter) 
     def count() -> None:
         try:
             total = count_records(shards)
-        except OSError:
+        except (OSError, EOFError):
             return
         reporter.set_total(min(total, limit) if limit is not None else total)
 
@@ -165,12 +159,7 @@ def embed_corpus(config: RunConfig, reporter: Reporter | None = None) -> dict[st
     dtype = resolve_dtype(config.dtype, device)
     run.prepare(config.overwrite)
 
-    max_batch_tokens = config.max_batch_tokens or DEFAULT_MAX_BATCH_TOKENS
-    if config.max_batch_tokens is None and spec.recipe is not None:
-        from bulkembed.config import find_recipe
-
-        recipe = find_recipe(spec.recipe)
-        max_batch_tokens = (recipe and recipe.max_batch_tokens) or max_batch_tokens
+    max_batch_tokens = spec.max_batch_tokens
     workers = config.tokenize_workers
     if workers is None:
         workers = default_tokenize_workers(device)
