@@ -1,0 +1,53 @@
+import numpy as np
+import pytest
+import torch
+from conftest import sample_texts
+
+from bulkembed.config import DType, RunConfig
+from bulkembed.devices import resolve_device, resolve_dtype
+from bulkembed.encoders import TokenBatch, build_encoder
+from bulkembed.errors import BulkembedError
+from bulkembed.model_spec import resolve_model
+from bulkembed.tokenize import TextTokenizer, TokenizerSettings
+
+CUDA = torch.cuda.is_available()
+
+
+def test_cpu_and_auto_without_cuda():
+    assert resolve_device("cpu") == "cpu"
+    assert resolve_device("auto") == ("cuda:0" if CUDA else "cpu")
+
+
+@pytest.mark.parametrize(
+    ("devices", "message"),
+    [
+        ("cuda:0,cuda:1", "runs on one device at a time"),
+        ("tpu", "expected auto, cpu or cuda:N"),
+        ("cuda:x", "expected cuda:N with N a number"),
+        ("cuda:99", "this machine has"),
+    ],
+)
+def test_device_errors(devices, message):
+    with pytest.raises(BulkembedError, match=message):
+        resolve_device(devices)
+
+
+def test_default_dtype_is_float32_on_cpu_and_float16_on_cuda():
+    assert resolve_dtype(DType.AUTO, "cpu") is torch.float32
+    assert resolve_dtype(DType.AUTO, "cuda:0") is torch.float16
+    assert resolve_dtype(DType.BFLOAT16, "cpu") is torch.bfloat16
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_cuda_half_precision_matches_cpu_float32(tiny_st, dtype):
+    spec = resolve_model(RunConfig(inputs=("x",), output="o", model=str(tiny_st("mean"))))
+    flat, lengths, _ = TextTokenizer(TokenizerSettings(spec.tokenizer_json, spec.max_length))(
+        sample_texts(64)
+    )
+    batch = TokenBatch(flat, lengths)
+    cpu = build_encoder(spec, "cpu", torch.float32).embed(batch).dense
+    gpu = build_encoder(spec, "cuda:0", dtype).embed(batch).dense
+    assert gpu.dtype == np.float32
+    assert (cpu * gpu).sum(axis=1).min() >= 0.999
