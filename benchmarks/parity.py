@@ -49,7 +49,8 @@ def main() -> None:
     reference = SentenceTransformer(model, device="cpu").encode(
         [r["text"] for r in records], batch_size=32, normalize_embeddings=True
     )
-    cosines = (ours * reference).sum(axis=1) / np.linalg.norm(ours, axis=1)
+    norms = np.linalg.norm(ours, axis=1)
+    cosines = (ours * reference).sum(axis=1) / norms
     words = [len(r["text"].split()) for r in records]
     print(
         json.dumps(
@@ -62,6 +63,7 @@ def main() -> None:
                 "cosine_min": round(float(cosines.min()), 7),
                 "cosine_mean": round(float(cosines.mean()), 7),
                 "below_threshold": int((cosines < THRESHOLD).sum()),
+                "norm_max_deviation": round(float(np.abs(norms - 1).max()), 7),
                 "padding_efficiency": summary["padding_efficiency"],
             }
         )

@@ -6,7 +6,7 @@ default budget of 16384 tokens a padded batch holds 32 documents of 512 tokens, 
 or one document longer than the budget on its own.
 
 Sorting a window by length first puts documents of similar length together, so little of a
-padded batch is padding: `padding_efficiency` is real tokens over computed tokens.
+padded batch is padding (real tokens over computed tokens is the padding efficiency).
 """
 
 from __future__ import annotations
@@ -110,12 +110,6 @@ def _greedy_cuts(sorted_lengths: np.ndarray, budget: int) -> list[int]:
         position = max(position + 1, fits)
         ends.append(position)
     return ends
-
-
-def padding_efficiency(batches: Sequence[Batch]) -> float:
-    """Real tokens ÷ tokens computed with padding (1.0 means no padding at all)."""
-    padded = sum(b.padded_tokens for b in batches)
-    return sum(b.tokens for b in batches) / padded if padded else 1.0
 
 
 def restore_order(batches: Sequence[Batch], outputs: Sequence[np.ndarray]) -> np.ndarray:

@@ -1,24 +1,98 @@
-"""The run directory `OUT/_bulkembed/`: configuration, summary and quarantined records."""
+"""The run directory `OUT/_bulkembed/`: configuration, ledger, lock, quarantine, summary.
+
+Resume rests on one ordering: a unit's Parquet part is committed (written under a temporary
+name, then renamed) before its done-marker `done/<part>.json` is written, also atomically.
+So on any restart:
+
+- a marker names a unit whose rows are all in its part: the unit is skipped;
+- a part without a marker was cut short between the two writes: it is deleted and redone;
+- a marker whose part is missing means files were removed by hand: an error naming the file.
+
+Bad records carry the unit they came from; on restart only those of done units are kept,
+so a replayed unit does not report its bad records twice.
+"""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import re
 import shutil
-from dataclasses import asdict
+import socket
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
-from bulkembed.errors import OutputError
+from bulkembed.errors import BulkembedError, OutputError
 from bulkembed.sources import BadRecord
 
 RUN_DIRECTORY = "_bulkembed"
+_PART = re.compile(r"part-\d{5}-\d{6}")
+CONFIG_FILE = "config.json"
+
+# Fingerprint keys, as the user knows them.
+_SETTING_NAMES = {
+    "model": "--model",
+    "model_version": "the model's weights",
+    "family": "model family",
+    "outputs": "--outputs",
+    "pooling": "--pooling",
+    "normalize": "--normalize",
+    "max_length": "--max-length",
+    "prompt": "--prompt",
+    "lowercase": "lowercasing",
+    "dtype": "--dtype",
+    "text_column": "--text-column",
+    "id_column": "--id-column",
+    "limit": "--limit",
+    "inputs": "the inputs",
+}
+
+
+class LockedError(BulkembedError):
+    """Another live run holds the output."""
+
+
+@dataclass(frozen=True, slots=True)
+class UnitRecord:
+    """What a committed unit of work holds; the content of its done-marker."""
+
+    part: str
+    rows: int
+    bad_records: int
+    truncated: int
+    tokens: int
+    padded_tokens: int
 
 
 def _write_json_atomically(path: Path, data: dict[str, Any]) -> None:
     temporary = path.with_name(f".{path.name}.tmp")
-    temporary.write_text(json.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")
+    with open(temporary, "w", encoding="utf-8") as f:
+        f.write(json.dumps(data, indent=2, default=str) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
     os.replace(temporary, path)
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as e:
+        raise OutputError(f"cannot read {path}: {e}; the output is damaged, use --overwrite") from e
+
+
+def describe_changes(before: dict[str, Any], now: dict[str, Any]) -> list[str]:
+    """One phrase per fingerprint setting that differs, e.g. `--max-length: 256 -> 128`."""
+    changes = []
+    for key in sorted(set(before) | set(now)):
+        if before.get(key) != now.get(key):
+            name = _SETTING_NAMES.get(key, key)
+            if key == "inputs":
+                changes.append(f"{name} (files added, removed or changed in size)")
+            else:
+                changes.append(f"{name}: {before.get(key)!r} -> {now.get(key)!r}")
+    return changes
 
 
 class RunDirectory:
@@ -27,42 +101,191 @@ class RunDirectory:
     def __init__(self, output: Path) -> None:
         self.output = output
         self.meta = output / RUN_DIRECTORY
-        self.config_path = self.meta / "config.json"
+        self.done_dir = self.meta / "done"
+        self.config_path = self.meta / CONFIG_FILE
         self.summary_path = self.meta / "summary.json"
         self.bad_records_path = self.meta / "bad_records.jsonl"
+        self.lock_path = self.meta / "lock"
+        self.complete_path = self.meta / "complete"
+        self._lock_file: IO[str] | None = None
 
-    def holds_output(self) -> bool:
-        """Whether an earlier run left parts or bookkeeping here."""
-        if not self.output.is_dir():
-            return False
-        return self.meta.exists() or any(self.output.glob("*.parquet"))
+    # Opening, locking, starting over.
 
-    def prepare(self, overwrite: bool) -> None:
-        """Create the directory, or empty an earlier run's output when `overwrite` is set."""
+    def _our_parts(self) -> list[Path]:
+        return [p for p in self.output.glob("part-*.parquet") if _PART.fullmatch(p.stem)]
+
+    def _foreign_parquet(self) -> list[Path]:
+        ours = set(self._our_parts())
+        return [p for p in self.output.glob("*.parquet") if p not in ours]
+
+    def open(self, fingerprint: dict[str, Any], overwrite: bool) -> dict[str, UnitRecord]:
+        """Lock the directory and make it ready to run `fingerprint`; return the done units.
+
+        A directory holding a run with another fingerprint is refused unless `overwrite`,
+        which empties it instead.
+        """
         if self.output.exists() and not self.output.is_dir():
             raise OutputError(f"--output {self.output} is a file; pass a directory")
-        if self.holds_output():
-            if not overwrite:
-                raise OutputError(
-                    f"{self.output} already holds bulkembed output: "
-                    "pass --overwrite to replace it, or choose another --output"
-                )
-            self._remove_previous()
+        if self.output.is_dir() and not self.config_path.exists() and self._foreign_parquet():
+            raise OutputError(
+                f"{self.output} holds Parquet files that bulkembed did not write "
+                f"({self._foreign_parquet()[0].name}): choose another --output"
+            )
         try:
             self.meta.mkdir(parents=True, exist_ok=True)
-            probe = self.meta / ".write-probe"
-            probe.write_bytes(b"")
-            probe.unlink()
+            self.acquire_lock()
         except OSError as e:
             raise OutputError(
                 f"cannot write to {self.output}: {e.strerror or e}; choose another --output"
             ) from e
+        if overwrite:
+            self._remove_previous()
+        elif self.config_path.exists():
+            self._check_fingerprint(fingerprint)
+        self.done_dir.mkdir(exist_ok=True)
+        return self.reconcile()
+
+    def _check_fingerprint(self, fingerprint: dict[str, Any]) -> None:
+        before = _read_json(self.config_path).get("fingerprint", {})
+        changes = describe_changes(before, fingerprint)
+        if changes:
+            raise OutputError(
+                f"{self.output} holds a run with other settings ({'; '.join(changes)}): "
+                "pass --overwrite to start over, or choose another --output"
+            )
+
+    def acquire_lock(self) -> None:
+        """Hold an exclusive lock on the directory for as long as this process lives.
+
+        The lock is a `flock` on `_bulkembed/lock`: the kernel drops it when its holder dies,
+        however it dies, so a stale lock is simply taken over.
+        """
+        lock = open(self.lock_path, "a+", encoding="utf-8")  # noqa: SIM115 (held until release)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.seek(0)
+            holder = lock.read().strip() or "another process"
+            lock.close()
+            raise LockedError(
+                f"{self.output} is in use by a running bulkembed ({holder}); "
+                "wait for it to finish or stop it, or choose another --output"
+            ) from None
+        lock.seek(0)
+        lock.truncate()
+        lock.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
+        lock.flush()
+        self._lock_file = lock
+
+    def release_lock(self) -> None:
+        if self._lock_file is not None:
+            fcntl.flock(self._lock_file, fcntl.LOCK_UN)
+            self._lock_file.close()
+            self._lock_file = None
+
+    def lock_holder(self) -> str | None:
+        """Who holds the lock now (`pid N on HOST`), or None if no live run does."""
+        if not self.lock_path.exists():
+            return None
+        with open(self.lock_path, encoding="utf-8") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return lock.read().strip() or "another process"
+            fcntl.flock(lock, fcntl.LOCK_UN)
+        return None
 
     def _remove_previous(self) -> None:
-        for pattern in ("*.parquet", ".*.parquet.tmp"):
-            for path in self.output.glob(pattern):
+        """Delete what bulkembed wrote here, and nothing else."""
+        for path in [*self._our_parts(), *self.output.glob(".part-*.parquet.tmp")]:
+            path.unlink()
+        for path in self.meta.iterdir():
+            if path == self.lock_path:
+                continue
+            if path.is_dir():
+                shutil.rmtree(path)
+            else:
                 path.unlink()
-        shutil.rmtree(self.meta, ignore_errors=True)
+
+    # The ledger.
+
+    def part_path(self, part: str) -> Path:
+        return self.output / f"{part}.parquet"
+
+    def _marker(self, part: str) -> Path:
+        return self.done_dir / f"{part}.json"
+
+    def done_units(self) -> dict[str, UnitRecord]:
+        """Every committed unit, by part name."""
+        if not self.done_dir.is_dir():
+            return {}
+        done = {}
+        for marker in sorted(self.done_dir.glob("part-*.json")):
+            record = UnitRecord(**_read_json(marker))
+            done[record.part] = record
+        return done
+
+    def reconcile(self) -> dict[str, UnitRecord]:
+        """Drop what a crash left half-done; check every marker has its part."""
+        for path in self.output.glob(".part-*.parquet.tmp"):
+            path.unlink()
+        for path in self.done_dir.glob(".*.tmp"):
+            path.unlink()
+        done = self.done_units()
+        for record in done.values():
+            if record.rows and not self.part_path(record.part).exists():
+                raise OutputError(
+                    f"{self.part_path(record.part)} is missing but its unit is marked done in "
+                    f"{self._marker(record.part)}: restore the file, or use --overwrite"
+                )
+        for path in self._our_parts():
+            if path.stem not in done:
+                path.unlink()
+        self._keep_bad_records_of(done)
+        return done
+
+    def mark_done(self, record: UnitRecord) -> None:
+        """Record a unit as committed; call only once its part is in place."""
+        try:
+            _write_json_atomically(self._marker(record.part), asdict(record))
+        except OSError as e:
+            raise OutputError(f"cannot write {self._marker(record.part)}: {e}") from e
+
+    def mark_complete(self) -> None:
+        self.complete_path.write_text("every unit of the inputs is done\n", encoding="utf-8")
+
+    def is_complete(self) -> bool:
+        return self.complete_path.exists()
+
+    # Quarantine.
+
+    def quarantine(self, record: BadRecord, part: str) -> None:
+        """Append a record that cannot be embedded to `bad_records.jsonl`."""
+        fields = {k: v for k, v in asdict(record).items() if v is not None}
+        with open(self.bad_records_path, "a", encoding="utf-8") as f:
+            f.write(json.dumps({**fields, "part": part}, default=str) + "\n")
+
+    def _keep_bad_records_of(self, done: dict[str, UnitRecord]) -> None:
+        if not self.bad_records_path.exists():
+            return
+        temporary = self.bad_records_path.with_name(".bad_records.jsonl.tmp")
+        with (
+            open(self.bad_records_path, encoding="utf-8") as source,
+            open(temporary, "w", encoding="utf-8") as kept,
+        ):
+            for line in source:
+                try:
+                    part = json.loads(line).get("part")
+                except json.JSONDecodeError:
+                    continue
+                if part in done:
+                    kept.write(line)
+        os.replace(temporary, self.bad_records_path)
+
+    # Configuration and summary.
+
+    def read_config(self) -> dict[str, Any]:
+        return _read_json(self.config_path)
 
     def write_config(self, config: dict[str, Any]) -> None:
         _write_json_atomically(self.config_path, config)
@@ -70,8 +293,38 @@ class RunDirectory:
     def write_summary(self, summary: dict[str, Any]) -> None:
         _write_json_atomically(self.summary_path, summary)
 
-    def quarantine(self, record: BadRecord) -> None:
-        """Append a record that cannot be embedded to `bad_records.jsonl`."""
-        fields = {k: v for k, v in asdict(record).items() if v is not None}
-        with open(self.bad_records_path, "a", encoding="utf-8") as f:
-            f.write(json.dumps(fields, default=str) + "\n")
+
+def run_status(output: Path) -> dict[str, Any]:
+    """Where a run directory stands: units done and pending, documents, bad records, lock."""
+    from bulkembed.sources import Shard, unit_names
+    from bulkembed.sources.files import format_of
+
+    run = RunDirectory(output)
+    if not run.config_path.exists():
+        raise OutputError(f"{output} holds no bulkembed run ({run.config_path} is missing)")
+    config = run.read_config()
+    done = run.done_units()
+    inputs = config.get("fingerprint", {}).get("inputs", [])
+    shards = [
+        Shard(Path(i["path"]), i["name"], format_of(Path(i["path"])) or "", i["size"])
+        for i in inputs
+    ]
+    holder = run.lock_holder()
+    if run.is_complete():
+        state, pending = "complete", 0
+    else:
+        readable = all(s.path.is_file() for s in shards)
+        pending = len(set(unit_names(shards)) - set(done)) if readable else None
+        state = f"running ({holder})" if holder else "stopped: run the same command to resume"
+    settings = ("model", "recipe", "pooling", "normalize", "max_length", "dtype", "device")
+    return {
+        "output": str(output),
+        "state": state,
+        "units_done": len(done),
+        "units_pending": pending,
+        "docs": sum(r.rows for r in done.values()),
+        "bad_records": sum(r.bad_records for r in done.values()),
+        "truncated": sum(r.truncated for r in done.values()),
+        "inputs": len(shards),
+        **{key: config.get(key) for key in settings},
+    }

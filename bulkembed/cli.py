@@ -11,8 +11,8 @@ from typing import Annotated, Any
 
 import typer
 
-from bulkembed.config import DType, Pooling, RunConfig, find_recipe, list_recipes
-from bulkembed.errors import BulkembedError
+from bulkembed.config import DType, OnBadRecord, Pooling, RunConfig, find_recipe, list_recipes
+from bulkembed.errors import BulkembedError, Interrupted
 from bulkembed.progress import print_error
 
 app = typer.Typer(
@@ -93,8 +93,21 @@ PromptName = Annotated[
     str | None, typer.Option(help="Use the model's or recipe's prompt of this name.")
 ]
 Limit = Annotated[int | None, typer.Option(help="Embed only the first N documents.")]
+OnBadRecordOption = Annotated[
+    OnBadRecord,
+    typer.Option(
+        "--on-bad-record",
+        help="skip: set bad records aside in _bulkembed/bad_records.jsonl and go on; "
+        "fail: stop at the first one.",
+    ),
+]
 Overwrite = Annotated[
-    bool, typer.Option("--overwrite", help="Replace the output of an earlier run.")
+    bool,
+    typer.Option(
+        "--overwrite",
+        help="Start over in an output that holds an earlier run (by default a run with the "
+        "same settings is resumed, and one with other settings is refused).",
+    ),
 ]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="Print nothing but errors.")]
 
@@ -103,6 +116,9 @@ def _guarded(action: Callable[[], Any]) -> Any:
     """Run `action`, turning known errors into one line on stderr and a non-zero exit."""
     try:
         return action()
+    except Interrupted as e:
+        print_error(str(e))
+        raise typer.Exit(128 + e.signal_number) from e
     except BulkembedError as e:
         if os.environ.get("BULKEMBED_DEBUG"):
             raise
@@ -114,7 +130,8 @@ def _guarded(action: Callable[[], Any]) -> Any:
     except Exception as e:
         if os.environ.get("BULKEMBED_DEBUG"):
             raise
-        print_error(f"{type(e).__name__}: {e} (set BULKEMBED_DEBUG=1 for the traceback)")
+        kind = f"{type(e).__module__}.{type(e).__qualname__}".removeprefix("builtins.")
+        print_error(f"{kind}: {e} (set BULKEMBED_DEBUG=1 for the traceback)")
         raise typer.Exit(1) from e
 
 
@@ -137,10 +154,13 @@ def run(
     prompt: Prompt = None,
     prompt_name: PromptName = None,
     limit: Limit = None,
+    on_bad_record: OnBadRecordOption = OnBadRecord.SKIP,
     overwrite: Overwrite = False,
     quiet: Quiet = False,
 ) -> None:
-    """Embed INPUTS with a model into Parquet parts under --output."""
+    """Embed INPUTS with a model into Parquet parts under --output.
+
+    Running the same command again resumes an interrupted run where it stopped."""
 
     def action() -> None:
         from bulkembed.pipeline import embed_corpus
@@ -164,10 +184,28 @@ def run(
             prompt=prompt,
             prompt_name=prompt_name,
             limit=limit,
+            on_bad_record=on_bad_record,
             overwrite=overwrite,
             quiet=quiet,
         )
         embed_corpus(config, reporter=make_reporter(quiet))
+
+    _guarded(action)
+
+
+@app.command()
+def status(
+    output: Annotated[str, typer.Argument(help="The output directory of a run.", metavar="OUT")],
+) -> None:
+    """Progress of a run directory: units done and pending, documents, bad records, lock."""
+
+    def action() -> None:
+        from pathlib import Path
+
+        from bulkembed.checkpoint import run_status
+        from bulkembed.progress import print_status
+
+        print_status(run_status(Path(output)))
 
     _guarded(action)
 

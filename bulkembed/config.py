@@ -34,6 +34,13 @@ class DType(str, Enum):
     BFLOAT16 = "bfloat16"
 
 
+class OnBadRecord(str, Enum):
+    """What to do with a record that cannot be embedded."""
+
+    SKIP = "skip"
+    FAIL = "fail"
+
+
 @dataclass(frozen=True)
 class Recipe:
     """What bulkembed needs to know about a model beyond its weights."""
@@ -75,6 +82,7 @@ class RunConfig:
     prompt: str | None = None
     prompt_name: str | None = None
     limit: int | None = None
+    on_bad_record: OnBadRecord = OnBadRecord.SKIP
     overwrite: bool = False
     quiet: bool = False
 

@@ -19,3 +19,11 @@ class OutputError(BulkembedError):
 
 class WorkerError(BulkembedError):
     """A worker process died or failed."""
+
+
+class Interrupted(BulkembedError):
+    """SIGINT or SIGTERM stopped the run; what was committed stays."""
+
+    def __init__(self, signal_number: int, message: str) -> None:
+        super().__init__(message)
+        self.signal_number = signal_number

@@ -8,6 +8,7 @@ model config.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +33,7 @@ _ST_POOLING_NAMES = {"cls": Pooling.CLS, "mean": Pooling.MEAN, "lasttoken": Pool
 _ST_SUPPORTED_MODULES = {"Transformer", "Pooling", "Normalize"}
 # Tokenizers report "no limit" as a huge sentinel number.
 _NO_LIMIT = 1_000_000
+_DIGEST_SPAN = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -40,6 +42,7 @@ class ModelSpec:
 
     source: str
     revision: str | None
+    version: str
     recipe: str | None
     family: str
     pooling: Pooling
@@ -80,10 +83,33 @@ def _model_file(source: str, revision: str | None, filename: str) -> Path | None
         return None
     except LocalEntryNotFoundError:
         # Offline, and the file was never cached: optional files are then taken as absent;
-        # `_check_model_exists` has already failed if the model itself is not cached.
+        # `_find_model_config` has already failed if the model itself is not cached.
         if filename == "config.json":
             raise
         return None
+
+
+def _model_version(source: str, revision: str | None, config_file: Path) -> str:
+    """What identifies these exact weights: the hub commit, or a digest of the local folder.
+
+    The folder digest covers every file's name and size and, for each, the first and last
+    MiB of its content, so retrained weights of the same shape are told apart without
+    reading gigabytes at every start."""
+    if not _is_local(source):
+        if config_file.parent.parent.name == "snapshots":
+            return config_file.parent.name
+        return revision or "main"
+    digest = hashlib.sha256()
+    folder = Path(source)
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        size = path.stat().st_size
+        digest.update(f"{path.relative_to(folder)}\0{size}\0".encode())
+        with open(path, "rb") as f:
+            digest.update(f.read(_DIGEST_SPAN))
+            if size > _DIGEST_SPAN:
+                f.seek(max(_DIGEST_SPAN, size - _DIGEST_SPAN))
+                digest.update(f.read(_DIGEST_SPAN))
+    return f"sha256:{digest.hexdigest()[:16]}"
 
 
 def _read_json(path: Path | None) -> dict[str, Any] | None:
@@ -95,13 +121,15 @@ def _read_json(path: Path | None) -> dict[str, Any] | None:
         raise ModelError(f"cannot read {path}: {e}") from e
 
 
-def _check_model_exists(source: str, revision: str | None) -> None:
+def _find_model_config(source: str, revision: str | None) -> Path:
+    """The model's config.json; a clear error when the model cannot be found."""
     if _is_local(source):
-        if _model_file(source, revision, "config.json") is None:
+        found = _model_file(source, revision, "config.json")
+        if found is None:
             raise ModelError(
                 f"model folder {source} has no config.json: is it a transformers model?"
             )
-        return
+        return found
     if Path(source).expanduser().exists():
         raise ModelError(f"--model {source} is a file; pass a model folder, a hub id or a recipe")
     try:
@@ -114,6 +142,7 @@ def _check_model_exists(source: str, revision: str | None) -> None:
         ) from e
     if found is None:
         raise ModelError(f"model {source} on the Hugging Face Hub has no config.json")
+    return found
 
 
 def _pooling_from_st_config(config: dict[str, Any], where: str) -> Pooling:
@@ -235,9 +264,9 @@ def resolve_model(config: RunConfig) -> ModelSpec:
     if _is_local(source):
         source = str(Path(source).expanduser().resolve())
     revision = config.revision or (recipe.revision if recipe else None)
-    _check_model_exists(source, revision)
+    config_file = _find_model_config(source, revision)
     st = _sentence_transformers_info(source, revision)
-    model_config = _read_json(_model_file(source, revision, "config.json")) or {}
+    model_config = _read_json(config_file) or {}
 
     pooling = config.pooling or (recipe.pooling if recipe else None) or st.pooling
     if pooling is None:
@@ -264,6 +293,7 @@ def resolve_model(config: RunConfig) -> ModelSpec:
     return ModelSpec(
         source=source,
         revision=revision,
+        version=_model_version(source, revision, config_file),
         recipe=recipe.name if recipe else None,
         family=recipe.family if recipe else "dense",
         pooling=pooling,

@@ -1,42 +1,56 @@
 """`embed_corpus`: read, tokenize, batch, embed and write a corpus. Orchestration only.
 
-Tokenizer processes run ahead of the model on a bounded queue. Tokenized chunks gather into a
-window of about `WINDOW_BATCHES` batches' worth of tokens; the window is sorted by length and
-packed into token-budget batches, embedded, put back in input order, and written part by part.
-A part is committed when the last chunk of its unit has been written.
+Records stream from the shards (units already done are skipped), lose repeated ids, stop at
+`--limit`, and go to tokenizer processes that run ahead of the model on a bounded queue.
+Tokenized chunks gather into a window of about `WINDOW_BATCHES` batches' worth of tokens;
+the window is sorted by length, packed into token-budget batches, embedded, put back in input
+order and written part by part. When a unit's last chunk is written its part is committed,
+then marked done in the ledger.
 """
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import threading
-from collections.abc import Iterator
-from dataclasses import asdict
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
 
 from bulkembed import __version__
 from bulkembed.batching import Batch, pack_batches, restore_order
-from bulkembed.checkpoint import RunDirectory
-from bulkembed.config import RunConfig, default_tokenize_workers
+from bulkembed.checkpoint import RunDirectory, UnitRecord
+from bulkembed.config import OnBadRecord, RunConfig, default_tokenize_workers
 from bulkembed.encoders import Embeddings, Encoder, TokenBatch
+from bulkembed.errors import InputError, Interrupted
 from bulkembed.progress import Reporter, RunStats
 from bulkembed.schema import output_schema, record_batch
 from bulkembed.sinks import ParquetSink, Sink
-from bulkembed.sources import Chunk, RecordReader, Shard, count_records, list_shards
+from bulkembed.sources import (
+    Chunk,
+    RecordReader,
+    SeenIds,
+    Shard,
+    count_records,
+    drop_duplicate_ids,
+    list_shards,
+    take,
+)
 from bulkembed.tokenize import TokenizedChunk, TokenizerPool, TokenizerSettings
+
+if TYPE_CHECKING:
+    import torch
+
+    from bulkembed.model_spec import ModelSpec
 
 # A window holds this many full batches' worth of tokens before it is sorted and packed:
 # enough that every length finds neighbours of a similar length, small enough to stay a
-# few megabytes of token ids.
+# few megabytes of token ids and to lose little work to a crash.
 WINDOW_BATCHES = 32
-
-
-def part_name(chunk: Chunk) -> str:
-    """The output part of a unit of work: `part-<shard>-<unit>`."""
-    return f"part-{chunk.shard:05d}-{chunk.unit:06d}"
 
 
 def _windows(
@@ -54,34 +68,45 @@ def _windows(
         yield window
 
 
+@dataclass(slots=True)
+class _Tally:
+    """Counts for the unit being written."""
+
+    rows: int = 0
+    bad_records: int = 0
+    truncated: int = 0
+    tokens: int = 0
+    padded_tokens: int = 0
+
+
 class _Writer:
     """Writes embedded chunks in input order, quarantines bad records, commits finished units."""
 
-    def __init__(self, run: RunDirectory, dim: int) -> None:
+    def __init__(self, run: RunDirectory, schema: pa.Schema) -> None:
         self.run = run
-        self.dim = dim
-        self.sink: Sink | None = None
-        self.schema: pa.Schema | None = None
-        self.parts = 0
+        self.schema = schema
+        self.sink: Sink = ParquetSink(run.output, schema)
+        self.tallies: dict[str, _Tally] = {}
 
-    def write(self, chunk: Chunk, dense: np.ndarray) -> None:
+    def write(self, tokenized: TokenizedChunk, dense: np.ndarray, padded: np.ndarray) -> None:
+        chunk = tokenized.chunk
+        tally = self.tallies.setdefault(chunk.part, _Tally())
         for bad in chunk.bad:
-            self.run.quarantine(bad)
-        name = part_name(chunk)
+            self.run.quarantine(bad, chunk.part)
         if len(chunk.ids):
-            if self.sink is None:
-                id_type = pa.int64() if pa.types.is_integer(chunk.ids.type) else pa.string()
-                self.schema = output_schema(id_type, self.dim)
-                self.sink = ParquetSink(self.run.output, self.schema)
-            assert self.schema is not None
-            self.sink.write(name, record_batch(chunk.ids, Embeddings(dense=dense), self.schema))
-        if chunk.last_in_unit and self.sink is not None:
-            self.sink.commit(name)
-            self.parts += 1
+            batch = record_batch(chunk.ids, Embeddings(dense=dense), self.schema)
+            self.sink.write(chunk.part, batch)
+        tally.rows += len(chunk.ids)
+        tally.bad_records += len(chunk.bad)
+        tally.truncated += tokenized.truncated
+        tally.tokens += int(tokenized.lengths.sum())
+        tally.padded_tokens += int(padded.sum())
+        if chunk.last_in_unit:
+            self.sink.commit(chunk.part)
+            self.run.mark_done(UnitRecord(chunk.part, **asdict(self.tallies.pop(chunk.part))))
 
     def close(self) -> None:
-        if self.sink is not None:
-            self.sink.close()
+        self.sink.close()
 
 
 def _embed_window(
@@ -90,23 +115,25 @@ def _embed_window(
     max_batch_tokens: int,
     stats: RunStats,
     reporter: Reporter,
-) -> np.ndarray:
-    """Dense vectors of every document of the window, in input order."""
+) -> tuple[np.ndarray, np.ndarray]:
+    """Dense vectors of every document of the window, and the length each was padded to,
+    both in input order."""
     lengths = np.concatenate([c.lengths for c in window])
+    if len(lengths) == 0:
+        return np.empty((0, encoder.dim), dtype=np.float32), np.empty(0, dtype=np.int64)
     token_ids = np.concatenate([c.token_ids for c in window])
     starts = np.cumsum(lengths) - lengths
-    if len(lengths) == 0:
-        return np.empty((0, encoder.dim), dtype=np.float32)
     batches = pack_batches(lengths, max_batch_tokens)
     outputs = []
     for batch in batches:
         sequences = [
             token_ids[s : s + n] for s, n in zip(starts[batch.indices], batch.lengths, strict=True)
         ]
-        outputs.append(encoder.embed(TokenBatch.from_sequences(sequences)).dense)
+        outputs.append(encoder.embed_within_memory(TokenBatch.from_sequences(sequences)).dense)
         _count(stats, batch)
         reporter.update(stats)
-    return restore_order(batches, outputs)
+    padded = [np.full(b.size, b.lengths[0], dtype=np.int64) for b in batches]
+    return restore_order(batches, outputs), restore_order(batches, padded)
 
 
 def _count(stats: RunStats, batch: Batch) -> None:
@@ -116,99 +143,225 @@ def _count(stats: RunStats, batch: Batch) -> None:
     stats.batches += 1
 
 
+def _fail_on_bad_records(chunks: Iterable[Chunk]) -> Iterator[Chunk]:
+    for chunk in chunks:
+        if chunk.bad:
+            bad = chunk.bad[0]
+            raise InputError(
+                f"bad record at {bad.where()}: {bad.reason} "
+                "(--on-bad-record skip sets such records aside and goes on)"
+            )
+        yield chunk
+
+
 def _start_counting(shards: list[Shard], limit: int | None, reporter: Reporter) -> None:
     """Count the documents in the background, for the progress bar's total and ETA."""
 
     def count() -> None:
-        try:
-            total = count_records(shards)
-        except (OSError, EOFError):
-            return
+        total = count_records(shards)
         reporter.set_total(min(total, limit) if limit is not None else total)
 
     threading.Thread(target=count, name="bulkembed-count", daemon=True).start()
 
 
-def _summary(stats: RunStats, run_info: dict[str, Any], parts: int) -> dict[str, Any]:
+@contextlib.contextmanager
+def _stop_on_signals() -> Iterator[None]:
+    """Turn SIGINT and SIGTERM into `Interrupted`, so that cleanup runs and the lock drops."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signal_number: int, frame: object) -> None:
+        name = signal.Signals(signal_number).name
+        raise Interrupted(
+            signal_number,
+            f"stopped by {name}: committed parts are kept; run the same command again to resume",
+        )
+
+    previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+
+
+def fingerprint(
+    config: RunConfig, spec: ModelSpec, shards: list[Shard], dtype: torch.dtype
+) -> dict[str, Any]:
+    """The settings that decide what the output holds. A run resumes only if they match."""
     return {
-        "docs": stats.docs,
-        "tokens": stats.tokens,
+        "model": spec.source,
+        "model_version": spec.version,
+        "family": spec.family,
+        "outputs": ["dense"],
+        "pooling": spec.pooling.value,
+        "normalize": spec.normalize,
+        "max_length": spec.max_length,
+        "prompt": spec.prompt,
+        "lowercase": spec.lowercase,
+        "dtype": str(dtype).removeprefix("torch."),
+        "text_column": config.text_column,
+        "id_column": config.id_column,
+        "limit": config.limit,
+        "inputs": [{"path": str(s.path), "name": s.name, "size": s.size} for s in shards],
+    }
+
+
+def _committed_ids(run: RunDirectory, done: dict[str, UnitRecord]) -> SeenIds:
+    import pyarrow.parquet as pq
+
+    seen = SeenIds()
+    for record in done.values():
+        if record.rows:
+            for doc_id in pq.read_table(run.part_path(record.part), columns=["id"])["id"]:
+                seen.add(doc_id.as_py())
+    return seen
+
+
+def summarize(done: dict[str, UnitRecord], stats: RunStats, run_info: dict[str, Any]) -> dict:
+    """The whole output's figures (over every run that wrote it) and this run's speed."""
+    tokens = sum(r.tokens for r in done.values())
+    padded = sum(r.padded_tokens for r in done.values())
+    return {
+        "docs": sum(r.rows for r in done.values()),
+        "tokens": tokens,
+        "padding_efficiency": round(tokens / padded, 4) if padded else 1.0,
+        "bad_records": sum(r.bad_records for r in done.values()),
+        "truncated": sum(r.truncated for r in done.values()),
+        "units": len(done),
+        "parts": sum(1 for r in done.values() if r.rows),
+        "docs_this_run": stats.docs,
+        "batches_this_run": stats.batches,
         "seconds": round(stats.seconds, 3),
         "docs_per_s": round(stats.docs_per_s, 2),
         "tokens_per_s": round(stats.tokens_per_s, 1),
-        "padding_efficiency": round(stats.padding_efficiency, 4),
-        "batches": stats.batches,
-        "bad_records": stats.bad_records,
-        "truncated": stats.truncated,
-        "parts": parts,
         **run_info,
     }
 
 
+@dataclass
+class _Job:
+    """One `bulkembed run`, resolved: what to read, with which model, where to write."""
+
+    config: RunConfig
+    spec: ModelSpec
+    device: str
+    dtype: torch.dtype
+    shards: list[Shard]
+    reader: RecordReader
+    run: RunDirectory
+    reporter: Reporter
+    workers: int
+
+    def run_info(self) -> dict[str, Any]:
+        return {
+            "model": self.spec.source,
+            "recipe": self.spec.recipe,
+            "device": self.device,
+            "dtype": str(self.dtype).removeprefix("torch."),
+            "pooling": self.spec.pooling.value,
+            "normalize": self.spec.normalize,
+            "max_length": self.spec.max_length,
+            "max_batch_tokens": self.spec.max_batch_tokens,
+            "tokenize_workers": self.workers,
+            "output": str(self.run.output),
+        }
+
+    def _chunks(self, done: dict[str, UnitRecord]) -> Iterator[Chunk]:
+        """The records still to embed: pending units, first id wins, up to the limit."""
+        config = self.config
+        self.reader.done = done
+        chunks: Iterator[Chunk] = iter(self.reader)
+        chunks = drop_duplicate_ids(chunks, _committed_ids(self.run, done), self.shards)
+        if config.limit is not None:
+            chunks = take(chunks, config.limit - sum(r.rows for r in done.values()))
+        if config.on_bad_record is OnBadRecord.FAIL:
+            chunks = _fail_on_bad_records(chunks)
+        return chunks
+
+    def embed_pending(self, done: dict[str, UnitRecord]) -> RunStats:
+        """Embed every unit not in `done`; mark the run complete when all are."""
+        from bulkembed.encoders import build_encoder
+
+        spec, reporter = self.spec, self.reporter
+        encoder = build_encoder(spec, self.device, self.dtype)
+        budget = spec.max_batch_tokens
+        reporter.info(
+            f"{spec.source} on {self.device} ({self.run_info()['dtype']}), dim {encoder.dim}, "
+            f"{spec.pooling.value} pooling, max length {spec.max_length}; batches of {budget} "
+            f"tokens = {max(1, budget // spec.max_length)} docs at max length; "
+            f"{self.workers} tokenizer process(es); {len(self.shards)} shard(s)"
+            + (f"; resuming after {len(done)} done unit(s)" if done else "")
+        )
+        stats = RunStats()
+        assert self.reader.id_type is not None
+        writer = _Writer(self.run, output_schema(self.reader.id_type, encoder.dim))
+        settings = TokenizerSettings(
+            spec.tokenizer_json, spec.max_length, spec.prompt, spec.lowercase
+        )
+        reporter.start(stats)
+        _start_counting(self.shards, self.config.limit, reporter)
+        try:
+            with TokenizerPool(settings, self.workers) as pool:
+                for window in _windows(pool.map(self._chunks(done)), WINDOW_BATCHES * budget):
+                    dense, padded = _embed_window(window, encoder, budget, stats, reporter)
+                    offset = 0
+                    for tokenized in window:
+                        end = offset + len(tokenized.lengths)
+                        writer.write(tokenized, dense[offset:end], padded[offset:end])
+                        offset = end
+        finally:
+            writer.close()
+            reporter.close()
+        self.run.mark_complete()
+        return stats
+
+
 def embed_corpus(config: RunConfig, reporter: Reporter | None = None) -> dict[str, Any]:
-    """Embed every document of `config.inputs` into `config.output`; return the summary."""
-    from bulkembed.devices import resolve_device, resolve_dtype, return_freed_buffers_to_the_os
-    from bulkembed.encoders import build_encoder
+    """Embed every document of `config.inputs` into `config.output`; return the summary.
+
+    An output that holds an unfinished run with the same settings is resumed; a finished
+    one is left as it is."""
+    from bulkembed.devices import resolve_device, resolve_dtype
     from bulkembed.model_spec import resolve_model
 
     reporter = reporter or Reporter()
-    run = RunDirectory(Path(config.output))
-    shards = list_shards(config.inputs)
+    output = Path(config.output)
+    shards = list_shards(config.inputs, exclude=output)
+    reader = RecordReader(shards, config.text_column, config.id_column)
+    reader.check()
     spec = resolve_model(config)
     device = resolve_device(config.devices)
-    dtype = resolve_dtype(config.dtype, device)
-    run.prepare(config.overwrite)
-
-    max_batch_tokens = spec.max_batch_tokens
     workers = config.tokenize_workers
-    if workers is None:
-        workers = default_tokenize_workers(device)
-    run_info = {
-        "model": spec.source,
-        "recipe": spec.recipe,
-        "device": device,
-        "dtype": str(dtype).removeprefix("torch."),
-        "pooling": spec.pooling.value,
-        "normalize": spec.normalize,
-        "max_length": spec.max_length,
-        "max_batch_tokens": max_batch_tokens,
-        "tokenize_workers": workers,
-        "output": str(run.output),
-    }
-    spec_fields = {k: v for k, v in asdict(spec).items() if k != "tokenizer_json"}
-    run.write_config(
-        {"version": __version__, "run": asdict(config), "model": spec_fields, **run_info}
+    job = _Job(
+        config=config,
+        spec=spec,
+        device=device,
+        dtype=resolve_dtype(config.dtype, device),
+        shards=shards,
+        reader=reader,
+        run=RunDirectory(output),
+        reporter=reporter,
+        workers=default_tokenize_workers(device) if workers is None else workers,
     )
-    return_freed_buffers_to_the_os()
-    encoder = build_encoder(spec, device, dtype)
-    reporter.info(
-        f"{spec.source} on {device} ({run_info['dtype']}), dim {encoder.dim}, "
-        f"{spec.pooling.value} pooling, max length {spec.max_length}; batches of "
-        f"{max_batch_tokens} tokens = {max(1, max_batch_tokens // spec.max_length)} docs at "
-        f"max length; {workers} tokenizer process(es); {len(shards)} shard(s)"
-    )
-
-    stats = RunStats()
-    writer = _Writer(run, encoder.dim)
-    settings = TokenizerSettings(spec.tokenizer_json, spec.max_length, spec.prompt, spec.lowercase)
-    reader = RecordReader(shards, config.text_column, config.id_column, limit=config.limit)
-    reporter.start(stats)
-    _start_counting(shards, config.limit, reporter)
-    try:
-        with TokenizerPool(settings, workers) as pool:
-            for window in _windows(pool.map(reader), WINDOW_BATCHES * max_batch_tokens):
-                dense = _embed_window(window, encoder, max_batch_tokens, stats, reporter)
-                offset = 0
-                for tokenized in window:
-                    count = len(tokenized.lengths)
-                    writer.write(tokenized.chunk, dense[offset : offset + count])
-                    offset += count
-                    stats.bad_records += len(tokenized.chunk.bad)
-                    stats.truncated += tokenized.truncated
-    finally:
-        writer.close()
-        reporter.close()
-    summary = _summary(stats, run_info, writer.parts)
-    run.write_summary(summary)
+    settings = fingerprint(config, spec, shards, job.dtype)
+    run_info = job.run_info()
+    with _stop_on_signals():
+        done = job.run.open(settings, config.overwrite)
+        try:
+            spec_fields = {k: v for k, v in asdict(spec).items() if k != "tokenizer_json"}
+            job.run.write_config(
+                {"version": __version__, "fingerprint": settings, "model": spec_fields, **run_info}
+            )
+            if job.run.is_complete():
+                reporter.info(f"nothing to do: {job.run.output} already holds every document")
+                summary = summarize(done, RunStats(), run_info)
+            else:
+                stats = job.embed_pending(done)
+                summary = summarize(job.run.done_units(), stats, run_info)
+            job.run.write_summary(summary)
+        finally:
+            job.run.release_lock()
     reporter.finish(summary)
     return summary

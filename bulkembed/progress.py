@@ -33,9 +33,6 @@ class RunStats:
     tokens: int = 0
     padded_tokens: int = 0
     batches: int = 0
-    bad_records: int = 0
-    truncated: int = 0
-    total: int | None = None
     started: float = field(default_factory=time.monotonic)
 
     @property
@@ -156,14 +153,16 @@ def make_reporter(quiet: bool) -> Reporter:
     return BarReporter() if sys.stderr.isatty() else LogReporter()
 
 
-def summary_table(summary: dict[str, Any]) -> Table:
-    """The summary of a run as a two-column table."""
-    table = Table(title="bulkembed summary", show_header=False, title_justify="left")
+def summary_table(summary: dict[str, Any], title: str = "bulkembed summary") -> Table:
+    """Figures of a run as a two-column table."""
+    table = Table(title=title, show_header=False, title_justify="left")
     table.add_column("figure", style="bold")
     table.add_column("value", justify="right")
     for key, value in summary.items():
-        if isinstance(value, bool) or value is None:
-            text = str(value).lower() if value is not None else "-"
+        if value is None:
+            text = "-"
+        elif isinstance(value, bool):
+            text = str(value).lower()
         elif isinstance(value, float):
             text = f"{value:,.3f}" if value < 100 else f"{value:,.0f}"
         elif isinstance(value, int):
@@ -172,6 +171,11 @@ def summary_table(summary: dict[str, Any]) -> Table:
             text = str(value)
         table.add_row(key.replace("_", " "), text)
     return table
+
+
+def print_status(status: dict[str, Any]) -> None:
+    """`bulkembed status`: the state of a run directory, on stdout."""
+    Console(highlight=False).print(summary_table(status, title="bulkembed status"))
 
 
 def print_error(message: str) -> None:

@@ -6,7 +6,6 @@ import numpy as np
 import pyarrow as pa
 
 from bulkembed.encoders.base import Embeddings
-from bulkembed.errors import InputError
 
 
 def output_schema(id_type: pa.DataType, dense_dim: int) -> pa.Schema:
@@ -20,16 +19,7 @@ def output_schema(id_type: pa.DataType, dense_dim: int) -> pa.Schema:
 
 
 def record_batch(ids: pa.Array, embeddings: Embeddings, schema: pa.Schema) -> pa.RecordBatch:
-    """Rows for `schema` from ids and their embeddings, in the same order."""
-    id_type = schema.field("id").type
-    if ids.type != id_type:
-        try:
-            ids = ids.cast(id_type)
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
-            raise InputError(
-                f"ids of type {ids.type} cannot join earlier ids of type {id_type}: "
-                "use one id type (all strings or all integers) across the inputs"
-            ) from e
+    """Rows for `schema` from ids (of the schema's id type) and their embeddings, in order."""
     dense = np.ascontiguousarray(embeddings.dense, dtype=np.float32)
     dim = schema.field("dense").type.list_size
     vectors = pa.FixedSizeListArray.from_arrays(pa.array(dense.reshape(-1)), dim)

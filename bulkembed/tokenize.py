@@ -9,9 +9,14 @@ raises `WorkerError` instead of hanging the run.
 from __future__ import annotations
 
 import multiprocessing
+import os
+import signal
+import threading
+import time
 from collections import deque
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import TimeoutError as ResultTimeout
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 
@@ -19,6 +24,10 @@ import numpy as np
 
 from bulkembed.errors import WorkerError
 from bulkembed.sources import Chunk
+
+# A chunk takes milliseconds to tokenize; a worker this late is stuck, not slow.
+RESULT_TIMEOUT_SECONDS = 600
+PARENT_CHECK_SECONDS = 0.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,7 +64,7 @@ class TextTokenizer:
     def __call__(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray, int]:
         """Flat token ids, their lengths per text, and how many texts were truncated."""
         prompt, lowercase = self.settings.prompt, self.settings.lowercase
-        inputs = [prompt + (t.lower() if lowercase else t) for t in texts]
+        inputs = [(prompt + t).lower() if lowercase else prompt + t for t in texts]
         encodings = self.tokenizer.encode_batch(inputs, add_special_tokens=True)
         lengths = np.fromiter((len(e.ids) for e in encodings), dtype=np.int32, count=len(inputs))
         flat = np.fromiter(
@@ -68,8 +77,21 @@ class TextTokenizer:
 _worker_tokenizer: TextTokenizer | None = None
 
 
+def _exit_with_parent(parent: int) -> None:
+    """End this worker once its parent is gone. A parent killed outright (SIGKILL, OOM
+    killer) cannot shut its pool down, and a worker would otherwise wait forever for work."""
+    while os.getppid() == parent:
+        time.sleep(PARENT_CHECK_SECONDS)
+    os._exit(0)
+
+
 def _init_worker(settings: TokenizerSettings) -> None:
     global _worker_tokenizer
+    # Ctrl-C and SIGTERM reach the whole process group: the main process decides how to
+    # stop, and shuts the workers down itself.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()
     _worker_tokenizer = TextTokenizer(settings)
 
 
@@ -126,14 +148,19 @@ class TokenizerPool:
 
     def _result(self, chunk: Chunk, future: Future) -> TokenizedChunk:
         try:
-            return _drop_texts(TokenizedChunk(chunk, *future.result()))
+            return _drop_texts(TokenizedChunk(chunk, *future.result(RESULT_TIMEOUT_SECONDS)))
         except BrokenProcessPool as e:
             raise self._died() from e
+        except ResultTimeout as e:
+            raise WorkerError(
+                f"a tokenizer worker gave no result in {RESULT_TIMEOUT_SECONDS} s; "
+                "committed output is kept: run the same command again to resume"
+            ) from e
 
     def _died(self) -> WorkerError:
         return WorkerError(
-            f"a tokenizer worker process died (killed, or out of memory?) "
-            f"with {self.workers} worker(s); try fewer --tokenize-workers"
+            "a tokenizer worker process died (killed, or out of memory?); committed output "
+            "is kept: run the same command again to resume"
         )
 
     def close(self) -> None:

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from bulkembed.batching import pack_batches, padding_efficiency, restore_order
+from bulkembed.batching import pack_batches, restore_order
 
 
 def _random_lengths(seed: int, n: int = 2000) -> np.ndarray:
@@ -48,13 +48,14 @@ def test_short_documents_are_not_padded_to_a_much_longer_one():
         (300, 40, 40),
         (300, 5, 5),
     ]
-    assert padding_efficiency(batches) == 1.0
+    assert all(b.tokens == b.padded_tokens for b in batches)
 
 
-def test_padding_efficiency_counts_padding():
+def test_a_large_batch_overhead_keeps_documents_together_despite_padding():
     batches = pack_batches([10, 5], 1000, batch_overhead_tokens=1000)
-    assert len(batches) == 1
-    assert padding_efficiency(batches) == pytest.approx(15 / 20)
+    assert [(b.tokens, b.padded_tokens) for b in batches] == [(15, 20)]
+    apart = pack_batches([10, 5], 1000, batch_overhead_tokens=0)
+    assert [(b.tokens, b.padded_tokens) for b in apart] == [(10, 10), (5, 5)]
 
 
 def test_restore_order_puts_outputs_back_in_window_order():

@@ -69,9 +69,11 @@ def test_pooling_functions_against_hand_computed_values():
 
 
 def test_pooling_accumulates_in_float32():
-    hidden = torch.full((1, 4, 2), 1000.5, dtype=torch.float16)
+    # Four float16 values of 60000 sum past float16's largest value (65504).
+    hidden = torch.full((1, 4, 2), 60000.0, dtype=torch.float16)
     pooled = mean_pool(hidden, torch.ones(1, 4, dtype=torch.long))
     assert pooled.dtype == torch.float32
+    assert pooled.tolist() == [[60000.0, 60000.0]]
 
 
 class _LengthEncoder(Encoder):

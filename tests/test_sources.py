@@ -6,7 +6,7 @@ import pytest
 from conftest import write_jsonl, write_parquet
 
 from bulkembed.errors import InputError
-from bulkembed.sources import RecordReader, count_records, list_shards
+from bulkembed.sources import RecordReader, count_records, list_shards, take, unit_names
 
 
 def _records(n: int, start: int = 0) -> list[dict]:
@@ -165,15 +165,69 @@ def test_non_string_parquet_text_column_is_an_error(tmp_path):
         _read(list_shards([str(path)]))
 
 
-def test_limit_stops_after_n_documents_and_ends_the_unit(tmp_path):
+def test_take_stops_after_n_documents_and_ends_the_unit(tmp_path):
     write_jsonl(tmp_path / "a.jsonl", _records(5))
     write_jsonl(tmp_path / "b.jsonl", _records(5, start=5))
-    chunks, ids, _, _ = _read(list_shards([str(tmp_path)]), chunk_size=2, limit=7)
-    assert ids == [f"d{i}" for i in range(7)]
-    assert chunks[-1].last_in_unit
+    chunks = list(take(RecordReader(list_shards([str(tmp_path)]), chunk_size=2), 7))
+    assert [i for c in chunks for i in c.ids.to_pylist()] == [f"d{i}" for i in range(7)]
+    assert chunks[-1].last_in_unit and (chunks[-1].shard, chunks[-1].unit) == (1, 0)
+    assert list(take(RecordReader(list_shards([str(tmp_path)])), 0)) == []
 
 
 def test_count_records(tmp_path):
     write_jsonl(tmp_path / "a.jsonl", _records(5))
     write_parquet(tmp_path / "b.parquet", _records(4))
     assert count_records(list_shards([str(tmp_path)])) == 9
+
+
+def test_files_that_would_give_the_same_ids_are_refused(tmp_path):
+    write_jsonl(tmp_path / "d1" / "x.jsonl", [{"text": "a"}])
+    write_jsonl(tmp_path / "d2" / "x.jsonl", [{"text": "b"}])
+    with pytest.raises(InputError, match=r"would give the same ids \(x\.jsonl:N\)"):
+        list_shards([str(tmp_path / "d1"), str(tmp_path / "d2")])
+    assert [s.name for s in list_shards([str(tmp_path)])] == ["d1/x.jsonl", "d2/x.jsonl"]
+
+
+def test_done_units_are_skipped(tmp_path):
+    path = write_parquet(tmp_path / "c.parquet", _records(25), row_group_size=10)
+    write_jsonl(tmp_path / "d.jsonl", _records(10, start=100))
+    shards = list_shards([str(tmp_path)])
+    done = {"part-00000-000001", "part-00001-000000"}
+    _, ids, _, _ = _read(shards, done=done, lines_per_unit=5)
+    assert ids == [f"d{i}" for i in [*range(10), *range(20, 25)]] + [
+        f"d{i}" for i in range(105, 110)
+    ]
+    assert path.exists()
+
+
+def test_id_type_is_integer_only_when_every_shard_has_integer_ids(tmp_path):
+    write_parquet(tmp_path / "a" / "x.parquet", [{"id": 1, "text": "a"}])
+    write_parquet(tmp_path / "a" / "y.parquet", [{"id": 2, "text": "b"}])
+    assert RecordReader(list_shards([str(tmp_path / "a")])).check() == pa.int64()
+    write_jsonl(tmp_path / "a" / "z.jsonl", [{"id": 3, "text": "c"}])
+    reader = RecordReader(list_shards([str(tmp_path / "a")]))
+    assert reader.check() == pa.string()
+    assert [i for c in reader for i in c.ids.to_pylist()] == ["1", "2", "3"]
+
+
+def test_a_missing_column_in_a_later_shard_fails_before_reading(tmp_path):
+    write_jsonl(tmp_path / "a.jsonl", [{"text": "fine"}])
+    write_jsonl(tmp_path / "b.jsonl", [{"oops": "no text"}])
+    with pytest.raises(InputError, match=r"b\.jsonl line 1; columns: oops"):
+        RecordReader(list_shards([str(tmp_path)])).check()
+
+
+def test_unit_names_cover_every_unit(tmp_path):
+    write_parquet(tmp_path / "a.parquet", _records(25), row_group_size=10)
+    write_jsonl(tmp_path / "b.jsonl", _records(9))
+    (tmp_path / "c.jsonl").write_text("")
+    names = unit_names(list_shards([str(tmp_path)]), lines_per_unit=4)
+    assert names == [
+        "part-00000-000000",
+        "part-00000-000001",
+        "part-00000-000002",
+        "part-00001-000000",
+        "part-00001-000001",
+        "part-00001-000002",
+        "part-00002-000000",
+    ]

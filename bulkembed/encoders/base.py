@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from bulkembed.errors import ModelError
+
 if TYPE_CHECKING:
     import torch
 
@@ -31,6 +33,18 @@ class TokenBatch:
         flat = np.concatenate(sequences) if sequences else np.empty(0, np.int32)
         return cls(flat.astype(np.int32, copy=False), lengths)
 
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def halves(self) -> tuple[TokenBatch, TokenBatch]:
+        """The first half of the documents and the rest."""
+        middle = len(self.lengths) // 2
+        cut = int(self.lengths[:middle].sum())
+        return (
+            TokenBatch(self.token_ids[:cut], self.lengths[:middle]),
+            TokenBatch(self.token_ids[cut:], self.lengths[middle:]),
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class Embeddings:
@@ -38,14 +52,16 @@ class Embeddings:
 
     dense: np.ndarray | None = None
 
-    def __len__(self) -> int:
-        return 0 if self.dense is None else len(self.dense)
+    @classmethod
+    def concatenate(cls, parts: list[Embeddings]) -> Embeddings:
+        """Rows of `parts`, one after the other."""
+        if any(p.dense is None for p in parts):
+            return cls()
+        return cls(dense=np.concatenate([p.dense for p in parts]))
 
 
 class Encoder(ABC):
     """Embeds token batches on one device."""
-
-    family: str = ""
 
     def __init__(self, spec: ModelSpec, device: str, dtype: torch.dtype) -> None:
         self.spec = spec
@@ -60,6 +76,29 @@ class Encoder(ABC):
     @abstractmethod
     def embed(self, batch: TokenBatch) -> Embeddings:
         """Embeddings for every document of `batch`, in batch order."""
+
+    def embed_within_memory(self, batch: TokenBatch) -> Embeddings:
+        """`embed`, halving the batch for as long as the GPU runs out of memory.
+
+        Only CUDA's out-of-memory error is caught, and a single document that does not fit
+        is an error: the budget and max length are then too large for this device."""
+        import torch
+
+        try:
+            return self.embed(batch)
+        except torch.cuda.OutOfMemoryError as e:
+            # Keep only the message: the exception holds the frames and their tensors.
+            message = str(e).splitlines()[0]
+        if len(batch) == 1:
+            raise ModelError(
+                f"one document of {int(batch.lengths[0])} tokens does not fit in {self.device} "
+                f"memory ({message}): lower --max-length"
+            )
+        torch.cuda.empty_cache()
+        first, second = batch.halves()
+        return Embeddings.concatenate(
+            [self.embed_within_memory(first), self.embed_within_memory(second)]
+        )
 
     def padded(self, batch: TokenBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """`input_ids` and `attention_mask` on the device, padded on the right to the longest."""

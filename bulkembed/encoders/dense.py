@@ -18,8 +18,6 @@ if TYPE_CHECKING:
 class DenseEncoder(Encoder):
     """One vector per document: the encoder's last hidden state, pooled."""
 
-    family = "dense"
-
     def __init__(self, spec: ModelSpec, device: str, dtype: torch.dtype) -> None:
         super().__init__(spec, device, dtype)
         from transformers import AutoModel

@@ -1,0 +1,30 @@
+"""Input shards, listed in a deterministic order and streamed in small chunks.
+
+A shard is one file. A unit of work is a Parquet row group or a fixed range of JSONL lines;
+it is the granularity of output parts and of resume.
+"""
+
+from bulkembed.sources.files import (
+    DEFAULT_LINES_PER_UNIT,
+    count_records,
+    list_shards,
+    unit_names,
+)
+from bulkembed.sources.filters import SeenIds, drop_duplicate_ids, take
+from bulkembed.sources.reader import RecordReader
+from bulkembed.sources.records import BadRecord, Chunk, Shard, part_name
+
+__all__ = [
+    "DEFAULT_LINES_PER_UNIT",
+    "BadRecord",
+    "Chunk",
+    "RecordReader",
+    "SeenIds",
+    "Shard",
+    "count_records",
+    "drop_duplicate_ids",
+    "list_shards",
+    "part_name",
+    "take",
+    "unit_names",
+]

@@ -1,0 +1,159 @@
+"""Find input files, in a deterministic order, and count what they hold."""
+
+from __future__ import annotations
+
+import glob
+import gzip
+import os
+import zlib
+from pathlib import Path
+from typing import IO
+
+import pyarrow as pa
+
+from bulkembed.errors import InputError
+from bulkembed.sources.records import Shard
+
+FORMATS = {".parquet": "parquet", ".jsonl": "jsonl", ".json": "jsonl", ".jsonl.gz": "jsonl"}
+DEFAULT_LINES_PER_UNIT = 4096
+# What reading a damaged file raises: I/O errors, a truncated or corrupt gzip stream, a
+# Parquet file that is not one.
+READ_ERRORS = (OSError, EOFError, zlib.error, pa.ArrowException)
+
+
+def format_of(path: Path) -> str | None:
+    name = path.name.lower()
+    for suffix, fmt in FORMATS.items():
+        if name.endswith(suffix):
+            return fmt
+    return None
+
+
+def _glob_root(pattern: str) -> Path:
+    """The longest leading part of a glob pattern without wildcards."""
+    root = []
+    for part in Path(pattern).parts:
+        if glob.has_magic(part):
+            break
+        root.append(part)
+    return Path(*root) if root else Path(".")
+
+
+def _inputs_below(directory: Path) -> list[Path]:
+    # Run directories (`_bulkembed/`) hold JSON files that are not input.
+    return [
+        p
+        for p in directory.rglob("*")
+        if p.is_file() and format_of(p) and "_bulkembed" not in p.parts
+    ]
+
+
+def _expand(argument: str) -> list[tuple[Path, Path]]:
+    """(file, root) pairs for one input argument; ids are relative to the root."""
+    path = Path(argument).expanduser()
+    if path.is_dir():
+        return [(p, path) for p in _inputs_below(path)]
+    if path.is_file():
+        if format_of(path) is None:
+            raise InputError(
+                f"unsupported input {argument}: "
+                "use .parquet, .jsonl, .jsonl.gz or .json (JSON lines)"
+            )
+        return [(path, path.parent)]
+    if glob.has_magic(argument):
+        root = _glob_root(argument)
+        found = [Path(p) for p in glob.glob(argument, recursive=True)]
+        files = [p for p in found if p.is_file() and format_of(p)]
+        for directory in (p for p in found if p.is_dir()):
+            files.extend(_inputs_below(directory))
+        if not files:
+            raise InputError(f"input pattern {argument} matches no .parquet or .jsonl file")
+        return [(p, root) for p in files]
+    raise InputError(f"input not found: {argument}")
+
+
+def list_shards(inputs: tuple[str, ...] | list[str], exclude: Path | None = None) -> list[Shard]:
+    """Every input file once, sorted by path: the order in which units are numbered.
+    Files below `exclude` (the output directory) are left out."""
+    by_path: dict[Path, Shard] = {}
+    excluded = exclude.resolve() if exclude is not None else None
+    for argument in inputs:
+        for path, root in _expand(argument):
+            resolved = path.resolve()
+            if excluded is not None and resolved.is_relative_to(excluded):
+                continue
+            if resolved not in by_path:
+                name = os.path.relpath(path, root)
+                fmt = format_of(path) or ""
+                by_path[resolved] = Shard(resolved, name, fmt, resolved.stat().st_size)
+    if not by_path:
+        raise InputError(f"no .parquet or .jsonl file found in {', '.join(inputs)}")
+    shards = sorted(by_path.values(), key=lambda s: str(s.path))
+    by_name: dict[str, Shard] = {}
+    for shard in shards:
+        other = by_name.setdefault(shard.name, shard)
+        if other is not shard:
+            raise InputError(
+                f"{other.path} and {shard.path} would give the same ids ({shard.name}:N): "
+                "pass their common parent directory instead, or use --id-column"
+            )
+    return shards
+
+
+def open_lines(path: Path) -> IO[bytes]:
+    if path.name.lower().endswith(".gz"):
+        return gzip.open(path, "rb")
+    return open(path, "rb")
+
+
+def count_lines(path: Path) -> int:
+    """Lines of a JSON-lines file (a last line without a newline counts), up to where it
+    cannot be read. Counts newlines a megabyte at a time, without parsing."""
+    lines = 0
+    last = b"\n"
+    try:
+        with open_lines(path) as f:
+            while block := f.read(1 << 20):
+                lines += block.count(b"\n")
+                last = block[-1:]
+    except READ_ERRORS:
+        pass
+    return lines + (last != b"\n")
+
+
+def count_records(shards: list[Shard]) -> int:
+    """Records in all shards, for progress: Parquet rows from the footer, JSONL lines (blank
+    ones included). Unreadable files count as empty."""
+    import pyarrow.parquet as pq
+
+    total = 0
+    for shard in shards:
+        try:
+            if shard.format == "parquet":
+                total += pq.ParquetFile(shard.path).metadata.num_rows
+            else:
+                total += count_lines(shard.path)
+        except READ_ERRORS:
+            continue
+    return total
+
+
+def unit_names(shards: list[Shard], lines_per_unit: int = DEFAULT_LINES_PER_UNIT) -> list[str]:
+    """Every unit of work of the shards, as part names, in order. An unreadable file is one unit.
+
+    Parquet units come from the footer; JSONL files are read through to count lines."""
+    import pyarrow.parquet as pq
+
+    from bulkembed.sources.records import part_name
+
+    names = []
+    for index, shard in enumerate(shards):
+        try:
+            if shard.format == "parquet":
+                units = pq.ParquetFile(shard.path).num_row_groups
+            else:
+                units = -(-count_lines(shard.path) // lines_per_unit)
+        except READ_ERRORS:
+            units = 1
+        names.extend(part_name(index, unit) for unit in range(max(units, 1)))
+    return names

@@ -1,0 +1,100 @@
+"""What flows out of the sources: shards, chunks of records, and records set aside."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+
+@dataclass(frozen=True, slots=True)
+class Shard:
+    """One input file. `name` is its path relative to the input it was found through."""
+
+    path: Path
+    name: str
+    format: str
+    size: int
+
+
+@dataclass(slots=True)
+class BadRecord:
+    """A record that cannot be embedded, with where it was and why.
+
+    `row` is a Parquet row index (from 0); `line` a JSONL line number (from 1); neither is
+    set when a whole file or the rest of it cannot be read."""
+
+    source: str
+    reason: str
+    id: Any = None
+    row: int | None = None
+    line: int | None = None
+
+    @property
+    def position(self) -> int | None:
+        """The record's place in its file, from 0 (row, or line - 1)."""
+        return self.row if self.row is not None else (None if self.line is None else self.line - 1)
+
+    def where(self) -> str:
+        if self.line is not None:
+            return f"{self.source} line {self.line}"
+        if self.row is not None:
+            return f"{self.source} row {self.row}"
+        return self.source
+
+
+@dataclass(slots=True)
+class Chunk:
+    """Up to `chunk_size` consecutive records of one unit of work.
+
+    `unit` numbers the unit within its shard (a Parquet row group, or a range of JSONL
+    lines); the last chunk of each unit has `last_in_unit` set, even when it holds no row."""
+
+    shard: int
+    unit: int
+    ids: pa.Array
+    texts: list[str]
+    last_in_unit: bool
+    bad: list[BadRecord] = field(default_factory=list)
+    positions: list[int] = field(default_factory=list)
+
+    @property
+    def part(self) -> str:
+        """The output part of this chunk's unit: `part-<shard>-<unit>`."""
+        return part_name(self.shard, self.unit)
+
+
+def part_name(shard: int, unit: int) -> str:
+    return f"part-{shard:05d}-{unit:06d}"
+
+
+@dataclass(slots=True)
+class Rows:
+    """Records collected for the chunk being built."""
+
+    ids: list[Any] = field(default_factory=list)
+    texts: list[str] = field(default_factory=list)
+    bad: list[BadRecord] = field(default_factory=list)
+    positions: list[int] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.texts) + len(self.bad)
+
+    def add(self, doc_id: Any, text: str, position: int) -> None:
+        self.ids.append(doc_id)
+        self.texts.append(text)
+        self.positions.append(position)
+
+    def chunk(self, shard: int, unit: int, last_in_unit: bool, id_type: pa.DataType) -> Chunk:
+        ids = self.ids if pa.types.is_integer(id_type) else [str(i) for i in self.ids]
+        return Chunk(
+            shard,
+            unit,
+            pa.array(ids, type=id_type),
+            self.texts,
+            last_in_unit,
+            self.bad,
+            self.positions,
+        )

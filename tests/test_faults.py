@@ -1,0 +1,135 @@
+"""Crashes and signals at any point: the rerun gives exactly the uninterrupted output."""
+
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import read_output, sample_texts, write_jsonl, write_parquet
+from typer.testing import CliRunner
+
+from bulkembed.checkpoint import RunDirectory
+from bulkembed.cli import app
+from bulkembed.encoders import Embeddings, Encoder, TokenBatch
+from bulkembed.errors import ModelError
+
+HARNESS = Path(__file__).with_name("fault_harness.py")
+STAGES = ["tokenize", "encode", "write", "commit", "marked"]
+
+
+def _corpus(tmp_path):
+    texts = sample_texts(700)
+    records = [{"id": f"doc-{i}", "text": t} for i, t in enumerate(texts)]
+    write_parquet(tmp_path / "corpus" / "a.parquet", records[:300], row_group_size=5)
+    write_parquet(tmp_path / "corpus" / "b.parquet", records[300:600], row_group_size=5)
+    write_jsonl(tmp_path / "corpus" / "c.jsonl", records[600:])
+    return tmp_path / "corpus", records
+
+
+def _arguments(corpus, model, out):
+    return [
+        "run", str(corpus), "--model", str(model), "--output", str(out), "--quiet",
+        "--max-batch-tokens", "256", "--tokenize-workers", "1",
+    ]  # fmt: skip
+
+
+def _harness(stage, n, signal_name, arguments):
+    command = [sys.executable, str(HARNESS), stage, str(n), signal_name, "--", *arguments]
+    return subprocess.run(command, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.slow
+def test_sigkill_at_20_points_then_rerun_equals_an_uninterrupted_run(tmp_path, tiny_st):
+    corpus, records = _corpus(tmp_path)
+    model = tiny_st("mean")
+    reference_out = tmp_path / "reference"
+    reference = CliRunner().invoke(app, _arguments(corpus, model, reference_out))
+    assert reference.exit_code == 0, reference.output
+    expected = read_output(reference_out)
+
+    out = tmp_path / "out"
+    rng = random.Random(20261122)
+    points = [(rng.choice(STAGES), rng.randint(1, 3)) for _ in range(20)]
+    for stage, n in points:
+        killed = _harness(stage, n, "SIGKILL", _arguments(corpus, model, out))
+        assert killed.returncode == -9, (stage, n, killed.stderr[-2000:])
+    assert {stage for stage, _ in points} == set(STAGES)
+    assert len(RunDirectory(out).done_units()) < 130  # work was left for the final run
+
+    final = subprocess.run(
+        [sys.executable, "-m", "bulkembed", *_arguments(corpus, model, out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert final.returncode == 0, final.stderr
+    resumed = read_output(out)  # also asserts that no id appears twice
+    assert set(resumed) == {r["id"] for r in records} == set(expected)
+    cosines = [float(np.dot(expected[key], resumed[key])) for key in expected]
+    assert min(cosines) >= 0.9999
+    assert not list(out.glob(".*.tmp")) and RunDirectory(out).lock_holder() is None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("signal_name", "code"), [("SIGTERM", 143), ("SIGINT", 130)])
+def test_sigterm_and_sigint_stop_cleanly_and_say_how_to_resume(
+    tmp_path, tiny_st, signal_name, code
+):
+    corpus, records = _corpus(tmp_path)
+    out = tmp_path / "out"
+    arguments = _arguments(corpus, tiny_st("mean"), out)
+    stopped = _harness("marked", 5, signal_name, arguments)
+    assert stopped.returncode == code, stopped.stderr
+    assert stopped.stderr.strip().splitlines()[-1] == (
+        f"error: stopped by {signal_name}: committed parts are kept; "
+        "run the same command again to resume"
+    )
+    run = RunDirectory(out)
+    assert len(run.done_units()) == 5
+    assert not list(out.glob(".*.tmp")) and run.lock_holder() is None
+    resumed = CliRunner().invoke(app, arguments)
+    assert resumed.exit_code == 0, resumed.output
+    assert set(read_output(out)) == {r["id"] for r in records}
+
+
+class _SmallMemoryEncoder(Encoder):
+    """Runs out of CUDA memory on batches of more than three documents."""
+
+    calls: list[int]
+
+    @property
+    def dim(self) -> int:
+        return 1
+
+    def embed(self, batch: TokenBatch) -> Embeddings:
+        self.calls.append(len(batch))
+        if len(batch) > 3:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return Embeddings(dense=batch.lengths.reshape(-1, 1).astype(np.float32))
+
+
+def test_out_of_memory_halves_the_batch_until_it_fits(tiny_st):
+    from bulkembed.config import RunConfig
+    from bulkembed.model_spec import resolve_model
+
+    spec = resolve_model(RunConfig(inputs=("x",), output="o", model=str(tiny_st("mean"))))
+    encoder = _SmallMemoryEncoder(spec, "cpu", torch.float32)
+    encoder.calls = []
+    lengths = [5, 4, 4, 3, 3, 2, 2, 2, 1, 1]
+    batch = TokenBatch.from_sequences([np.arange(n) for n in lengths])
+    out = encoder.embed_within_memory(batch)
+    assert out.dense[:, 0].tolist() == lengths
+    assert encoder.calls == [10, 5, 2, 3, 5, 2, 3]
+    with pytest.raises(ModelError, match="one document of 9 tokens does not fit in cpu memory"):
+        encoder.calls = []
+        _SingleDocumentTooLarge(spec, "cpu", torch.float32).embed_within_memory(
+            TokenBatch.from_sequences([np.arange(9)])
+        )
+
+
+class _SingleDocumentTooLarge(_SmallMemoryEncoder):
+    def embed(self, batch: TokenBatch) -> Embeddings:
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory.")

@@ -1,0 +1,203 @@
+"""Resume, the ledger, the lock, settings checks and full-disk failures."""
+
+import errno
+import json
+import multiprocessing
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from conftest import read_output, sample_texts, write_jsonl, write_parquet
+from typer.testing import CliRunner
+
+from bulkembed.checkpoint import RunDirectory
+from bulkembed.cli import app
+from bulkembed.sinks.parquet import ParquetSink
+
+runner = CliRunner()
+
+
+def _corpus(tmp_path, n=150, row_group_size=10):
+    records = [{"id": f"doc-{i}", "text": t} for i, t in enumerate(sample_texts(n))]
+    write_parquet(tmp_path / "corpus" / "a.parquet", records[: n // 2], row_group_size)
+    write_jsonl(tmp_path / "corpus" / "b.jsonl", records[n // 2 :])
+    return tmp_path / "corpus", records
+
+
+def _run(corpus, model, out, *extra):
+    args = ["run", str(corpus), "--model", str(model), "--output", str(out), "--quiet"]
+    return runner.invoke(app, [*args, "--tokenize-workers", "0", *map(str, extra)])
+
+
+def _summary(out):
+    return json.loads((out / "_bulkembed" / "summary.json").read_text())
+
+
+def test_second_run_of_a_finished_job_does_no_model_work(tmp_path, tiny_st, monkeypatch):
+    corpus, records = _corpus(tmp_path)
+    out = tmp_path / "out"
+    assert _run(corpus, tiny_st("mean"), out).exit_code == 0
+    first = read_output(out)
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model was loaded for a finished run")
+
+    monkeypatch.setattr("bulkembed.encoders.build_encoder", no_model)
+    again = runner.invoke(
+        app, ["run", str(corpus), "--model", str(tiny_st("mean")), "--output", str(out)]
+    )
+    assert again.exit_code == 0, again.output
+    assert "nothing to do" in again.stderr
+    summary = _summary(out)
+    assert (summary["docs"], summary["docs_this_run"], summary["batches_this_run"]) == (150, 0, 0)
+    assert read_output(out) == first
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (["--max-length", "32"], "--max-length: 64 -> 32"),
+        (["--pooling", "cls"], "--pooling: 'mean' -> 'cls'"),
+        (["--text-column", "id"], "--text-column: 'text' -> 'id'"),
+    ],
+)
+def test_changed_settings_are_refused_naming_the_setting(tmp_path, tiny_st, change, message):
+    corpus, _ = _corpus(tmp_path, 20)
+    out = tmp_path / "out"
+    assert _run(corpus, tiny_st("mean"), out).exit_code == 0
+    result = _run(corpus, tiny_st("mean"), out, *change)
+    assert result.exit_code == 1
+    line = result.stderr.strip()
+    assert message in line and "pass --overwrite to start over" in line
+    assert len(line.splitlines()) == 1
+
+
+def test_another_model_is_refused(tmp_path, tiny_st):
+    corpus, _ = _corpus(tmp_path, 20)
+    out = tmp_path / "out"
+    assert _run(corpus, tiny_st("mean"), out).exit_code == 0
+    result = _run(corpus, tiny_st("cls"), out)
+    assert result.exit_code == 1
+    assert "--model: " in result.stderr and "tiny-st-cls" in result.stderr
+
+
+def test_changed_input_is_refused(tmp_path, tiny_st):
+    corpus, _ = _corpus(tmp_path, 20)
+    out = tmp_path / "out"
+    assert _run(corpus, tiny_st("mean"), out).exit_code == 0
+    with open(corpus / "b.jsonl", "a") as f:
+        f.write('{"id": "new", "text": "added later"}\n')
+    result = _run(corpus, tiny_st("mean"), out)
+    assert result.exit_code == 1 and "the inputs (files added, removed or changed" in result.stderr
+
+
+def _hold_lock(output, ready, release):
+    run = RunDirectory(output)
+    run.meta.mkdir(parents=True, exist_ok=True)
+    run.acquire_lock()
+    ready.set()
+    release.wait(30)
+
+
+def test_a_second_run_is_refused_while_the_first_holds_the_lock(tmp_path, tiny_st):
+    corpus, _ = _corpus(tmp_path, 20)
+    out = tmp_path / "out"
+    context = multiprocessing.get_context("spawn")
+    ready, release = context.Event(), context.Event()
+    holder = context.Process(target=_hold_lock, args=(out, ready, release))
+    holder.start()
+    try:
+        assert ready.wait(30)
+        result = _run(corpus, tiny_st("mean"), out)
+        assert result.exit_code == 1
+        assert f"is in use by a running bulkembed (pid {holder.pid} on " in result.stderr
+        assert RunDirectory(out).lock_holder().startswith(f"pid {holder.pid} on ")
+    finally:
+        release.set()
+        holder.join()
+    assert RunDirectory(out).lock_holder() is None
+    assert _run(corpus, tiny_st("mean"), out).exit_code == 0
+
+
+def test_a_stale_lock_is_taken_over(tmp_path, tiny_st):
+    corpus, _ = _corpus(tmp_path, 20)
+    out = tmp_path / "out"
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    (out / "_bulkembed").mkdir(parents=True)
+    (out / "_bulkembed" / "lock").write_text(f"pid {dead.stdout.strip()} on somewhere\n")
+    assert _run(corpus, tiny_st("mean"), out).exit_code == 0
+    assert len(read_output(out)) == 20
+
+
+def test_a_part_without_its_marker_is_redone_and_a_marker_without_its_part_is_an_error(
+    tmp_path, tiny_st
+):
+    corpus, records = _corpus(tmp_path, 40)
+    out = tmp_path / "out"
+    assert _run(corpus, tiny_st("mean"), out).exit_code == 0
+    reference = read_output(out)
+    run = RunDirectory(out)
+    # Crash between renaming a part and writing its marker: the part has no marker.
+    (run.done_dir / "part-00000-000001.json").unlink()
+    run.complete_path.unlink()
+    assert _run(corpus, tiny_st("mean"), out).exit_code == 0
+    assert _summary(out)["docs_this_run"] == 10
+    assert read_output(out).keys() == reference.keys()
+    # A part removed by hand: its marker names a file that is gone.
+    (out / "part-00000-000000.parquet").unlink()
+    result = _run(corpus, tiny_st("mean"), out)
+    assert result.exit_code == 1
+    assert "part-00000-000000.parquet is missing but its unit is marked done" in result.stderr
+
+
+def test_full_disk_fails_cleanly_and_the_rerun_completes(tmp_path, tiny_st, monkeypatch):
+    corpus, records = _corpus(tmp_path, 120)
+    model = tiny_st("mean")
+    assert _run(corpus, model, tmp_path / "reference").exit_code == 0
+    reference = read_output(tmp_path / "reference")
+
+    commit = ParquetSink.commit
+    calls = {"n": 0}
+
+    def commit_until_the_disk_fills(self, part):
+        calls["n"] += 1
+        if calls["n"] == 4:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        commit(self, part)
+
+    out = tmp_path / "out"
+    monkeypatch.setattr(ParquetSink, "commit", commit_until_the_disk_fills)
+    result = _run(corpus, model, out)
+    assert result.exit_code == 1
+    assert "No space left on device" in result.stderr and len(result.stderr.splitlines()) == 1
+    committed = sorted(p.name for p in out.glob("*.parquet"))
+    assert committed == [
+        "part-00000-000000.parquet",
+        "part-00000-000001.parquet",
+        "part-00000-000002.parquet",
+    ]
+    assert not list(out.glob(".*.tmp"))
+
+    monkeypatch.setattr(ParquetSink, "commit", commit)
+    assert _run(corpus, model, out).exit_code == 0
+    resumed = read_output(out)
+    assert resumed.keys() == reference.keys() == {r["id"] for r in records}
+    for key, vector in reference.items():
+        assert np.dot(vector, resumed[key]) >= 0.9999
+
+
+def test_status_reports_done_and_pending_units(tmp_path, tiny_st):
+    corpus, _ = _corpus(tmp_path, 60)
+    out = tmp_path / "out"
+    assert _run(corpus, tiny_st("mean"), out, "--limit", "25").exit_code == 0
+    result = runner.invoke(app, ["status", str(out)])
+    assert result.exit_code == 0
+    text = " ".join(result.stdout.split())
+    assert "state │ complete" in text and "units done │ 3" in text and "docs │ 25" in text
+    assert "lock │ -" not in text
+
+    missing = runner.invoke(app, ["status", str(tmp_path / "nothing")])
+    assert missing.exit_code == 1 and "holds no bulkembed run" in missing.stderr
