@@ -20,6 +20,7 @@ import os
 import re
 import shutil
 import socket
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -28,7 +29,9 @@ from bulkembed.errors import BulkembedError, OutputError
 from bulkembed.sources import BadRecord
 
 RUN_DIRECTORY = "_bulkembed"
-_PART = re.compile(r"part-\d{5}-\d{6}")
+_PART = re.compile(r"part-\d{5,}-\d{6,}")
+LOCK_ATTEMPTS = 10
+LOCK_RETRY_SECONDS = 0.1
 CONFIG_FILE = "config.json"
 
 # Fingerprint keys, as the user knows them.
@@ -68,11 +71,15 @@ class UnitRecord:
 
 def _write_json_atomically(path: Path, data: dict[str, Any]) -> None:
     temporary = path.with_name(f".{path.name}.tmp")
-    with open(temporary, "w", encoding="utf-8") as f:
-        f.write(json.dumps(data, indent=2, default=str) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(temporary, path)
+    try:
+        with open(temporary, "w", encoding="utf-8") as f:
+            f.write(json.dumps(data, indent=2, default=str) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temporary, path)
+    except OSError as e:
+        temporary.unlink(missing_ok=True)
+        raise OutputError(f"cannot write {path}: {e}") from e
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -138,12 +145,16 @@ class RunDirectory:
             raise OutputError(
                 f"cannot write to {self.output}: {e.strerror or e}; choose another --output"
             ) from e
-        if overwrite:
-            self._remove_previous()
-        elif self.config_path.exists():
-            self._check_fingerprint(fingerprint)
-        self.done_dir.mkdir(exist_ok=True)
-        return self.reconcile()
+        try:
+            if overwrite:
+                self._remove_previous()
+            elif self.config_path.exists():
+                self._check_fingerprint(fingerprint)
+            self.done_dir.mkdir(exist_ok=True)
+            return self.reconcile()
+        except BaseException:
+            self.release_lock()
+            raise
 
     def _check_fingerprint(self, fingerprint: dict[str, Any]) -> None:
         before = _read_json(self.config_path).get("fingerprint", {})
@@ -161,16 +172,22 @@ class RunDirectory:
         however it dies, so a stale lock is simply taken over.
         """
         lock = open(self.lock_path, "a+", encoding="utf-8")  # noqa: SIM115 (held until release)
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            lock.seek(0)
-            holder = lock.read().strip() or "another process"
-            lock.close()
-            raise LockedError(
-                f"{self.output} is in use by a running bulkembed ({holder}); "
-                "wait for it to finish or stop it, or choose another --output"
-            ) from None
+        for attempt in range(LOCK_ATTEMPTS):
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                # A run that is just starting, or `bulkembed status` looking, holds it briefly.
+                if attempt + 1 < LOCK_ATTEMPTS:
+                    time.sleep(LOCK_RETRY_SECONDS)
+                    continue
+                lock.seek(0)
+                holder = lock.read().strip() or "another process"
+                lock.close()
+                raise LockedError(
+                    f"{self.output} is in use by a running bulkembed ({holder}); "
+                    "wait for it to finish or stop it, or choose another --output"
+                ) from None
         lock.seek(0)
         lock.truncate()
         lock.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
@@ -196,16 +213,20 @@ class RunDirectory:
         return None
 
     def _remove_previous(self) -> None:
-        """Delete what bulkembed wrote here, and nothing else."""
+        """Delete what bulkembed wrote here, and nothing else. The ledger goes first and the
+        configuration last, so an interrupted removal leaves a state the next run checks and
+        reconciles like any other."""
+        shutil.rmtree(self.done_dir, ignore_errors=True)
         for path in [*self._our_parts(), *self.output.glob(".part-*.parquet.tmp")]:
             path.unlink()
         for path in self.meta.iterdir():
-            if path == self.lock_path:
+            if path in (self.lock_path, self.config_path):
                 continue
             if path.is_dir():
                 shutil.rmtree(path)
             else:
                 path.unlink()
+        self.config_path.unlink(missing_ok=True)
 
     # The ledger.
 
@@ -227,9 +248,11 @@ class RunDirectory:
 
     def reconcile(self) -> dict[str, UnitRecord]:
         """Drop what a crash left half-done; check every marker has its part."""
-        for path in self.output.glob(".part-*.parquet.tmp"):
-            path.unlink()
-        for path in self.done_dir.glob(".*.tmp"):
+        for path in [
+            *self.output.glob(".part-*.parquet.tmp"),
+            *self.done_dir.glob(".*.tmp"),
+            *self.meta.glob(".*.tmp"),
+        ]:
             path.unlink()
         done = self.done_units()
         for record in done.values():
@@ -246,13 +269,13 @@ class RunDirectory:
 
     def mark_done(self, record: UnitRecord) -> None:
         """Record a unit as committed; call only once its part is in place."""
-        try:
-            _write_json_atomically(self._marker(record.part), asdict(record))
-        except OSError as e:
-            raise OutputError(f"cannot write {self._marker(record.part)}: {e}") from e
+        _write_json_atomically(self._marker(record.part), asdict(record))
 
     def mark_complete(self) -> None:
-        self.complete_path.write_text("every unit of the inputs is done\n", encoding="utf-8")
+        try:
+            self.complete_path.write_text("every unit of the inputs is done\n", encoding="utf-8")
+        except OSError as e:
+            raise OutputError(f"cannot write {self.complete_path}: {e}") from e
 
     def is_complete(self) -> bool:
         return self.complete_path.exists()
@@ -262,8 +285,11 @@ class RunDirectory:
     def quarantine(self, record: BadRecord, part: str) -> None:
         """Append a record that cannot be embedded to `bad_records.jsonl`."""
         fields = {k: v for k, v in asdict(record).items() if v is not None}
-        with open(self.bad_records_path, "a", encoding="utf-8") as f:
-            f.write(json.dumps({**fields, "part": part}, default=str) + "\n")
+        try:
+            with open(self.bad_records_path, "a", encoding="utf-8") as f:
+                f.write(json.dumps({**fields, "part": part}, default=str) + "\n")
+        except OSError as e:
+            raise OutputError(f"cannot write {self.bad_records_path}: {e}") from e
 
     def _keep_bad_records_of(self, done: dict[str, UnitRecord]) -> None:
         if not self.bad_records_path.exists():
@@ -304,9 +330,10 @@ def run_status(output: Path) -> dict[str, Any]:
         raise OutputError(f"{output} holds no bulkembed run ({run.config_path} is missing)")
     config = run.read_config()
     done = run.done_units()
-    inputs = config.get("fingerprint", {}).get("inputs", [])
+    inputs = config.get("input_paths", [])
+    sizes = {i["name"]: i["size"] for i in config.get("fingerprint", {}).get("inputs", [])}
     shards = [
-        Shard(Path(i["path"]), i["name"], format_of(Path(i["path"])) or "", i["size"])
+        Shard(Path(i["path"]), i["name"], format_of(Path(i["path"])) or "", sizes[i["name"]])
         for i in inputs
     ]
     holder = run.lock_holder()
@@ -326,5 +353,6 @@ def run_status(output: Path) -> dict[str, Any]:
         "bad_records": sum(r.bad_records for r in done.values()),
         "truncated": sum(r.truncated for r in done.values()),
         "inputs": len(shards),
+        "lock": holder,
         **{key: config.get(key) for key in settings},
     }

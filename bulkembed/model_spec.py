@@ -41,6 +41,7 @@ class ModelSpec:
     """A model with every setting bulkembed needs to tokenize and embed with it."""
 
     source: str
+    local: bool
     revision: str | None
     version: str
     recipe: str | None
@@ -94,14 +95,21 @@ def _model_version(source: str, revision: str | None, config_file: Path) -> str:
 
     The folder digest covers every file's name and size and, for each, the first and last
     MiB of its content, so retrained weights of the same shape are told apart without
-    reading gigabytes at every start."""
+    reading gigabytes at every start. Hidden files and READMEs do not count."""
     if not _is_local(source):
         if config_file.parent.parent.name == "snapshots":
             return config_file.parent.name
         return revision or "main"
     digest = hashlib.sha256()
     folder = Path(source)
-    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+    files = [
+        p
+        for p in folder.rglob("*")
+        if p.is_file()
+        and not p.name.upper().startswith("README")
+        and not any(part.startswith(".") for part in p.relative_to(folder).parts)
+    ]
+    for path in sorted(files):
         size = path.stat().st_size
         digest.update(f"{path.relative_to(folder)}\0{size}\0".encode())
         with open(path, "rb") as f:
@@ -292,6 +300,7 @@ def resolve_model(config: RunConfig) -> ModelSpec:
 
     return ModelSpec(
         source=source,
+        local=_is_local(source),
         revision=revision,
         version=_model_version(source, revision, config_file),
         recipe=recipe.name if recipe else None,

@@ -31,6 +31,7 @@ from bulkembed.progress import Reporter, RunStats
 from bulkembed.schema import output_schema, record_batch
 from bulkembed.sinks import ParquetSink, Sink
 from bulkembed.sources import (
+    DEFAULT_LINES_PER_UNIT,
     Chunk,
     RecordReader,
     SeenIds,
@@ -51,6 +52,9 @@ if TYPE_CHECKING:
 # enough that every length finds neighbours of a similar length, small enough to stay a
 # few megabytes of token ids and to lose little work to a crash.
 WINDOW_BATCHES = 32
+# How inputs are cut into units of work: part of the fingerprint, since done markers name
+# units by number.
+UNITS = f"parquet row groups; {DEFAULT_LINES_PER_UNIT} jsonl lines"
 
 
 def _windows(
@@ -186,12 +190,15 @@ def _stop_on_signals() -> Iterator[None]:
             signal.signal(number, handler)
 
 
-def fingerprint(
-    config: RunConfig, spec: ModelSpec, shards: list[Shard], dtype: torch.dtype
-) -> dict[str, Any]:
-    """The settings that decide what the output holds. A run resumes only if they match."""
+def fingerprint(config: RunConfig, spec: ModelSpec, shards: list[Shard]) -> dict[str, Any]:
+    """The settings that decide what the output holds. A run resumes only if they match.
+
+    Inputs count by name and size, and a local model by its folder's name and content, so a
+    corpus or a model folder that moved still resumes. `--dtype` counts as given: with
+    `auto` a run may resume on another kind of device."""
     return {
-        "model": spec.source,
+        "units": UNITS,
+        "model": Path(spec.source).name if spec.local else spec.source,
         "model_version": spec.version,
         "family": spec.family,
         "outputs": ["dense"],
@@ -200,11 +207,11 @@ def fingerprint(
         "max_length": spec.max_length,
         "prompt": spec.prompt,
         "lowercase": spec.lowercase,
-        "dtype": str(dtype).removeprefix("torch."),
+        "dtype": config.dtype.value,
         "text_column": config.text_column,
         "id_column": config.id_column,
         "limit": config.limit,
-        "inputs": [{"path": str(s.path), "name": s.name, "size": s.size} for s in shards],
+        "inputs": [{"name": s.name, "size": s.size} for s in shards],
     }
 
 
@@ -323,10 +330,41 @@ def embed_corpus(config: RunConfig, reporter: Reporter | None = None) -> dict[st
 
     An output that holds an unfinished run with the same settings is resumed; a finished
     one is left as it is."""
+    with _stop_on_signals():
+        job = _prepare(config, reporter or Reporter())
+        settings = fingerprint(config, job.spec, job.shards)
+        run_info = job.run_info()
+        done = job.run.open(settings, config.overwrite)
+        try:
+            spec_fields = {k: v for k, v in asdict(job.spec).items() if k != "tokenizer_json"}
+            paths = [{"name": s.name, "path": str(s.path)} for s in job.shards]
+            job.run.write_config(
+                {
+                    "version": __version__,
+                    "fingerprint": settings,
+                    "input_paths": paths,
+                    "model": spec_fields,
+                    **run_info,
+                }
+            )
+            if job.run.is_complete():
+                job.reporter.info(f"nothing to do: {job.run.output} already holds every document")
+                summary = summarize(done, RunStats(), run_info)
+            else:
+                stats = job.embed_pending(done)
+                summary = summarize(job.run.done_units(), stats, run_info)
+                job.run.write_summary(summary)
+        finally:
+            job.run.release_lock()
+    job.reporter.finish(summary)
+    return summary
+
+
+def _prepare(config: RunConfig, reporter: Reporter) -> _Job:
+    """Find the inputs and check their columns, resolve the model and the device."""
     from bulkembed.devices import resolve_device, resolve_dtype
     from bulkembed.model_spec import resolve_model
 
-    reporter = reporter or Reporter()
     output = Path(config.output)
     shards = list_shards(config.inputs, exclude=output)
     reader = RecordReader(shards, config.text_column, config.id_column)
@@ -334,7 +372,7 @@ def embed_corpus(config: RunConfig, reporter: Reporter | None = None) -> dict[st
     spec = resolve_model(config)
     device = resolve_device(config.devices)
     workers = config.tokenize_workers
-    job = _Job(
+    return _Job(
         config=config,
         spec=spec,
         device=device,
@@ -345,23 +383,3 @@ def embed_corpus(config: RunConfig, reporter: Reporter | None = None) -> dict[st
         reporter=reporter,
         workers=default_tokenize_workers(device) if workers is None else workers,
     )
-    settings = fingerprint(config, spec, shards, job.dtype)
-    run_info = job.run_info()
-    with _stop_on_signals():
-        done = job.run.open(settings, config.overwrite)
-        try:
-            spec_fields = {k: v for k, v in asdict(spec).items() if k != "tokenizer_json"}
-            job.run.write_config(
-                {"version": __version__, "fingerprint": settings, "model": spec_fields, **run_info}
-            )
-            if job.run.is_complete():
-                reporter.info(f"nothing to do: {job.run.output} already holds every document")
-                summary = summarize(done, RunStats(), run_info)
-            else:
-                stats = job.embed_pending(done)
-                summary = summarize(job.run.done_units(), stats, run_info)
-            job.run.write_summary(summary)
-        finally:
-            job.run.release_lock()
-    reporter.finish(summary)
-    return summary

@@ -85,13 +85,13 @@ def _exit_with_parent(parent: int) -> None:
     os._exit(0)
 
 
-def _init_worker(settings: TokenizerSettings) -> None:
+def _init_worker(settings: TokenizerSettings, parent: int) -> None:
     global _worker_tokenizer
     # Ctrl-C and SIGTERM reach the whole process group: the main process decides how to
     # stop, and shuts the workers down itself.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()
+    threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True).start()
     _worker_tokenizer = TextTokenizer(settings)
 
 
@@ -121,7 +121,7 @@ class TokenizerPool:
                 max_workers=workers,
                 mp_context=multiprocessing.get_context("spawn"),
                 initializer=_init_worker,
-                initargs=(settings,),
+                initargs=(settings, os.getpid()),
             )
 
     def map(self, chunks: Iterable[Chunk]) -> Iterator[TokenizedChunk]:
@@ -163,14 +163,22 @@ class TokenizerPool:
             "is kept: run the same command again to resume"
         )
 
-    def close(self) -> None:
-        """Stop the workers; queued work is cancelled."""
-        if self._executor is not None:
+    def close(self, failed: bool = False) -> None:
+        """Stop the workers; queued work is cancelled. After a failure the workers are
+        killed rather than waited for, since one of them may be stuck."""
+        if self._executor is None:
+            return
+        if failed:
+            processes = list(getattr(self._executor, "_processes", {}).values())
+            self._executor.shutdown(wait=False, cancel_futures=True)
+            for process in processes:
+                process.kill()
+        else:
             self._executor.shutdown(wait=True, cancel_futures=True)
-            self._executor = None
+        self._executor = None
 
     def __enter__(self) -> TokenizerPool:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, kind: type[BaseException] | None, *exc: object) -> None:
+        self.close(failed=kind is not None)

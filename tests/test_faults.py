@@ -21,12 +21,22 @@ STAGES = ["tokenize", "encode", "write", "commit", "marked"]
 
 
 def _corpus(tmp_path):
+    """700 records in 121 units, with null texts and repeated ids among them."""
     texts = sample_texts(700)
     records = [{"id": f"doc-{i}", "text": t} for i, t in enumerate(texts)]
+    for record in records[3:600:7]:
+        record["text"] = None
+    for record in records[300:320]:
+        record["id"] = f"doc-{int(record['id'][4:]) - 300}"
     write_parquet(tmp_path / "corpus" / "a.parquet", records[:300], row_group_size=5)
     write_parquet(tmp_path / "corpus" / "b.parquet", records[300:600], row_group_size=5)
     write_jsonl(tmp_path / "corpus" / "c.jsonl", records[600:])
     return tmp_path / "corpus", records
+
+
+def _bad_records(out):
+    lines = (out / "_bulkembed" / "bad_records.jsonl").read_text().splitlines()
+    return sorted(lines)
 
 
 def _arguments(corpus, model, out):
@@ -67,7 +77,10 @@ def test_sigkill_at_20_points_then_rerun_equals_an_uninterrupted_run(tmp_path, t
     )
     assert final.returncode == 0, final.stderr
     resumed = read_output(out)  # also asserts that no id appears twice
-    assert set(resumed) == {r["id"] for r in records} == set(expected)
+    assert set(resumed) == set(expected)
+    assert set(expected) == {r["id"] for r in records if r["text"] is not None}
+    assert _bad_records(out) == _bad_records(reference_out)
+    assert len(_bad_records(out)) == 100
     cosines = [float(np.dot(expected[key], resumed[key])) for key in expected]
     assert min(cosines) >= 0.9999
     assert not list(out.glob(".*.tmp")) and RunDirectory(out).lock_holder() is None
@@ -92,7 +105,7 @@ def test_sigterm_and_sigint_stop_cleanly_and_say_how_to_resume(
     assert not list(out.glob(".*.tmp")) and run.lock_holder() is None
     resumed = CliRunner().invoke(app, arguments)
     assert resumed.exit_code == 0, resumed.output
-    assert set(read_output(out)) == {r["id"] for r in records}
+    assert set(read_output(out)) == {r["id"] for r in records if r["text"] is not None}
 
 
 class _SmallMemoryEncoder(Encoder):

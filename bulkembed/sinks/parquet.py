@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -46,10 +47,16 @@ class ParquetSink(Sink):
                 os.fsync(f.fileno())
             os.replace(temporary, self.directory / f"{part}.parquet")
         except OSError as e:
+            temporary.unlink(missing_ok=True)
             raise OutputError(f"cannot commit {temporary}: {e}") from e
+        except BaseException:
+            temporary.unlink(missing_ok=True)
+            raise
 
     def close(self) -> None:
+        """Drop every uncommitted part; errors closing them (a full disk) do not matter then."""
         for part, writer in list(self._open.items()):
-            writer.close()
+            with contextlib.suppress(OSError):
+                writer.close()
             self._temporary(part).unlink(missing_ok=True)
         self._open.clear()
