@@ -1,6 +1,7 @@
 import multiprocessing
 import os
 import signal
+import time
 
 import numpy as np
 import pyarrow as pa
@@ -70,3 +71,20 @@ def test_dead_worker_is_an_error_not_a_hang(tiny_bert):
         with pytest.raises(WorkerError, match="tokenizer worker process died"):
             for _ in results:
                 pass
+
+
+def test_a_stuck_worker_times_out_and_is_killed(tiny_bert, monkeypatch):
+    monkeypatch.setattr("bulkembed.tokenize.RESULT_TIMEOUT_SECONDS", 2)
+    texts = sample_texts(50)
+    started = time.monotonic()
+    with pytest.raises(WorkerError, match="gave no result in 2 s"):  # noqa: SIM117
+        with TokenizerPool(_settings(tiny_bert), 1, max_in_flight=2) as pool:
+            results = pool.map(_chunks(texts * 200, 5))
+            next(results)
+            for child in multiprocessing.active_children():
+                os.kill(child.pid, signal.SIGSTOP)
+            for _ in results:
+                pass
+    assert time.monotonic() - started < 30
+    time.sleep(0.5)
+    assert multiprocessing.active_children() == []
