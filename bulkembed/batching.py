@@ -112,14 +112,11 @@ def _greedy_cuts(sorted_lengths: np.ndarray, budget: int) -> list[int]:
     return ends
 
 
-def restore_order(batches: Sequence[Batch], outputs: Sequence[np.ndarray]) -> np.ndarray:
-    """Put per-batch outputs (rows in batch order) back in window order."""
-    total = sum(b.size for b in batches)
-    if not outputs:
-        raise ValueError("restore_order needs at least one batch output")
-    result = np.empty((total, *outputs[0].shape[1:]), dtype=outputs[0].dtype)
-    for batch, output in zip(batches, outputs, strict=True):
-        if len(output) != batch.size:
-            raise ValueError(f"batch of {batch.size} documents got {len(output)} outputs")
-        result[batch.indices] = output
-    return result
+def input_order(batches: Sequence[Batch]) -> np.ndarray:
+    """Where each document of the window is in the batches' outputs laid end to end.
+
+    `outputs[input_order(batches)]` puts per-batch outputs back in window order."""
+    order = np.concatenate([b.indices for b in batches]) if batches else np.empty(0, np.int64)
+    positions = np.empty(len(order), dtype=np.int64)
+    positions[order] = np.arange(len(order))
+    return positions

@@ -319,6 +319,9 @@ class RunDirectory:
     def write_summary(self, summary: dict[str, Any]) -> None:
         _write_json_atomically(self.summary_path, summary)
 
+    def write_vocabulary(self, vocabulary: dict[str, str]) -> None:
+        _write_json_atomically(self.meta / "vocab.json", vocabulary)
+
 
 def run_status(output: Path) -> dict[str, Any]:
     """Where a run directory stands: units done and pending, documents, bad records, lock."""

@@ -93,6 +93,16 @@ PromptName = Annotated[
     str | None, typer.Option(help="Use the model's or recipe's prompt of this name.")
 ]
 Limit = Annotated[int | None, typer.Option(help="Embed only the first N documents.")]
+Outputs = Annotated[
+    str | None,
+    typer.Option(
+        help="Comma-separated: dense, sparse, multivector. Default: all the model produces "
+        "(or the recipe's list)."
+    ),
+]
+SparseTopK = Annotated[
+    int | None, typer.Option(help="Keep only the K largest weights of each SPLADE vector.")
+]
 OnBadRecordOption = Annotated[
     OnBadRecord,
     typer.Option(
@@ -154,6 +164,8 @@ def run(
     prompt: Prompt = None,
     prompt_name: PromptName = None,
     limit: Limit = None,
+    outputs: Outputs = None,
+    sparse_top_k: SparseTopK = None,
     on_bad_record: OnBadRecordOption = OnBadRecord.SKIP,
     overwrite: Overwrite = False,
     quiet: Quiet = False,
@@ -184,6 +196,10 @@ def run(
             prompt=prompt,
             prompt_name=prompt_name,
             limit=limit,
+            outputs=tuple(o.strip() for o in outputs.split(",") if o.strip())
+            if outputs is not None
+            else None,
+            sparse_top_k=sparse_top_k,
             on_bad_record=on_bad_record,
             overwrite=overwrite,
             quiet=quiet,

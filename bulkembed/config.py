@@ -15,6 +15,7 @@ from typing import Any
 from bulkembed.errors import BulkembedError, ModelError
 
 DEFAULT_MAX_BATCH_TOKENS = 16384
+OUTPUTS = ("dense", "sparse", "multivector")
 
 
 class Pooling(str, Enum):
@@ -82,6 +83,8 @@ class RunConfig:
     prompt: str | None = None
     prompt_name: str | None = None
     limit: int | None = None
+    outputs: tuple[str, ...] | None = None
+    sparse_top_k: int | None = None
     on_bad_record: OnBadRecord = OnBadRecord.SKIP
     overwrite: bool = False
     quiet: bool = False
@@ -91,7 +94,15 @@ class RunConfig:
             raise BulkembedError("no input given: pass one or more files, directories or globs")
         if self.prompt is not None and self.prompt_name is not None:
             raise BulkembedError("--prompt and --prompt-name conflict: pass one of them")
-        for name in ("max_batch_tokens", "max_length", "limit"):
+        unknown = sorted(set(self.outputs or ()) - set(OUTPUTS))
+        if unknown:
+            raise BulkembedError(
+                f"--outputs: unknown output(s) {', '.join(unknown)} (choose from "
+                f"{', '.join(OUTPUTS)})"
+            )
+        if self.outputs is not None and not self.outputs:
+            raise BulkembedError("--outputs: name at least one of dense, sparse, multivector")
+        for name in ("max_batch_tokens", "max_length", "limit", "sparse_top_k"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise BulkembedError(f"--{name.replace('_', '-')} must be at least 1, got {value}")

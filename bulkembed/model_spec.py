@@ -30,7 +30,13 @@ _ST_POOLING_KEYS = {
     "pooling_mode_lasttoken": Pooling.LAST_TOKEN,
 }
 _ST_POOLING_NAMES = {"cls": Pooling.CLS, "mean": Pooling.MEAN, "lasttoken": Pooling.LAST_TOKEN}
-_ST_SUPPORTED_MODULES = {"Transformer", "Pooling", "Normalize"}
+_ST_SUPPORTED_MODULES = {"Transformer", "Pooling", "Normalize", "MLMTransformer", "SpladePooling"}
+# What each family of encoder can produce; with no `--outputs`, all of it.
+FAMILY_OUTPUTS = {
+    "dense": ("dense",),
+    "bge-m3": ("dense", "sparse", "multivector"),
+    "splade": ("sparse",),
+}
 # Tokenizers report "no limit" as a huge sentinel number.
 _NO_LIMIT = 1_000_000
 _DIGEST_SPAN = 1 << 20
@@ -46,13 +52,16 @@ class ModelSpec:
     version: str
     recipe: str | None
     family: str
-    pooling: Pooling
+    outputs: tuple[str, ...]
+    pooling: Pooling | None
     normalize: bool
     max_length: int
     prompt: str
     lowercase: bool
     pad_token_id: int
+    special_token_ids: tuple[int, ...]
     max_batch_tokens: int
+    sparse_top_k: int | None
     tokenizer_json: str
 
 
@@ -64,13 +73,14 @@ class _SentenceTransformersInfo:
     lowercase: bool = False
     prompts: dict[str, str] | None = None
     default_prompt_name: str | None = None
+    splade: bool = False
 
 
 def _is_local(source: str) -> bool:
     return Path(source).expanduser().is_dir()
 
 
-def _model_file(source: str, revision: str | None, filename: str) -> Path | None:
+def model_file(source: str, revision: str | None, filename: str) -> Path | None:
     """A model file from its folder or the Hugging Face Hub (or its cache); None if absent."""
     if _is_local(source):
         path = Path(source).expanduser() / filename
@@ -132,7 +142,7 @@ def _read_json(path: Path | None) -> dict[str, Any] | None:
 def _find_model_config(source: str, revision: str | None) -> Path:
     """The model's config.json; a clear error when the model cannot be found."""
     if _is_local(source):
-        found = _model_file(source, revision, "config.json")
+        found = model_file(source, revision, "config.json")
         if found is None:
             raise ModelError(
                 f"model folder {source} has no config.json: is it a transformers model?"
@@ -141,7 +151,7 @@ def _find_model_config(source: str, revision: str | None) -> Path:
     if Path(source).expanduser().exists():
         raise ModelError(f"--model {source} is a file; pass a model folder, a hub id or a recipe")
     try:
-        found = _model_file(source, revision, "config.json")
+        found = model_file(source, revision, "config.json")
     except (OSError, ValueError) as e:
         raise ModelError(
             f"unknown model '{source}': not a bundled recipe (see `bulkembed recipes`), "
@@ -172,7 +182,7 @@ def _pooling_from_st_config(config: dict[str, Any], where: str) -> Pooling:
 
 
 def _sentence_transformers_info(source: str, revision: str | None) -> _SentenceTransformersInfo:
-    modules = _read_json(_model_file(source, revision, "modules.json"))
+    modules = _read_json(model_file(source, revision, "modules.json"))
     if modules is None:
         return _SentenceTransformersInfo()
     pooling = None
@@ -184,13 +194,16 @@ def _sentence_transformers_info(source: str, revision: str | None) -> _SentenceT
                 f"{source}: sentence-transformers module {kind} is not supported "
                 f"(supported: {', '.join(sorted(_ST_SUPPORTED_MODULES))})"
             )
+        where = f"{source}/{module['path']}/config.json"
         if kind == "Pooling":
-            where = f"{source}/{module['path']}/config.json"
-            config = _read_json(_model_file(source, revision, f"{module['path']}/config.json"))
+            config = _read_json(model_file(source, revision, f"{module['path']}/config.json"))
             pooling = _pooling_from_st_config(config or {}, where)
+        if kind == "SpladePooling":
+            config = _read_json(model_file(source, revision, f"{module['path']}/config.json"))
+            _check_splade_config(config or {}, where)
         normalize = normalize or kind == "Normalize"
-    bert_config = _read_json(_model_file(source, revision, "sentence_bert_config.json")) or {}
-    st_config = _read_json(_model_file(source, revision, "config_sentence_transformers.json")) or {}
+    bert_config = _read_json(model_file(source, revision, "sentence_bert_config.json")) or {}
+    st_config = _read_json(model_file(source, revision, "config_sentence_transformers.json")) or {}
     return _SentenceTransformersInfo(
         pooling=pooling,
         normalize=normalize,
@@ -198,7 +211,61 @@ def _sentence_transformers_info(source: str, revision: str | None) -> _SentenceT
         lowercase=bool(bert_config.get("do_lower_case", False)),
         prompts=st_config.get("prompts") or {},
         default_prompt_name=st_config.get("default_prompt_name"),
+        splade=any(m.get("type", "").endswith(".SpladePooling") for m in modules),
     )
+
+
+def _check_splade_config(config: dict[str, Any], where: str) -> None:
+    strategy = config.get("pooling_strategy", "max")
+    activation = config.get("activation_function", "relu")
+    if (strategy, activation) != ("max", "relu"):
+        raise ModelError(
+            f"{where}: SPLADE pooling {strategy} with {activation} is not supported (max, relu)"
+        )
+
+
+def _family(
+    config: RunConfig,
+    recipe: Recipe | None,
+    st: _SentenceTransformersInfo,
+    source: str,
+    revision: str | None,
+) -> str:
+    """The encoder family: from the recipe, else from what the model folder holds."""
+    if recipe is not None:
+        return recipe.family
+    if st.splade:
+        return "splade"
+    from bulkembed.encoders.bge_m3 import HEAD_FILES
+
+    if all(model_file(source, revision, name) for name in HEAD_FILES):
+        return "bge-m3"
+    if config.outputs == ("sparse",):
+        return "splade"
+    return "dense"
+
+
+def _outputs(config: RunConfig, recipe: Recipe | None, family: str) -> tuple[str, ...]:
+    possible = FAMILY_OUTPUTS.get(family)
+    if possible is None:
+        return config.outputs or (recipe.outputs if recipe else ("dense",))
+    wanted = config.outputs or (recipe.outputs if recipe else possible)
+    missing = [name for name in wanted if name not in possible]
+    if missing:
+        raise ModelError(
+            f"--outputs {','.join(missing)}: a {family} model produces only {', '.join(possible)}"
+        )
+    return tuple(name for name in possible if name in wanted)
+
+
+def _special_token_ids(tokenizer: Any) -> tuple[int, ...]:
+    """Ids of the cls, eos, pad and unk tokens, which carry no lexical weight."""
+    ids = set()
+    for name in ("cls_token", "eos_token", "pad_token", "unk_token"):
+        token = getattr(tokenizer, name, None)
+        if token is not None:
+            ids.add(int(tokenizer.convert_tokens_to_ids(token)))
+    return tuple(sorted(ids))
 
 
 def _pick_recipe(config: RunConfig) -> tuple[Recipe | None, str]:
@@ -276,8 +343,11 @@ def resolve_model(config: RunConfig) -> ModelSpec:
     st = _sentence_transformers_info(source, revision)
     model_config = _read_json(config_file) or {}
 
+    family = _family(config, recipe, st, source, revision)
     pooling = config.pooling or (recipe.pooling if recipe else None) or st.pooling
-    if pooling is None:
+    if family == "bge-m3":
+        pooling = Pooling.CLS
+    if pooling is None and family == "dense":
         raise ModelError(
             f"no pooling is known for {source}: pass --pooling cls|mean|last-token or --recipe NAME"
         )
@@ -304,13 +374,16 @@ def resolve_model(config: RunConfig) -> ModelSpec:
         revision=revision,
         version=_model_version(source, revision, config_file),
         recipe=recipe.name if recipe else None,
-        family=recipe.family if recipe else "dense",
-        pooling=pooling,
+        family=family,
+        outputs=_outputs(config, recipe, family),
+        pooling=pooling if family != "splade" else None,
         normalize=bool(normalize),
         max_length=_max_length(config, recipe, st, _model_limit(tokenizer, model_config)),
         prompt=_prompt(config, recipe, st),
         lowercase=st.lowercase,
         pad_token_id=int(pad_token_id),
+        special_token_ids=_special_token_ids(tokenizer),
+        sparse_top_k=config.sparse_top_k,
         max_batch_tokens=config.max_batch_tokens
         or (recipe.max_batch_tokens if recipe else None)
         or DEFAULT_MAX_BATCH_TOKENS,

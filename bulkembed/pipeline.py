@@ -22,7 +22,7 @@ import numpy as np
 import pyarrow as pa
 
 from bulkembed import __version__
-from bulkembed.batching import Batch, pack_batches, restore_order
+from bulkembed.batching import Batch, input_order, pack_batches
 from bulkembed.checkpoint import RunDirectory, UnitRecord
 from bulkembed.config import OnBadRecord, RunConfig, default_tokenize_workers
 from bulkembed.encoders import Embeddings, Encoder, TokenBatch
@@ -92,13 +92,13 @@ class _Writer:
         self.sink: Sink = ParquetSink(run.output, schema)
         self.tallies: dict[str, _Tally] = {}
 
-    def write(self, tokenized: TokenizedChunk, dense: np.ndarray, padded: np.ndarray) -> None:
+    def write(self, tokenized: TokenizedChunk, embeddings: Embeddings, padded: np.ndarray) -> None:
         chunk = tokenized.chunk
         tally = self.tallies.setdefault(chunk.part, _Tally())
         for bad in chunk.bad:
             self.run.quarantine(bad, chunk.part)
         if len(chunk.ids):
-            batch = record_batch(chunk.ids, Embeddings(dense=dense), self.schema)
+            batch = record_batch(chunk.ids, embeddings, self.schema)
             self.sink.write(chunk.part, batch)
         tally.rows += len(chunk.ids)
         tally.bad_records += len(chunk.bad)
@@ -119,12 +119,12 @@ def _embed_window(
     max_batch_tokens: int,
     stats: RunStats,
     reporter: Reporter,
-) -> tuple[np.ndarray, np.ndarray]:
-    """Dense vectors of every document of the window, and the length each was padded to,
+) -> tuple[Embeddings, np.ndarray]:
+    """Embeddings of every document of the window, and the length each was padded to,
     both in input order."""
     lengths = np.concatenate([c.lengths for c in window])
     if len(lengths) == 0:
-        return np.empty((0, encoder.dim), dtype=np.float32), np.empty(0, dtype=np.int64)
+        return Embeddings(), np.empty(0, dtype=np.int64)
     token_ids = np.concatenate([c.token_ids for c in window])
     starts = np.cumsum(lengths) - lengths
     batches = pack_batches(lengths, max_batch_tokens)
@@ -133,11 +133,34 @@ def _embed_window(
         sequences = [
             token_ids[s : s + n] for s, n in zip(starts[batch.indices], batch.lengths, strict=True)
         ]
-        outputs.append(encoder.embed_within_memory(TokenBatch.from_sequences(sequences)).dense)
+        outputs.append(encoder.embed_within_memory(TokenBatch.from_sequences(sequences)))
         _count(stats, batch)
         reporter.update(stats)
-    padded = [np.full(b.size, b.lengths[0], dtype=np.int64) for b in batches]
-    return restore_order(batches, outputs), restore_order(batches, padded)
+    order = input_order(batches)
+    padded = np.concatenate([np.full(b.size, b.lengths[0], dtype=np.int64) for b in batches])
+    return Embeddings.concatenate(outputs).take(order), padded[order]
+
+
+def _describe_outputs(spec: ModelSpec, encoder: Encoder) -> str:
+    parts = []
+    if encoder.dense_dim is not None:
+        pooling = spec.pooling.value if spec.pooling else "cls"
+        parts.append(f"dense {encoder.dense_dim}-d ({pooling} pooling)")
+    if "sparse" in spec.outputs:
+        parts.append("sparse")
+    if encoder.multivector_dim is not None:
+        parts.append(f"multivector {encoder.multivector_dim}-d")
+    return ", ".join(parts)
+
+
+def _write_vocabulary(run: RunDirectory, spec: ModelSpec) -> None:
+    """`vocab.json`, id -> token, so that loaders can turn sparse indices into terms."""
+    from tokenizers import Tokenizer
+
+    vocabulary = Tokenizer.from_str(spec.tokenizer_json).get_vocab(with_added_tokens=True)
+    run.write_vocabulary(
+        {str(i): token for token, i in sorted(vocabulary.items(), key=lambda x: x[1])}
+    )
 
 
 def _count(stats: RunStats, batch: Batch) -> None:
@@ -201,8 +224,9 @@ def fingerprint(config: RunConfig, spec: ModelSpec, shards: list[Shard]) -> dict
         "model": Path(spec.source).name if spec.local else spec.source,
         "model_version": spec.version,
         "family": spec.family,
-        "outputs": ["dense"],
-        "pooling": spec.pooling.value,
+        "outputs": list(spec.outputs),
+        "sparse_top_k": spec.sparse_top_k,
+        "pooling": spec.pooling.value if spec.pooling else None,
         "normalize": spec.normalize,
         "max_length": spec.max_length,
         "prompt": spec.prompt,
@@ -267,7 +291,8 @@ class _Job:
             "recipe": self.spec.recipe,
             "device": self.device,
             "dtype": str(self.dtype).removeprefix("torch."),
-            "pooling": self.spec.pooling.value,
+            "outputs": ",".join(self.spec.outputs),
+            "pooling": self.spec.pooling.value if self.spec.pooling else None,
             "normalize": self.spec.normalize,
             "max_length": self.spec.max_length,
             "max_batch_tokens": self.spec.max_batch_tokens,
@@ -295,15 +320,22 @@ class _Job:
         encoder = build_encoder(spec, self.device, self.dtype)
         budget = spec.max_batch_tokens
         reporter.info(
-            f"{spec.source} on {self.device} ({self.run_info()['dtype']}), dim {encoder.dim}, "
-            f"{spec.pooling.value} pooling, max length {spec.max_length}; batches of {budget} "
+            f"{spec.source} on {self.device} ({self.run_info()['dtype']}): "
+            f"{_describe_outputs(spec, encoder)}; max length {spec.max_length}; "
+            f"batches of {budget} "
             f"tokens = {max(1, budget // spec.max_length)} docs at max length; "
             f"{self.workers} tokenizer process(es); {len(self.shards)} shard(s)"
             + (f"; resuming after {len(done)} done unit(s)" if done else "")
         )
         stats = RunStats()
         assert self.reader.id_type is not None
-        writer = _Writer(self.run, output_schema(self.reader.id_type, encoder.dim))
+        schema = output_schema(
+            self.reader.id_type,
+            dense_dim=encoder.dense_dim,
+            sparse="sparse" in spec.outputs,
+            multivector_dim=encoder.multivector_dim,
+        )
+        writer = _Writer(self.run, schema)
         settings = TokenizerSettings(
             spec.tokenizer_json, spec.max_length, spec.prompt, spec.lowercase
         )
@@ -312,11 +344,12 @@ class _Job:
         try:
             with TokenizerPool(settings, self.workers) as pool:
                 for window in _windows(pool.map(self._chunks(done)), WINDOW_BATCHES * budget):
-                    dense, padded = _embed_window(window, encoder, budget, stats, reporter)
+                    embedded, padded = _embed_window(window, encoder, budget, stats, reporter)
                     offset = 0
                     for tokenized in window:
                         end = offset + len(tokenized.lengths)
-                        writer.write(tokenized, dense[offset:end], padded[offset:end])
+                        rows = slice(offset, end)
+                        writer.write(tokenized, embedded.take(rows), padded[rows])
                         offset = end
         finally:
             writer.close()

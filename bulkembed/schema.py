@@ -1,4 +1,12 @@
-"""The output contract: Arrow schema of the parts, and embeddings turned into record batches."""
+"""The output contract: Arrow schema of the parts, and embeddings turned into record batches.
+
+| column        | Arrow type                                                   |
+| ------------- | ------------------------------------------------------------ |
+| `id`          | string or int64                                              |
+| `dense`       | fixed_size_list<float32, D>                                  |
+| `sparse`      | struct<indices: list<int32>, values: list<float32>>          |
+| `multivector` | list<fixed_size_list<float32, d>>                            |
+"""
 
 from __future__ import annotations
 
@@ -7,20 +15,61 @@ import pyarrow as pa
 
 from bulkembed.encoders.base import Embeddings
 
+SPARSE_TYPE = pa.struct(
+    [pa.field("indices", pa.list_(pa.int32())), pa.field("values", pa.list_(pa.float32()))]
+)
 
-def output_schema(id_type: pa.DataType, dense_dim: int) -> pa.Schema:
-    """`id` plus `dense` as `fixed_size_list<float32, D>`."""
-    return pa.schema(
-        [
-            pa.field("id", id_type, nullable=False),
-            pa.field("dense", pa.list_(pa.field("item", pa.float32()), dense_dim)),
-        ]
-    )
+
+def output_schema(
+    id_type: pa.DataType,
+    dense_dim: int | None = None,
+    sparse: bool = False,
+    multivector_dim: int | None = None,
+) -> pa.Schema:
+    """`id`, then each output that is produced, in the order dense, sparse, multivector."""
+    fields = [pa.field("id", id_type, nullable=False)]
+    if dense_dim is not None:
+        fields.append(pa.field("dense", pa.list_(pa.float32(), dense_dim)))
+    if sparse:
+        fields.append(pa.field("sparse", SPARSE_TYPE))
+    if multivector_dim is not None:
+        fields.append(pa.field("multivector", pa.list_(pa.list_(pa.float32(), multivector_dim))))
+    return pa.schema(fields)
+
+
+def _offsets(lengths: list[int]) -> pa.Array:
+    return pa.array(np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)]), pa.int32())
+
+
+def _vectors(rows: np.ndarray, dim: int) -> pa.FixedSizeListArray:
+    flat = np.ascontiguousarray(rows, dtype=np.float32).reshape(-1)
+    return pa.FixedSizeListArray.from_arrays(pa.array(flat), dim)
 
 
 def record_batch(ids: pa.Array, embeddings: Embeddings, schema: pa.Schema) -> pa.RecordBatch:
     """Rows for `schema` from ids (of the schema's id type) and their embeddings, in order."""
-    dense = np.ascontiguousarray(embeddings.dense, dtype=np.float32)
-    dim = schema.field("dense").type.list_size
-    vectors = pa.FixedSizeListArray.from_arrays(pa.array(dense.reshape(-1)), dim)
-    return pa.RecordBatch.from_arrays([ids, vectors], schema=schema)
+    columns: list[pa.Array] = [ids]
+    for field in schema:
+        if field.name == "dense":
+            columns.append(_vectors(embeddings.dense, field.type.list_size))
+        elif field.name == "sparse":
+            rows = embeddings.sparse
+            offsets = _offsets([len(r.indices) for r in rows])
+            indices = np.concatenate([r.indices for r in rows]).astype(np.int32)
+            values = np.concatenate([r.values for r in rows]).astype(np.float32)
+            columns.append(
+                pa.StructArray.from_arrays(
+                    [
+                        pa.ListArray.from_arrays(offsets, pa.array(indices)),
+                        pa.ListArray.from_arrays(offsets, pa.array(values)),
+                    ],
+                    fields=list(SPARSE_TYPE),
+                )
+            )
+        elif field.name == "multivector":
+            rows = embeddings.multivector
+            dim = field.type.value_type.list_size
+            flat = np.concatenate(rows) if rows else np.empty((0, dim), np.float32)
+            vectors = _vectors(flat.reshape(-1, dim), dim)
+            columns.append(pa.ListArray.from_arrays(_offsets([len(r) for r in rows]), vectors))
+    return pa.RecordBatch.from_arrays(columns, schema=schema)

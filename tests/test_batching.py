@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from bulkembed.batching import pack_batches, restore_order
+from bulkembed.batching import input_order, pack_batches
 
 
 def _random_lengths(seed: int, n: int = 2000) -> np.ndarray:
@@ -58,19 +58,12 @@ def test_a_large_batch_overhead_keeps_documents_together_despite_padding():
     assert [(b.tokens, b.padded_tokens) for b in apart] == [(10, 10), (5, 5)]
 
 
-def test_restore_order_puts_outputs_back_in_window_order():
+def test_input_order_puts_outputs_back_in_window_order():
     lengths = _random_lengths(3, 500)
     batches = pack_batches(lengths, 1024)
-    # Each "output" row is its document's own length: restoring must give back `lengths`.
-    outputs = [b.lengths.reshape(-1, 1).astype(np.float32) for b in batches]
-    restored = restore_order(batches, outputs)
-    np.testing.assert_array_equal(restored[:, 0], lengths)
-
-
-def test_restore_order_rejects_a_short_output():
-    batches = pack_batches([3, 2, 1], 100)
-    with pytest.raises(ValueError, match="got 2 outputs"):
-        restore_order(batches, [np.zeros((2, 4))])
+    # Each "output" row is its document's own length: reordering must give back `lengths`.
+    outputs = np.concatenate([b.lengths for b in batches])
+    np.testing.assert_array_equal(outputs[input_order(batches)], lengths)
 
 
 def test_empty_window_gives_no_batch():

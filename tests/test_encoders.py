@@ -82,7 +82,7 @@ class _LengthEncoder(Encoder):
     family = "length-test"
 
     @property
-    def dim(self) -> int:
+    def dense_dim(self) -> int:
         return 2
 
     def embed(self, batch: TokenBatch) -> Embeddings:

@@ -114,7 +114,7 @@ class _SmallMemoryEncoder(Encoder):
     calls: list[int]
 
     @property
-    def dim(self) -> int:
+    def dense_dim(self) -> int:
         return 1
 
     def embed(self, batch: TokenBatch) -> Embeddings:

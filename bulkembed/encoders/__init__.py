@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-from bulkembed.encoders.base import Embeddings, Encoder, TokenBatch
+from bulkembed.encoders.base import Embeddings, Encoder, SparseVector, TokenBatch
 from bulkembed.errors import ModelError
 
 if TYPE_CHECKING:
@@ -17,9 +17,20 @@ if TYPE_CHECKING:
 
     from bulkembed.model_spec import ModelSpec
 
-__all__ = ["Embeddings", "Encoder", "TokenBatch", "build_encoder", "register_encoder"]
+__all__ = [
+    "Embeddings",
+    "Encoder",
+    "SparseVector",
+    "TokenBatch",
+    "build_encoder",
+    "register_encoder",
+]
 
-_BUILT_IN = {"dense": "bulkembed.encoders.dense:DenseEncoder"}
+_BUILT_IN = {
+    "dense": "bulkembed.encoders.dense:DenseEncoder",
+    "bge-m3": "bulkembed.encoders.bge_m3:BGEM3Encoder",
+    "splade": "bulkembed.encoders.splade:SpladeEncoder",
+}
 _REGISTRY: dict[str, type[Encoder]] = {}
 
 

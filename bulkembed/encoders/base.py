@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -47,17 +47,51 @@ class TokenBatch:
 
 
 @dataclass(frozen=True, slots=True)
+class SparseVector:
+    """Vocabulary ids (ascending) and their weights: the non-zero entries of a sparse vector."""
+
+    indices: np.ndarray
+    values: np.ndarray
+
+
+@dataclass(frozen=True, slots=True)
 class Embeddings:
-    """What an encoder returns for a batch, one row per document, in batch order."""
+    """What an encoder returns for a batch, one row per document, in batch order.
+
+    `dense` is a float32 array of shape [documents, D]; `sparse` one `SparseVector` per
+    document; `multivector` one float32 array of shape [kept tokens, d] per document. An
+    output that was not asked for is None."""
 
     dense: np.ndarray | None = None
+    sparse: list[SparseVector] | None = None
+    multivector: list[np.ndarray] | None = None
 
     @classmethod
     def concatenate(cls, parts: list[Embeddings]) -> Embeddings:
         """Rows of `parts`, one after the other."""
-        if any(p.dense is None for p in parts):
-            return cls()
-        return cls(dense=np.concatenate([p.dense for p in parts]))
+
+        def joined(name: str) -> Any:
+            pieces = [getattr(p, name) for p in parts]
+            if not pieces or any(piece is None for piece in pieces):
+                return None
+            if name == "dense":
+                return np.concatenate(pieces)
+            return [row for piece in pieces for row in piece]
+
+        return cls(joined("dense"), joined("sparse"), joined("multivector"))
+
+    def take(self, rows: np.ndarray | slice) -> Embeddings:
+        """The documents at `rows` (positions or a slice), in that order."""
+
+        def pick(values: list | None) -> list | None:
+            if values is None:
+                return None
+            if isinstance(rows, slice):
+                return values[rows]
+            return [values[i] for i in rows]
+
+        dense = None if self.dense is None else self.dense[rows]
+        return Embeddings(dense, pick(self.sparse), pick(self.multivector))
 
 
 class Encoder(ABC):
@@ -69,9 +103,19 @@ class Encoder(ABC):
         self.dtype = dtype
 
     @property
-    @abstractmethod
-    def dim(self) -> int:
-        """Size of the dense vectors."""
+    def outputs(self) -> tuple[str, ...]:
+        """The outputs to compute: some of dense, sparse, multivector."""
+        return self.spec.outputs
+
+    @property
+    def dense_dim(self) -> int | None:
+        """Size of the dense vectors, when this encoder makes them."""
+        return None
+
+    @property
+    def multivector_dim(self) -> int | None:
+        """Size of each multi-vector token vector, when this encoder makes them."""
+        return None
 
     @abstractmethod
     def embed(self, batch: TokenBatch) -> Embeddings:

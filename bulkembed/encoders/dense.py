@@ -30,11 +30,10 @@ class DenseEncoder(Encoder):
         except (OSError, ValueError) as e:
             raise ModelError(f"cannot load the model {spec.source}: {e}") from e
         self.model = model.to(device).eval()
-        self._dim = int(model.config.hidden_size)
 
     @property
-    def dim(self) -> int:
-        return self._dim
+    def dense_dim(self) -> int:
+        return int(self.model.config.hidden_size)
 
     @torch.inference_mode()
     def embed(self, batch: TokenBatch) -> Embeddings:

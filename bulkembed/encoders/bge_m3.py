@@ -1,0 +1,96 @@
+"""BGE-M3: dense, sparse (lexical weights) and multi-vector (ColBERT) outputs from one pass.
+
+The model folder holds an XLM-RoBERTa encoder plus two heads saved as state dicts:
+`sparse_linear.pt` (hidden -> 1) and `colbert_linear.pt` (hidden -> d).
+
+- dense: the first token's hidden state, L2-normalized;
+- sparse: `relu(sparse_linear(h))` per token; the ids of the cls, eos, pad and unk tokens
+  are dropped, a repeated id keeps its largest weight, and only weights > 0 are kept;
+- multivector: `colbert_linear(h)` for every real token but the first, L2-normalized.
+
+Heads whose output was not asked for are not run.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from bulkembed.encoders.base import Embeddings, Encoder, TokenBatch
+from bulkembed.encoders.sparse import max_weight_per_token
+from bulkembed.errors import ModelError
+
+if TYPE_CHECKING:
+    from bulkembed.model_spec import ModelSpec
+
+HEAD_FILES = ("sparse_linear.pt", "colbert_linear.pt")
+
+
+def _load_head(spec: ModelSpec, filename: str, hidden: int, dtype: torch.dtype) -> torch.nn.Linear:
+    from bulkembed.model_spec import model_file
+
+    path = model_file(spec.source, spec.revision, filename)
+    if path is None:
+        raise ModelError(f"{spec.source} has no {filename}: is it a BGE-M3 model folder?")
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    out_features, in_features = state["weight"].shape
+    if in_features != hidden:
+        raise ModelError(f"{path} expects hidden size {in_features}, the model has {hidden}")
+    head = torch.nn.Linear(in_features, out_features, dtype=dtype)
+    head.load_state_dict(state)
+    return head
+
+
+class BGEM3Encoder(Encoder):
+    """The three BGE-M3 outputs from one forward pass of the encoder."""
+
+    def __init__(self, spec: ModelSpec, device: str, dtype: torch.dtype) -> None:
+        super().__init__(spec, device, dtype)
+        from transformers import AutoModel
+        from transformers.utils import logging as transformers_logging
+
+        transformers_logging.disable_progress_bar()
+        transformers_logging.set_verbosity_error()
+        try:
+            model = AutoModel.from_pretrained(spec.source, revision=spec.revision, dtype=dtype)
+        except (OSError, ValueError) as e:
+            raise ModelError(f"cannot load the model {spec.source}: {e}") from e
+        self.model = model.to(device).eval()
+        hidden = int(model.config.hidden_size)
+        self.sparse_head = None
+        self.colbert_head = None
+        if "sparse" in self.outputs:
+            self.sparse_head = _load_head(spec, "sparse_linear.pt", hidden, dtype).to(device)
+        if "multivector" in self.outputs:
+            self.colbert_head = _load_head(spec, "colbert_linear.pt", hidden, dtype).to(device)
+        self.excluded = np.array(spec.special_token_ids, dtype=np.int64)
+
+    @property
+    def dense_dim(self) -> int | None:
+        return int(self.model.config.hidden_size) if "dense" in self.outputs else None
+
+    @property
+    def multivector_dim(self) -> int | None:
+        return None if self.colbert_head is None else self.colbert_head.out_features
+
+    @torch.inference_mode()
+    def embed(self, batch: TokenBatch) -> Embeddings:
+        input_ids, attention_mask = self.padded(batch)
+        hidden = self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        dense = sparse = multivector = None
+        if "dense" in self.outputs:
+            dense = F.normalize(hidden[:, 0].float(), dim=-1).cpu().numpy()
+        if self.sparse_head is not None:
+            weights = torch.relu(self.sparse_head(hidden)).squeeze(-1).float().cpu().numpy()
+            ids = input_ids.cpu().numpy()
+            sparse = [
+                max_weight_per_token(weights[i, :n], ids[i, :n], self.excluded)
+                for i, n in enumerate(batch.lengths)
+            ]
+        if self.colbert_head is not None:
+            vectors = F.normalize(self.colbert_head(hidden[:, 1:]).float(), dim=-1).cpu().numpy()
+            multivector = [vectors[i, : max(int(n) - 1, 0)] for i, n in enumerate(batch.lengths)]
+        return Embeddings(dense, sparse, multivector)

@@ -1,0 +1,55 @@
+"""SPLADE: a sparse vector over the vocabulary from a masked-language model's logits.
+
+weight(term) = max over the document's tokens of log(1 + relu(logit(token, term))).
+
+The logits of a batch are [documents, tokens, vocabulary] floats: 30522 × 512 × 4 bytes is
+62 MB per document. The batch therefore runs in slices small enough that one slice's logits
+stay under `LOGITS_BYTES`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from bulkembed.encoders.base import Embeddings, Encoder, TokenBatch
+from bulkembed.encoders.sparse import nonzero_rows, splade_pool
+from bulkembed.errors import ModelError
+
+if TYPE_CHECKING:
+    from bulkembed.model_spec import ModelSpec
+
+LOGITS_BYTES = 512 * 1024 * 1024
+
+
+class SpladeEncoder(Encoder):
+    """Sparse vectors from an `AutoModelForMaskedLM` checkpoint."""
+
+    def __init__(self, spec: ModelSpec, device: str, dtype: torch.dtype) -> None:
+        super().__init__(spec, device, dtype)
+        from transformers import AutoModelForMaskedLM
+        from transformers.utils import logging as transformers_logging
+
+        transformers_logging.disable_progress_bar()
+        transformers_logging.set_verbosity_error()
+        try:
+            model = AutoModelForMaskedLM.from_pretrained(
+                spec.source, revision=spec.revision, dtype=dtype
+            )
+        except (OSError, ValueError) as e:
+            raise ModelError(f"cannot load the masked-LM model {spec.source}: {e}") from e
+        self.model = model.to(device).eval()
+        self.vocabulary = int(model.config.vocab_size)
+
+    @torch.inference_mode()
+    def embed(self, batch: TokenBatch) -> Embeddings:
+        input_ids, attention_mask = self.padded(batch)
+        per_document = input_ids.shape[1] * self.vocabulary * 4
+        step = max(1, LOGITS_BYTES // max(per_document, 1))
+        rows = []
+        for start in range(0, len(batch), step):
+            ids, mask = input_ids[start : start + step], attention_mask[start : start + step]
+            logits = self.model(input_ids=ids, attention_mask=mask).logits
+            rows.extend(nonzero_rows(splade_pool(logits, mask), self.spec.sparse_top_k))
+        return Embeddings(sparse=rows)
