@@ -335,6 +335,8 @@ class _Job:
             sparse="sparse" in spec.outputs,
             multivector_dim=encoder.multivector_dim,
         )
+        if "sparse" in spec.outputs:
+            _write_vocabulary(self.run, spec)
         writer = _Writer(self.run, schema)
         settings = TokenizerSettings(
             spec.tokenizer_json, spec.max_length, spec.prompt, spec.lowercase

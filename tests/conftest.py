@@ -121,3 +121,105 @@ def read_output(folder: Path) -> dict:
     ids = table.column("id").to_pylist()
     assert len(ids) == len(set(ids)), "an id appears more than once in the output"
     return dict(zip(ids, table.column("dense").to_pylist(), strict=True))
+
+
+NON_ASCII = [
+    "Größenverhältnisse und Übermaß: ähnliche Wörter",
+    "Οι λέξεις στα ελληνικά έχουν τόνους",
+    "中文文本也应该被处理",
+    "naïve café résumé — déjà vu",
+]
+
+
+def _train_unigram_tokenizer(folder: Path) -> None:
+    """An XLM-RoBERTa-style tokenizer (SentencePiece unigram, <s> ... </s>), trained here."""
+    from tokenizers import (
+        Tokenizer,
+        decoders,
+        models,
+        normalizers,
+        pre_tokenizers,
+        processors,
+        trainers,
+    )
+    from transformers import XLMRobertaTokenizerFast
+
+    specials = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
+    tokenizer = Tokenizer(models.Unigram())
+    tokenizer.normalizer = normalizers.NFKC()
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
+    tokenizer.decoder = decoders.Metaspace()
+    trainer = trainers.UnigramTrainer(vocab_size=500, special_tokens=specials, unk_token="<unk>")
+    tokenizer.train_from_iterator(sample_texts(_TRAINING_LINES) + NON_ASCII, trainer)
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="<s> $A </s>",
+        pair="<s> $A </s> </s> $B </s>",
+        special_tokens=[("<s>", 0), ("</s>", 2)],
+    )
+    fast = XLMRobertaTokenizerFast(
+        tokenizer_object=tokenizer,
+        bos_token="<s>",
+        eos_token="</s>",
+        sep_token="</s>",
+        cls_token="<s>",
+        unk_token="<unk>",
+        pad_token="<pad>",
+        mask_token="<mask>",
+        model_max_length=128,
+    )
+    fast.save_pretrained(folder)
+
+
+@pytest.fixture(scope="session")
+def tiny_bge_m3(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A random 2-layer XLM-RoBERTa (hidden 32) in the BGE-M3 folder layout, with its
+    `sparse_linear.pt` and `colbert_linear.pt` heads."""
+    import torch
+    from transformers import XLMRobertaConfig, XLMRobertaModel
+
+    folder = tmp_path_factory.mktemp("tiny-bge-m3")
+    _train_unigram_tokenizer(folder)
+    torch.manual_seed(1)
+    config = XLMRobertaConfig(
+        vocab_size=500,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=130,
+        pad_token_id=1,
+    )
+    XLMRobertaModel(config, add_pooling_layer=False).eval().save_pretrained(folder)
+    torch.save(torch.nn.Linear(32, 1).state_dict(), folder / "sparse_linear.pt")
+    torch.save(torch.nn.Linear(32, 32).state_dict(), folder / "colbert_linear.pt")
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_splade(tiny_bert: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A random 2-layer BERT masked-LM saved as a sentence-transformers SPLADE model."""
+    import torch
+    from sentence_transformers import SparseEncoder
+    from sentence_transformers.sparse_encoder.models import MLMTransformer, SpladePooling
+    from transformers import BertConfig, BertForMaskedLM
+
+    mlm = tmp_path_factory.mktemp("tiny-mlm")
+    torch.manual_seed(2)
+    config = BertConfig.from_pretrained(tiny_bert)
+    BertForMaskedLM(config).eval().save_pretrained(mlm)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if (tiny_bert / name).exists():
+            (mlm / name).write_bytes((tiny_bert / name).read_bytes())
+    folder = tmp_path_factory.mktemp("tiny-splade")
+    modules = [MLMTransformer(str(mlm), max_seq_length=64), SpladePooling("max")]
+    SparseEncoder(modules=modules, device="cpu").save(str(folder))
+    return folder
+
+
+def mixed_texts() -> list[str]:
+    """30+ texts: short, past any small max length, repeated words, non-ASCII, empty."""
+    texts = sample_texts(20)
+    texts += NON_ASCII
+    texts += ["", "a", "the the the the the the", "word " * 300, "repeat repeat repeat. " * 20]
+    texts += ["Ünïcödé " * 40, "x", "Python " * 3 + "python PYTHON", "\u00e9" * 10]
+    return texts

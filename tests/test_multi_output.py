@@ -1,0 +1,122 @@
+"""BGE-M3 and SPLADE outputs against FlagEmbedding and sentence-transformers."""
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from conftest import mixed_texts, write_jsonl
+from typer.testing import CliRunner
+
+from bulkembed.cli import app
+
+runner = CliRunner()
+
+
+def _embed(tmp_path, model, texts, *extra):
+    corpus = write_jsonl(
+        tmp_path / "c.jsonl", [{"id": str(i), "text": t} for i, t in enumerate(texts)]
+    )
+    out = tmp_path / "out"
+    args = ["run", str(corpus), "--model", str(model), "--output", str(out), "--quiet"]
+    result = runner.invoke(
+        app, [*args, "--tokenize-workers", "0", "--max-batch-tokens", "512", *extra]
+    )
+    assert result.exit_code == 0, result.output
+    table = pq.read_table(out)
+    order = np.argsort([int(i) for i in table.column("id").to_pylist()])
+    return table.take(order), out
+
+
+@pytest.mark.slow
+def test_bge_m3_matches_flagembedding(tmp_path, tiny_bge_m3):
+    from FlagEmbedding import BGEM3FlagModel
+
+    texts = mixed_texts()
+    assert len(texts) >= 30
+    table, out = _embed(tmp_path, tiny_bge_m3, texts, "--max-length", "64")
+    reference = BGEM3FlagModel(str(tiny_bge_m3), use_fp16=False, devices="cpu").encode(
+        texts,
+        batch_size=8,
+        max_length=64,
+        return_dense=True,
+        return_sparse=True,
+        return_colbert_vecs=True,
+    )
+
+    schema = table.schema
+    assert schema.field("sparse").type == pa.struct(
+        [pa.field("indices", pa.list_(pa.int32())), pa.field("values", pa.list_(pa.float32()))]
+    )
+    multivector = schema.field("multivector").type
+    assert pa.types.is_list(multivector) and multivector.value_type == pa.list_(pa.float32(), 32)
+
+    dense = np.array(table.column("dense").to_pylist())
+    assert (dense * reference["dense_vecs"]).sum(axis=1).min() >= 0.9999
+
+    for row, expected in zip(
+        table.column("sparse").to_pylist(), reference["lexical_weights"], strict=True
+    ):
+        assert row["indices"] == sorted(row["indices"])
+        assert row["indices"] == sorted(int(k) for k in expected)
+        np.testing.assert_allclose(
+            row["values"], [expected[str(i)] for i in row["indices"]], atol=1e-4, rtol=0
+        )
+    assert sum(len(r["indices"]) for r in table.column("sparse").to_pylist()) > 100
+
+    for row, expected in zip(
+        table.column("multivector").to_pylist(), reference["colbert_vecs"], strict=True
+    ):
+        ours = np.array(row).reshape(-1, 32)
+        assert ours.shape == expected.shape
+        if len(ours):
+            expected = expected / np.linalg.norm(expected, axis=1, keepdims=True)
+            assert (ours * expected).sum(axis=1).min() >= 0.9999
+
+    vocabulary = json.loads((out / "_bulkembed" / "vocab.json").read_text())
+    assert vocabulary["0"] == "<s>" and vocabulary["2"] == "</s>" and len(vocabulary) == 500
+
+
+def test_bge_m3_outputs_can_be_chosen(tmp_path, tiny_bge_m3):
+    table, _ = _embed(tmp_path, tiny_bge_m3, ["one text", "another"], "--outputs", "sparse")
+    assert table.schema.names == ["id", "sparse"]
+    result = runner.invoke(
+        app,
+        [
+            "run",
+            str(tmp_path / "c.jsonl"),
+            "--model",
+            str(tiny_bge_m3),
+            "--output",
+            str(tmp_path / "x"),
+            "--outputs",
+            "dense,colbert",
+        ],
+    )
+    assert result.exit_code == 1
+    assert "unknown output(s) colbert" in result.stderr
+
+
+def test_splade_matches_sentence_transformers_sparse_encoder(tmp_path, tiny_splade):
+    from sentence_transformers import SparseEncoder
+
+    texts = mixed_texts()
+    table, _ = _embed(tmp_path, tiny_splade, texts)
+    assert table.schema.names == ["id", "sparse"]
+    reference = SparseEncoder(str(tiny_splade), device="cpu").encode(texts, convert_to_tensor=True)
+    reference = reference.to_dense().numpy()
+    for row, expected in zip(table.column("sparse").to_pylist(), reference, strict=True):
+        assert row["indices"] == np.nonzero(expected > 0)[0].tolist()
+        np.testing.assert_allclose(row["values"], expected[row["indices"]], atol=1e-4, rtol=0)
+
+
+def test_sparse_top_k_keeps_the_largest_weights(tmp_path, tiny_splade):
+    full, _ = _embed(tmp_path / "a", tiny_splade, ["a short text about python"])
+    top, _ = _embed(
+        tmp_path / "b", tiny_splade, ["a short text about python"], "--sparse-top-k", "5"
+    )
+    [row] = full.column("sparse").to_pylist()
+    [kept] = top.column("sparse").to_pylist()
+    best = sorted(np.argsort(row["values"])[-5:])
+    assert kept["indices"] == [row["indices"][i] for i in best]
