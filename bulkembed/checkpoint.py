@@ -46,6 +46,10 @@ _SETTING_NAMES = {
     "prompt": "--prompt",
     "lowercase": "lowercasing",
     "dtype": "--dtype",
+    "dim": "--dim",
+    "dtype_out": "--dtype-out",
+    "quantize": "--quantize",
+    "sparse_top_k": "--sparse-top-k",
     "text_column": "--text-column",
     "id_column": "--id-column",
     "limit": "--limit",
@@ -321,6 +325,19 @@ class RunDirectory:
 
     def write_vocabulary(self, vocabulary: dict[str, str]) -> None:
         _write_json_atomically(self.meta / "vocab.json", vocabulary)
+
+    @property
+    def quantization_path(self) -> Path:
+        return self.meta / "quantization.json"
+
+    def read_quantization_ranges(self) -> list[list[float]] | None:
+        """The int8/uint8 ranges ([min per dimension, max per dimension]) of this run."""
+        if not self.quantization_path.exists():
+            return None
+        return _read_json(self.quantization_path)["ranges"]
+
+    def write_quantization_ranges(self, precision: str, ranges: list[list[float]]) -> None:
+        _write_json_atomically(self.quantization_path, {"precision": precision, "ranges": ranges})
 
 
 def run_status(output: Path) -> dict[str, Any]:

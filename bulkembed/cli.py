@@ -11,7 +11,16 @@ from typing import Annotated, Any
 
 import typer
 
-from bulkembed.config import DType, OnBadRecord, Pooling, RunConfig, find_recipe, list_recipes
+from bulkembed.config import (
+    DType,
+    DTypeOut,
+    OnBadRecord,
+    Pooling,
+    Quantize,
+    RunConfig,
+    find_recipe,
+    list_recipes,
+)
 from bulkembed.errors import BulkembedError, Interrupted
 from bulkembed.progress import print_error
 
@@ -100,6 +109,23 @@ Outputs = Annotated[
         "(or the recipe's list)."
     ),
 ]
+Dim = Annotated[
+    int | None,
+    typer.Option(
+        help="Cut dense vectors to their first N dimensions (Matryoshka), then L2-normalize."
+    ),
+]
+DTypeOutOption = Annotated[
+    DTypeOut,
+    typer.Option("--dtype-out", help="Float type of the dense and multi-vector columns."),
+]
+QuantizeOption = Annotated[
+    Quantize | None,
+    typer.Option(
+        help="Write dense vectors as int8, uint8 (ranges calibrated once per run), binary or "
+        "ubinary (1 bit per dimension)."
+    ),
+]
 SparseTopK = Annotated[
     int | None, typer.Option(help="Keep only the K largest weights of each SPLADE vector.")
 ]
@@ -166,6 +192,9 @@ def run(
     limit: Limit = None,
     outputs: Outputs = None,
     sparse_top_k: SparseTopK = None,
+    dim: Dim = None,
+    dtype_out: DTypeOutOption = DTypeOut.FLOAT32,
+    quantize: QuantizeOption = None,
     on_bad_record: OnBadRecordOption = OnBadRecord.SKIP,
     overwrite: Overwrite = False,
     quiet: Quiet = False,
@@ -200,6 +229,9 @@ def run(
             if outputs is not None
             else None,
             sparse_top_k=sparse_top_k,
+            dim=dim,
+            dtype_out=dtype_out,
+            quantize=quantize,
             on_bad_record=on_bad_record,
             overwrite=overwrite,
             quiet=quiet,

@@ -35,6 +35,22 @@ class DType(str, Enum):
     BFLOAT16 = "bfloat16"
 
 
+class DTypeOut(str, Enum):
+    """Float type of the written dense and multi-vector columns."""
+
+    FLOAT32 = "float32"
+    FLOAT16 = "float16"
+
+
+class Quantize(str, Enum):
+    """Integer encodings of dense vectors."""
+
+    INT8 = "int8"
+    UINT8 = "uint8"
+    BINARY = "binary"
+    UBINARY = "ubinary"
+
+
 class OnBadRecord(str, Enum):
     """What to do with a record that cannot be embedded."""
 
@@ -85,6 +101,9 @@ class RunConfig:
     limit: int | None = None
     outputs: tuple[str, ...] | None = None
     sparse_top_k: int | None = None
+    dim: int | None = None
+    dtype_out: DTypeOut = DTypeOut.FLOAT32
+    quantize: Quantize | None = None
     on_bad_record: OnBadRecord = OnBadRecord.SKIP
     overwrite: bool = False
     quiet: bool = False
@@ -92,6 +111,8 @@ class RunConfig:
     def __post_init__(self) -> None:
         if not self.inputs:
             raise BulkembedError("no input given: pass one or more files, directories or globs")
+        if self.quantize is not None and self.dtype_out is not DTypeOut.FLOAT32:
+            raise BulkembedError("--quantize and --dtype-out conflict: pass one of them")
         if self.prompt is not None and self.prompt_name is not None:
             raise BulkembedError("--prompt and --prompt-name conflict: pass one of them")
         unknown = sorted(set(self.outputs or ()) - set(OUTPUTS))
@@ -102,7 +123,7 @@ class RunConfig:
             )
         if self.outputs is not None and not self.outputs:
             raise BulkembedError("--outputs: name at least one of dense, sparse, multivector")
-        for name in ("max_batch_tokens", "max_length", "limit", "sparse_top_k"):
+        for name in ("max_batch_tokens", "max_length", "limit", "sparse_top_k", "dim"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise BulkembedError(f"--{name.replace('_', '-')} must be at least 1, got {value}")

@@ -60,6 +60,7 @@ class ModelSpec:
     lowercase: bool
     pad_token_id: int
     special_token_ids: tuple[int, ...]
+    dims: tuple[int, ...]
     max_batch_tokens: int
     sparse_top_k: int | None
     tokenizer_json: str
@@ -383,6 +384,7 @@ def resolve_model(config: RunConfig) -> ModelSpec:
         lowercase=st.lowercase,
         pad_token_id=int(pad_token_id),
         special_token_ids=_special_token_ids(tokenizer),
+        dims=recipe.dims if recipe else (),
         sparse_top_k=config.sparse_top_k,
         max_batch_tokens=config.max_batch_tokens
         or (recipe.max_batch_tokens if recipe else None)

@@ -26,7 +26,8 @@ from bulkembed.batching import Batch, input_order, pack_batches
 from bulkembed.checkpoint import RunDirectory, UnitRecord
 from bulkembed.config import OnBadRecord, RunConfig, default_tokenize_workers
 from bulkembed.encoders import Embeddings, Encoder, TokenBatch
-from bulkembed.errors import InputError, Interrupted
+from bulkembed.errors import InputError, Interrupted, ModelError
+from bulkembed.outputs import OutputFormat
 from bulkembed.progress import Reporter, RunStats
 from bulkembed.schema import output_schema, record_batch
 from bulkembed.sinks import ParquetSink, Sink
@@ -226,6 +227,9 @@ def fingerprint(config: RunConfig, spec: ModelSpec, shards: list[Shard]) -> dict
         "family": spec.family,
         "outputs": list(spec.outputs),
         "sparse_top_k": spec.sparse_top_k,
+        "dim": config.dim,
+        "dtype_out": config.dtype_out.value,
+        "quantize": None if config.quantize is None else config.quantize.value,
         "pooling": spec.pooling.value if spec.pooling else None,
         "normalize": spec.normalize,
         "max_length": spec.max_length,
@@ -312,6 +316,36 @@ class _Job:
             chunks = _fail_on_bad_records(chunks)
         return chunks
 
+    def _output_format(self, encoder: Encoder) -> OutputFormat:
+        """`--dim`, `--dtype-out` and `--quantize`, checked against the model."""
+        config, spec = self.config, self.spec
+        wants_dense = config.dim is not None or config.quantize is not None
+        if wants_dense and encoder.dense_dim is None:
+            raise ModelError("--dim and --quantize apply to dense vectors: add dense to --outputs")
+        if config.dim is not None:
+            assert encoder.dense_dim is not None
+            sizes = spec.dims or (encoder.dense_dim,)
+            if config.dim > encoder.dense_dim or (spec.dims and config.dim not in sizes):
+                raise ModelError(
+                    f"--dim {config.dim}: this model's vectors can be cut to "
+                    f"{', '.join(map(str, sizes))}"
+                )
+        ranges = self.run.read_quantization_ranges()
+        return OutputFormat(
+            dim=config.dim,
+            normalize=spec.normalize or spec.family == "bge-m3",
+            dtype_out=config.dtype_out.value,
+            quantize=None if config.quantize is None else config.quantize.value,
+            ranges=None if ranges is None else np.asarray(ranges, dtype=np.float32),
+        )
+
+    def _calibrate(self, output_format: OutputFormat, dense: np.ndarray) -> OutputFormat:
+        """int8/uint8 ranges from the first window, stored before any part is written."""
+        calibrated = output_format.calibrated(dense)
+        assert calibrated.ranges is not None and calibrated.quantize is not None
+        self.run.write_quantization_ranges(calibrated.quantize, calibrated.ranges.tolist())
+        return calibrated
+
     def embed_pending(self, done: dict[str, UnitRecord]) -> RunStats:
         """Embed every unit not in `done`; mark the run complete when all are."""
         from bulkembed.encoders import build_encoder
@@ -329,11 +363,16 @@ class _Job:
         )
         stats = RunStats()
         assert self.reader.id_type is not None
+        output_format = self._output_format(encoder)
         schema = output_schema(
             self.reader.id_type,
-            dense_dim=encoder.dense_dim,
+            dense=None
+            if encoder.dense_dim is None
+            else output_format.dense_type(encoder.dense_dim),
             sparse="sparse" in spec.outputs,
-            multivector_dim=encoder.multivector_dim,
+            multivector=None
+            if encoder.multivector_dim is None
+            else output_format.multivector_type(encoder.multivector_dim),
         )
         if "sparse" in spec.outputs:
             _write_vocabulary(self.run, spec)
@@ -347,6 +386,9 @@ class _Job:
             with TokenizerPool(settings, self.workers) as pool:
                 for window in _windows(pool.map(self._chunks(done)), WINDOW_BATCHES * budget):
                     embedded, padded = _embed_window(window, encoder, budget, stats, reporter)
+                    if output_format.needs_ranges and embedded.dense is not None:
+                        output_format = self._calibrate(output_format, embedded.dense)
+                    embedded = output_format.apply(embedded)
                     offset = 0
                     for tokenized in window:
                         end = offset + len(tokenized.lengths)

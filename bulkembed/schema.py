@@ -22,18 +22,19 @@ SPARSE_TYPE = pa.struct(
 
 def output_schema(
     id_type: pa.DataType,
-    dense_dim: int | None = None,
+    dense: pa.DataType | None = None,
     sparse: bool = False,
-    multivector_dim: int | None = None,
+    multivector: pa.DataType | None = None,
 ) -> pa.Schema:
-    """`id`, then each output that is produced, in the order dense, sparse, multivector."""
+    """`id`, then each output that is produced, in the order dense, sparse, multivector.
+    `dense` and `multivector` are their column types (see `OutputFormat`)."""
     fields = [pa.field("id", id_type, nullable=False)]
-    if dense_dim is not None:
-        fields.append(pa.field("dense", pa.list_(pa.float32(), dense_dim)))
+    if dense is not None:
+        fields.append(pa.field("dense", dense))
     if sparse:
         fields.append(pa.field("sparse", SPARSE_TYPE))
-    if multivector_dim is not None:
-        fields.append(pa.field("multivector", pa.list_(pa.list_(pa.float32(), multivector_dim))))
+    if multivector is not None:
+        fields.append(pa.field("multivector", multivector))
     return pa.schema(fields)
 
 
@@ -41,9 +42,9 @@ def _offsets(lengths: list[int]) -> pa.Array:
     return pa.array(np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)]), pa.int32())
 
 
-def _vectors(rows: np.ndarray, dim: int) -> pa.FixedSizeListArray:
-    flat = np.ascontiguousarray(rows, dtype=np.float32).reshape(-1)
-    return pa.FixedSizeListArray.from_arrays(pa.array(flat), dim)
+def _vectors(rows: np.ndarray, kind: pa.FixedSizeListType) -> pa.FixedSizeListArray:
+    flat = pa.array(np.ascontiguousarray(rows).reshape(-1), type=kind.value_type)
+    return pa.FixedSizeListArray.from_arrays(flat, kind.list_size)
 
 
 def record_batch(ids: pa.Array, embeddings: Embeddings, schema: pa.Schema) -> pa.RecordBatch:
@@ -51,7 +52,7 @@ def record_batch(ids: pa.Array, embeddings: Embeddings, schema: pa.Schema) -> pa
     columns: list[pa.Array] = [ids]
     for field in schema:
         if field.name == "dense":
-            columns.append(_vectors(embeddings.dense, field.type.list_size))
+            columns.append(_vectors(embeddings.dense, field.type))
         elif field.name == "sparse":
             rows = embeddings.sparse
             offsets = _offsets([len(r.indices) for r in rows])
@@ -68,8 +69,8 @@ def record_batch(ids: pa.Array, embeddings: Embeddings, schema: pa.Schema) -> pa
             )
         elif field.name == "multivector":
             rows = embeddings.multivector
-            dim = field.type.value_type.list_size
-            flat = np.concatenate(rows) if rows else np.empty((0, dim), np.float32)
-            vectors = _vectors(flat.reshape(-1, dim), dim)
+            kind = field.type.value_type
+            flat = np.concatenate(rows) if rows else np.empty((0, kind.list_size), np.float32)
+            vectors = _vectors(flat, kind)
             columns.append(pa.ListArray.from_arrays(_offsets([len(r) for r in rows]), vectors))
     return pa.RecordBatch.from_arrays(columns, schema=schema)
