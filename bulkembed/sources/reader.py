@@ -117,12 +117,14 @@ class RecordReader:
 
     @staticmethod
     def _parquet_schema(shard: Shard) -> pa.Schema | None:
+        """The schema of a Parquet shard with rows; None for an empty or unreadable one."""
         import pyarrow.parquet as pq
 
         try:
-            return pq.read_schema(shard.path)
+            metadata = pq.read_metadata(shard.path)
         except READ_ERRORS:
             return None
+        return metadata.schema.to_arrow_schema() if metadata.num_rows else None
 
     @staticmethod
     def _first_record(shard: Shard) -> tuple[dict[str, Any] | None, int]:

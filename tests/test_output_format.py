@@ -1,0 +1,142 @@
+"""--dim, --dtype-out and --quantize: checked against float32 output quantized here."""
+
+import errno
+import json
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from conftest import sample_texts, write_jsonl, write_parquet
+from typer.testing import CliRunner
+
+from bulkembed.cli import app
+
+runner = CliRunner()
+
+
+def _corpus(tmp_path, n=90):
+    records = [{"id": f"d{i:03d}", "text": t} for i, t in enumerate(sample_texts(n))]
+    third = n // 3
+    write_parquet(tmp_path / "corpus" / "a.parquet", records[:third], row_group_size=10)
+    write_parquet(tmp_path / "corpus" / "b.parquet", records[third : 2 * third], row_group_size=10)
+    write_jsonl(tmp_path / "corpus" / "c.jsonl", records[2 * third :])
+    return tmp_path / "corpus"
+
+
+def _run(corpus, model, out, *extra):
+    args = ["run", str(corpus), "--model", str(model), "--output", str(out), "--quiet"]
+    # A small budget makes several windows, so calibration sees only the first.
+    return runner.invoke(
+        app, [*args, "--tokenize-workers", "0", "--max-batch-tokens", "64", *extra]
+    )
+
+
+def _dense(out):
+    table = pq.read_table(out)
+    order = np.argsort(table.column("id").to_pylist())
+    return table.schema.field("dense").type, np.array(table.column("dense").to_pylist())[order]
+
+
+@pytest.fixture
+def float32_reference(tmp_path, tiny_st):
+    corpus = _corpus(tmp_path)
+    assert _run(corpus, tiny_st("mean"), tmp_path / "float32").exit_code == 0
+    return corpus, _dense(tmp_path / "float32")[1]
+
+
+def test_dim_truncates_then_normalizes_like_sentence_transformers(tmp_path, tiny_st):
+    from sentence_transformers import SentenceTransformer
+
+    corpus = _corpus(tmp_path, 30)
+    assert _run(corpus, tiny_st("mean"), tmp_path / "out", "--dim", "16").exit_code == 0
+    kind, ours = _dense(tmp_path / "out")
+    assert kind == pa.list_(pa.float32(), 16)
+    reference = SentenceTransformer(str(tiny_st("mean")), device="cpu", truncate_dim=16).encode(
+        [t for t in sample_texts(30)], normalize_embeddings=True
+    )
+    np.testing.assert_allclose(np.linalg.norm(ours, axis=1), 1.0, rtol=1e-5)
+    assert (ours * reference).sum(axis=1).min() >= 0.9999
+
+
+def test_dim_outside_the_recipe_sizes_is_refused(tmp_path, tiny_bert):
+    corpus = _corpus(tmp_path, 10)
+    result = _run(
+        corpus,
+        tiny_bert,
+        tmp_path / "out",
+        "--recipe",
+        "e5-base-v2",
+        "--max-length",
+        "64",
+        "--dim",
+        "16",
+    )
+    assert result.exit_code == 1
+    assert "--dim 16: this model's vectors can be cut to 768" in result.stderr
+
+
+def test_float16_output(tmp_path, tiny_st, float32_reference):
+    corpus, reference = float32_reference
+    assert _run(corpus, tiny_st("mean"), tmp_path / "half", "--dtype-out", "float16").exit_code == 0
+    kind, half = _dense(tmp_path / "half")
+    assert kind == pa.list_(pa.float16(), 32)
+    np.testing.assert_allclose(half, reference, atol=1e-3)
+
+
+@pytest.mark.parametrize("mode", ["binary", "ubinary"])
+def test_binary_quantization_packs_signs(tmp_path, tiny_st, float32_reference, mode):
+    corpus, reference = float32_reference
+    assert _run(corpus, tiny_st("mean"), tmp_path / mode, "--quantize", mode).exit_code == 0
+    kind, packed = _dense(tmp_path / mode)
+    expected = np.packbits(reference > 0, axis=-1).astype(np.int16)
+    if mode == "binary":
+        assert kind == pa.list_(pa.int8(), 4)
+        expected -= 128
+    else:
+        assert kind == pa.list_(pa.uint8(), 4)
+    np.testing.assert_array_equal(packed, expected)
+
+
+@pytest.mark.parametrize("mode", ["int8", "uint8"])
+def test_integer_quantization_uses_one_range_for_every_part_and_every_resume(
+    tmp_path, tiny_st, float32_reference, monkeypatch, mode
+):
+    corpus, reference = float32_reference
+    out = tmp_path / mode
+    close = pq.ParquetWriter.close
+    calls = {"n": 0}
+
+    def fail_on_the_fourth_commit(self):
+        calls["n"] += 1
+        if calls["n"] == 4:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        close(self)
+
+    monkeypatch.setattr(pq.ParquetWriter, "close", fail_on_the_fourth_commit)
+    assert _run(corpus, tiny_st("mean"), out, "--quantize", mode).exit_code == 1
+    ranges_before = json.loads((out / "_bulkembed" / "quantization.json").read_text())["ranges"]
+    monkeypatch.setattr(pq.ParquetWriter, "close", close)
+    assert _run(corpus, tiny_st("mean"), out, "--quantize", mode).exit_code == 0
+    stored = json.loads((out / "_bulkembed" / "quantization.json").read_text())
+    assert stored == {"precision": mode, "ranges": ranges_before}
+
+    kind, quantized = _dense(out)
+    assert kind == pa.list_(pa.int8() if mode == "int8" else pa.uint8(), 32)
+    low, high = np.array(stored["ranges"], dtype=np.float32)
+    steps = np.where(high - low == 0, 1, (high - low) / 255)
+    levels = np.clip(np.floor((reference.astype(np.float32) - low) / steps), 0, 255)
+    expected = levels - 128 if mode == "int8" else levels
+    assert np.abs(quantized - expected).max() <= 1  # float rounding at a level's edge
+    assert (quantized == expected).mean() > 0.99
+    # The ranges come from the first window only, so later documents may fall outside them.
+    assert (reference < low).any() or (reference > high).any() or len(reference) == 90
+
+
+def test_quantize_and_float16_conflict(tmp_path, tiny_st):
+    corpus = _corpus(tmp_path, 10)
+    result = _run(
+        corpus, tiny_st("mean"), tmp_path / "o", "--quantize", "int8", "--dtype-out", "float16"
+    )
+    assert result.exit_code == 1
+    assert result.stderr.strip() == "error: --quantize and --dtype-out conflict: pass one of them"
