@@ -67,6 +67,7 @@ class Recipe:
     description: str = ""
     revision: str | None = None
     family: str = "dense"
+    model_type: str | None = None
     pooling: Pooling | None = None
     normalize: bool | None = None
     max_length: int | None = None
