@@ -8,8 +8,6 @@ model config.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,23 +21,18 @@ from bulkembed.config import (
     load_recipe_file,
 )
 from bulkembed.errors import ModelError
+from bulkembed.model_files import find_model_config, is_local, model_file, model_version, read_json
+from bulkembed.st_folder import SentenceTransformersInfo, read_sentence_transformers_info
 
-_ST_POOLING_KEYS = {
-    "pooling_mode_cls_token": Pooling.CLS,
-    "pooling_mode_mean_tokens": Pooling.MEAN,
-    "pooling_mode_lasttoken": Pooling.LAST_TOKEN,
-}
-_ST_POOLING_NAMES = {"cls": Pooling.CLS, "mean": Pooling.MEAN, "lasttoken": Pooling.LAST_TOKEN}
-_ST_SUPPORTED_MODULES = {"Transformer", "Pooling", "Normalize", "MLMTransformer", "SpladePooling"}
 # What each family of encoder can produce; with no `--outputs`, all of it.
 FAMILY_OUTPUTS = {
     "dense": ("dense",),
     "bge-m3": ("dense", "sparse", "multivector"),
     "splade": ("sparse",),
+    "colbert": ("multivector",),
 }
 # Tokenizers report "no limit" as a huge sentinel number.
 _NO_LIMIT = 1_000_000
-_DIGEST_SPAN = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -60,175 +53,19 @@ class ModelSpec:
     lowercase: bool
     pad_token_id: int
     special_token_ids: tuple[int, ...]
+    prefix_token_id: int | None
+    skip_token_ids: tuple[int, ...]
+    projection: str | None
     dims: tuple[int, ...]
     max_batch_tokens: int
     sparse_top_k: int | None
     tokenizer_json: str
 
 
-@dataclass(frozen=True)
-class _SentenceTransformersInfo:
-    pooling: Pooling | None = None
-    normalize: bool | None = None
-    max_length: int | None = None
-    lowercase: bool = False
-    prompts: dict[str, str] | None = None
-    default_prompt_name: str | None = None
-    splade: bool = False
-
-
-def _is_local(source: str) -> bool:
-    return Path(source).expanduser().is_dir()
-
-
-def model_file(source: str, revision: str | None, filename: str) -> Path | None:
-    """A model file from its folder or the Hugging Face Hub (or its cache); None if absent."""
-    if _is_local(source):
-        path = Path(source).expanduser() / filename
-        return path if path.is_file() else None
-    from huggingface_hub import hf_hub_download
-    from huggingface_hub.errors import LocalEntryNotFoundError, RemoteEntryNotFoundError
-
-    try:
-        return Path(hf_hub_download(source, filename, revision=revision))
-    except RemoteEntryNotFoundError:
-        return None
-    except LocalEntryNotFoundError:
-        # Offline, and the file was never cached: optional files are then taken as absent;
-        # `_find_model_config` has already failed if the model itself is not cached.
-        if filename == "config.json":
-            raise
-        return None
-
-
-def _model_version(source: str, revision: str | None, config_file: Path) -> str:
-    """What identifies these exact weights: the hub commit, or a digest of the local folder.
-
-    The folder digest covers every file's name and size and, for each, the first and last
-    MiB of its content, so retrained weights of the same shape are told apart without
-    reading gigabytes at every start. Hidden files and READMEs do not count."""
-    if not _is_local(source):
-        if config_file.parent.parent.name == "snapshots":
-            return config_file.parent.name
-        return revision or "main"
-    digest = hashlib.sha256()
-    folder = Path(source)
-    files = [
-        p
-        for p in folder.rglob("*")
-        if p.is_file()
-        and not p.name.upper().startswith("README")
-        and not any(part.startswith(".") for part in p.relative_to(folder).parts)
-    ]
-    for path in sorted(files):
-        size = path.stat().st_size
-        digest.update(f"{path.relative_to(folder)}\0{size}\0".encode())
-        with open(path, "rb") as f:
-            digest.update(f.read(_DIGEST_SPAN))
-            if size > _DIGEST_SPAN:
-                f.seek(max(_DIGEST_SPAN, size - _DIGEST_SPAN))
-                digest.update(f.read(_DIGEST_SPAN))
-    return f"sha256:{digest.hexdigest()[:16]}"
-
-
-def _read_json(path: Path | None) -> dict[str, Any] | None:
-    if path is None:
-        return None
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as e:
-        raise ModelError(f"cannot read {path}: {e}") from e
-
-
-def _find_model_config(source: str, revision: str | None) -> Path:
-    """The model's config.json; a clear error when the model cannot be found."""
-    if _is_local(source):
-        found = model_file(source, revision, "config.json")
-        if found is None:
-            raise ModelError(
-                f"model folder {source} has no config.json: is it a transformers model?"
-            )
-        return found
-    if Path(source).expanduser().exists():
-        raise ModelError(f"--model {source} is a file; pass a model folder, a hub id or a recipe")
-    try:
-        found = model_file(source, revision, "config.json")
-    except (OSError, ValueError) as e:
-        raise ModelError(
-            f"unknown model '{source}': not a bundled recipe (see `bulkembed recipes`), "
-            f"not a local folder, and not found on the Hugging Face Hub or in its cache "
-            f"({type(e).__name__})"
-        ) from e
-    if found is None:
-        raise ModelError(f"model {source} on the Hugging Face Hub has no config.json")
-    return found
-
-
-def _pooling_from_st_config(config: dict[str, Any], where: str) -> Pooling:
-    if config.get("include_prompt") is False:
-        raise ModelError(f"{where}: pooling that excludes the prompt is not supported")
-    if "pooling_mode" in config:
-        mode = config["pooling_mode"]
-        if mode not in _ST_POOLING_NAMES:
-            raise ModelError(
-                f"{where}: pooling mode {mode!r} is not supported (cls, mean, lasttoken)"
-            )
-        return _ST_POOLING_NAMES[mode]
-    active = [key for key, value in config.items() if key.startswith("pooling_mode") and value]
-    if len(active) != 1 or active[0] not in _ST_POOLING_KEYS:
-        raise ModelError(
-            f"{where}: pooling {active} is not supported (one of cls, mean, lasttoken)"
-        )
-    return _ST_POOLING_KEYS[active[0]]
-
-
-def _sentence_transformers_info(source: str, revision: str | None) -> _SentenceTransformersInfo:
-    modules = _read_json(model_file(source, revision, "modules.json"))
-    if modules is None:
-        return _SentenceTransformersInfo()
-    pooling = None
-    normalize = False
-    for module in modules:
-        kind = module.get("type", "").rsplit(".", 1)[-1]
-        if kind not in _ST_SUPPORTED_MODULES:
-            raise ModelError(
-                f"{source}: sentence-transformers module {kind} is not supported "
-                f"(supported: {', '.join(sorted(_ST_SUPPORTED_MODULES))})"
-            )
-        where = f"{source}/{module['path']}/config.json"
-        if kind == "Pooling":
-            config = _read_json(model_file(source, revision, f"{module['path']}/config.json"))
-            pooling = _pooling_from_st_config(config or {}, where)
-        if kind == "SpladePooling":
-            config = _read_json(model_file(source, revision, f"{module['path']}/config.json"))
-            _check_splade_config(config or {}, where)
-        normalize = normalize or kind == "Normalize"
-    bert_config = _read_json(model_file(source, revision, "sentence_bert_config.json")) or {}
-    st_config = _read_json(model_file(source, revision, "config_sentence_transformers.json")) or {}
-    return _SentenceTransformersInfo(
-        pooling=pooling,
-        normalize=normalize,
-        max_length=bert_config.get("max_seq_length"),
-        lowercase=bool(bert_config.get("do_lower_case", False)),
-        prompts=st_config.get("prompts") or {},
-        default_prompt_name=st_config.get("default_prompt_name"),
-        splade=any(m.get("type", "").endswith(".SpladePooling") for m in modules),
-    )
-
-
-def _check_splade_config(config: dict[str, Any], where: str) -> None:
-    strategy = config.get("pooling_strategy", "max")
-    activation = config.get("activation_function", "relu")
-    if (strategy, activation) != ("max", "relu"):
-        raise ModelError(
-            f"{where}: SPLADE pooling {strategy} with {activation} is not supported (max, relu)"
-        )
-
-
 def _family(
     config: RunConfig,
     recipe: Recipe | None,
-    st: _SentenceTransformersInfo,
+    st: SentenceTransformersInfo,
     source: str,
     revision: str | None,
 ) -> str:
@@ -237,6 +74,8 @@ def _family(
         return recipe.family
     if st.splade:
         return "splade"
+    if st.colbert is not None:
+        return "colbert"
     from bulkembed.encoders.bge_m3 import HEAD_FILES
 
     if all(model_file(source, revision, name) for name in HEAD_FILES):
@@ -257,6 +96,17 @@ def _outputs(config: RunConfig, recipe: Recipe | None, family: str) -> tuple[str
             f"--outputs {','.join(missing)}: a {family} model produces only {', '.join(possible)}"
         )
     return tuple(name for name in possible if name in wanted)
+
+
+def _prefix_token_id(tokenizer: Any, st: SentenceTransformersInfo) -> int | None:
+    """The id of a ColBERT model's document marker, put after the first token."""
+    if st.colbert is None or not st.colbert.document_prefix:
+        return None
+    prefix = st.colbert.document_prefix
+    token_id = tokenizer.convert_tokens_to_ids(prefix)
+    if token_id is None or token_id == tokenizer.unk_token_id:
+        raise ModelError(f"the document marker {prefix!r} is not a token of this tokenizer")
+    return int(token_id)
 
 
 def _special_token_ids(tokenizer: Any) -> tuple[int, ...]:
@@ -290,7 +140,7 @@ def _recipe_from_path(name: str) -> Recipe:
     raise ModelError(f"unknown recipe '{name}': see `bulkembed recipes` for the bundled ones")
 
 
-def _prompt(config: RunConfig, recipe: Recipe | None, st: _SentenceTransformersInfo) -> str:
+def _prompt(config: RunConfig, recipe: Recipe | None, st: SentenceTransformersInfo) -> str:
     prompts = {**(st.prompts or {}), **(recipe.prompts if recipe else {})}
     if config.prompt is not None:
         return config.prompt
@@ -320,7 +170,7 @@ def _model_limit(tokenizer: Any, model_config: dict[str, Any]) -> int | None:
 
 
 def _max_length(
-    config: RunConfig, recipe: Recipe | None, st: _SentenceTransformersInfo, limit: int | None
+    config: RunConfig, recipe: Recipe | None, st: SentenceTransformersInfo, limit: int | None
 ) -> int:
     if config.max_length is not None:
         if limit is not None and config.max_length > limit:
@@ -328,7 +178,8 @@ def _max_length(
                 f"--max-length {config.max_length} exceeds the model's limit of {limit} tokens"
             )
         return config.max_length
-    for candidate in (recipe.max_length if recipe else None, st.max_length, limit):
+    document_length = st.colbert.document_length if st.colbert else None
+    for candidate in (recipe.max_length if recipe else None, document_length, st.max_length, limit):
         if candidate is not None:
             return int(candidate)
     raise ModelError("the model does not say how long its inputs may be: pass --max-length")
@@ -337,14 +188,19 @@ def _max_length(
 def resolve_model(config: RunConfig) -> ModelSpec:
     """Find the model, read its settings and tokenizer, and merge them with the options."""
     recipe, source = _pick_recipe(config)
-    if _is_local(source):
+    if is_local(source):
         source = str(Path(source).expanduser().resolve())
     revision = config.revision or (recipe.revision if recipe else None)
-    config_file = _find_model_config(source, revision)
-    st = _sentence_transformers_info(source, revision)
-    model_config = _read_json(config_file) or {}
+    config_file = find_model_config(source, revision)
+    st = read_sentence_transformers_info(source, revision)
+    model_config = read_json(config_file) or {}
 
     family = _family(config, recipe, st, source, revision)
+    if family == "colbert" and st.colbert is None:
+        raise ModelError(
+            f"{source} is not a ColBERT model in the PyLate layout (modules.json with a "
+            "Dense module, document_prefix in config_sentence_transformers.json)"
+        )
     pooling = config.pooling or (recipe.pooling if recipe else None) or st.pooling
     if family == "bge-m3":
         pooling = Pooling.CLS
@@ -353,7 +209,8 @@ def resolve_model(config: RunConfig) -> ModelSpec:
             f"no pooling is known for {source}: pass --pooling cls|mean|last-token or --recipe NAME"
         )
     normalize = config.normalize
-    for candidate in (recipe.normalize if recipe else None, st.normalize, False):
+    colbert = st.colbert is not None or family == "colbert"
+    for candidate in (recipe.normalize if recipe else None, st.normalize or colbert, False):
         if normalize is None:
             normalize = candidate
 
@@ -371,9 +228,9 @@ def resolve_model(config: RunConfig) -> ModelSpec:
 
     return ModelSpec(
         source=source,
-        local=_is_local(source),
+        local=is_local(source),
         revision=revision,
-        version=_model_version(source, revision, config_file),
+        version=model_version(source, revision, config_file),
         recipe=recipe.name if recipe else None,
         family=family,
         outputs=_outputs(config, recipe, family),
@@ -384,6 +241,13 @@ def resolve_model(config: RunConfig) -> ModelSpec:
         lowercase=st.lowercase,
         pad_token_id=int(pad_token_id),
         special_token_ids=_special_token_ids(tokenizer),
+        prefix_token_id=_prefix_token_id(tokenizer, st),
+        skip_token_ids=tuple(
+            sorted({int(tokenizer.convert_tokens_to_ids(w)) for w in st.colbert.skiplist_words})
+        )
+        if st.colbert
+        else (),
+        projection=st.colbert.projection if st.colbert else None,
         dims=recipe.dims if recipe else (),
         sparse_top_k=config.sparse_top_k,
         max_batch_tokens=config.max_batch_tokens

@@ -378,7 +378,7 @@ class _Job:
             _write_vocabulary(self.run, spec)
         writer = _Writer(self.run, schema)
         settings = TokenizerSettings(
-            spec.tokenizer_json, spec.max_length, spec.prompt, spec.lowercase
+            spec.tokenizer_json, spec.max_length, spec.prompt, spec.lowercase, spec.prefix_token_id
         )
         reporter.start(stats)
         _start_counting(self.shards, self.config.limit, reporter)

@@ -38,6 +38,7 @@ class TokenizerSettings:
     max_length: int
     prompt: str = ""
     lowercase: bool = False
+    marker_id: int | None = None
 
 
 @dataclass(slots=True)
@@ -59,16 +60,22 @@ class TextTokenizer:
         self.settings = settings
         self.tokenizer = Tokenizer.from_str(settings.tokenizer_json)
         self.tokenizer.no_padding()
-        self.tokenizer.enable_truncation(settings.max_length)
+        # A ColBERT document marker goes in after the first token and counts toward the limit.
+        room = settings.max_length - (settings.marker_id is not None)
+        self.tokenizer.enable_truncation(room)
 
     def __call__(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray, int]:
         """Flat token ids, their lengths per text, and how many texts were truncated."""
         prompt, lowercase = self.settings.prompt, self.settings.lowercase
         inputs = [(prompt + t).lower() if lowercase else prompt + t for t in texts]
         encodings = self.tokenizer.encode_batch(inputs, add_special_tokens=True)
-        lengths = np.fromiter((len(e.ids) for e in encodings), dtype=np.int32, count=len(inputs))
+        marker = self.settings.marker_id
+        sequences = [
+            e.ids if marker is None else [*e.ids[:1], marker, *e.ids[1:]] for e in encodings
+        ]
+        lengths = np.fromiter((len(s) for s in sequences), dtype=np.int32, count=len(inputs))
         flat = np.fromiter(
-            (i for e in encodings for i in e.ids), dtype=np.int32, count=int(lengths.sum())
+            (i for s in sequences for i in s), dtype=np.int32, count=int(lengths.sum())
         )
         truncated = sum(1 for e in encodings if e.overflowing)
         return flat, lengths, truncated

@@ -223,3 +223,45 @@ def mixed_texts() -> list[str]:
     texts += ["", "a", "the the the the the the", "word " * 300, "repeat repeat repeat. " * 20]
     texts += ["Ünïcödé " * 40, "x", "Python " * 3 + "python PYTHON", "\u00e9" * 10]
     return texts
+
+
+@pytest.fixture(scope="session")
+def tiny_colbert(tiny_bert: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A PyLate-layout ColBERT model: the tiny BERT with [Q]/[D] markers added, a Dense
+    projection to 16 dimensions, and ColBERT settings in config_sentence_transformers.json."""
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoTokenizer, BertModel
+
+    folder = tmp_path_factory.mktemp("tiny-colbert")
+    tokenizer = AutoTokenizer.from_pretrained(tiny_bert)
+    tokenizer.add_tokens(["[Q] ", "[D] "])
+    tokenizer.save_pretrained(folder)
+    model = BertModel.from_pretrained(tiny_bert)
+    model.resize_token_embeddings(len(tokenizer))
+    model.save_pretrained(folder)
+    (folder / "1_Dense").mkdir()
+    torch.manual_seed(4)
+    save_file({"linear.weight": torch.randn(16, 32)}, folder / "1_Dense" / "model.safetensors")
+    dense_config = {
+        "in_features": 32,
+        "out_features": 16,
+        "bias": False,
+        "activation_function": "torch.nn.modules.linear.Identity",
+        "use_residual": False,
+    }
+    (folder / "1_Dense" / "config.json").write_text(json.dumps(dense_config))
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Dense", "type": "pylate.models.Dense.Dense"},
+    ]
+    (folder / "modules.json").write_text(json.dumps(modules))
+    settings = {
+        "query_prefix": "[Q] ",
+        "document_prefix": "[D] ",
+        "query_length": 32,
+        "document_length": 48,
+        "skiplist_words": [".", ",", "!", "?", ":", "(", ")"],
+    }
+    (folder / "config_sentence_transformers.json").write_text(json.dumps(settings))
+    return folder

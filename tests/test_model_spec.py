@@ -69,17 +69,23 @@ def test_unknown_model_says_where_it_looked(tmp_path, monkeypatch):
         resolve_model(_config("no-such/model"))
 
 
-def test_unsupported_sentence_transformers_module_is_refused(tiny_st, tmp_path):
+@pytest.mark.parametrize(
+    ("module", "message"),
+    [
+        ("LayerNorm", "module LayerNorm is not supported"),
+        ("Dense", "a Dense module is supported only in PyLate ColBERT models"),
+    ],
+)
+def test_unsupported_sentence_transformers_modules_are_refused(tiny_st, tmp_path, module, message):
     import shutil
 
-    folder = tmp_path / "with-dense"
+    folder = tmp_path / "with-extra"
     shutil.copytree(tiny_st("mean"), folder)
     modules = json.loads((folder / "modules.json").read_text())
-    modules.append(
-        {"idx": 3, "name": "3", "path": "3_Dense", "type": "sentence_transformers.models.Dense"}
-    )
+    kind = f"sentence_transformers.models.{module}"
+    modules.append({"idx": 3, "name": "3", "path": "3_Extra", "type": kind})
     (folder / "modules.json").write_text(json.dumps(modules))
-    with pytest.raises(ModelError, match="module Dense is not supported"):
+    with pytest.raises(ModelError, match=message):
         resolve_model(_config(folder))
 
 
@@ -96,4 +102,4 @@ def test_bundled_recipes_parse_and_name_hub_models():
     assert recipes["bge-base-en-v1.5"].pooling is Pooling.CLS
     assert recipes["e5-base-v2"].prompts == {"query": "query: ", "document": "passage: "}
     assert recipes["bge-m3"].model == "BAAI/bge-m3"
-    assert all(r.normalize for r in recipes.values())
+    assert all(r.normalize for r in recipes.values() if "dense" in r.outputs)

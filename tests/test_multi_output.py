@@ -120,3 +120,34 @@ def test_sparse_top_k_keeps_the_largest_weights(tmp_path, tiny_splade):
     [kept] = top.column("sparse").to_pylist()
     best = sorted(np.argsort(row["values"])[-5:])
     assert kept["indices"] == [row["indices"][i] for i in best]
+
+
+def test_colbert_pylate_layout_keeps_every_token_but_punctuation(tmp_path, tiny_colbert):
+    import torch
+    from transformers import AutoModel, AutoTokenizer
+
+    texts = mixed_texts()
+    table, _ = _embed(tmp_path, tiny_colbert, texts)
+    assert table.schema.names == ["id", "multivector"]
+    assert table.schema.field("multivector").type == pa.list_(pa.list_(pa.float32(), 16))
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_colbert)
+    model = AutoModel.from_pretrained(tiny_colbert).eval()
+    linear = torch.nn.Linear(32, 16, bias=False)
+    from safetensors.torch import load_file
+
+    linear.weight.data = load_file(str(tiny_colbert / "1_Dense" / "model.safetensors"))[
+        "linear.weight"
+    ]
+    marker = tokenizer.convert_tokens_to_ids("[D] ")
+    skipped = set(tokenizer.convert_tokens_to_ids([".", ",", "!", "?", ":", "(", ")"]))
+    for text, row in zip(texts, table.column("multivector").to_pylist(), strict=True):
+        ids = tokenizer(text, truncation=True, max_length=47)["input_ids"]
+        ids = [ids[0], marker, *ids[1:]]
+        with torch.no_grad():
+            hidden = model(input_ids=torch.tensor([ids])).last_hidden_state[0]
+            expected = torch.nn.functional.normalize(linear(hidden), dim=-1).numpy()
+        expected = expected[[i not in skipped for i in ids]]
+        ours = np.array(row).reshape(-1, 16)
+        assert ours.shape == expected.shape
+        assert (ours * expected).sum(axis=1).min() >= 0.9999

@@ -32,7 +32,7 @@ EXTRA = {
 }  # fmt: skip
 
 
-def _tiny_model(recipe, folder, tiny_bert, tiny_bge_m3):
+def _tiny_model(recipe, folder, tiny_bert, tiny_bge_m3, tiny_colbert):
     import torch
     from transformers import AutoConfig, AutoModel, AutoModelForMaskedLM
 
@@ -41,12 +41,19 @@ def _tiny_model(recipe, folder, tiny_bert, tiny_bge_m3):
         return folder
     tokenizer_source = tiny_bge_m3 if recipe.model_type == "xlm-roberta" else tiny_bert
     vocabulary = 500 if recipe.model_type == "xlm-roberta" else 400
+    if recipe.family == "colbert":
+        # The PyLate layout of the tiny ColBERT model, on this recipe's architecture.
+        shutil.copytree(tiny_colbert, folder, ignore=shutil.ignore_patterns("*.safetensors"))
+        shutil.copytree(tiny_colbert / "1_Dense", folder / "1_Dense", dirs_exist_ok=True)
+        tokenizer_source, vocabulary = tiny_colbert, 402
     config = AutoConfig.for_model(
         recipe.model_type, vocab_size=vocabulary, **TINY, **EXTRA[recipe.model_type]
     )
     torch.manual_seed(0)
     kind = AutoModelForMaskedLM if recipe.family == "splade" else AutoModel
     kind.from_config(config).eval().save_pretrained(folder)
+    if recipe.family == "colbert":
+        return folder
     for name in TOKENIZER_FILES:
         if (tokenizer_source / name).exists():
             shutil.copy(tokenizer_source / name, folder / name)
@@ -54,8 +61,8 @@ def _tiny_model(recipe, folder, tiny_bert, tiny_bge_m3):
 
 
 @pytest.mark.parametrize("recipe", list_recipes(), ids=lambda r: r.name)
-def test_every_recipe_runs_through_the_cli(tmp_path, tiny_bert, tiny_bge_m3, recipe):
-    model = _tiny_model(recipe, tmp_path / "model", tiny_bert, tiny_bge_m3)
+def test_every_recipe_runs_through_the_cli(tmp_path, tiny_bert, tiny_bge_m3, tiny_colbert, recipe):
+    model = _tiny_model(recipe, tmp_path / "model", tiny_bert, tiny_bge_m3, tiny_colbert)
     texts = sample_texts(12) + ["", "short"]
     corpus = write_jsonl(
         tmp_path / "c.jsonl", [{"id": str(i), "text": t} for i, t in enumerate(texts)]
@@ -78,6 +85,9 @@ def test_every_recipe_runs_through_the_cli(tmp_path, tiny_bert, tiny_bge_m3, rec
         np.testing.assert_allclose(np.linalg.norm(dense, axis=1), 1.0, rtol=1e-5)
     if "sparse" in recipe.outputs:
         assert all(len(row["indices"]) for row in table.column("sparse").to_pylist()[:12])
+    if "multivector" in recipe.outputs:
+        rows = table.column("multivector").to_pylist()
+        assert all(len(row) for row in rows[:12])
 
 
 def test_decoder_model_with_last_token_pooling_matches_left_padded_sentence_transformers(

@@ -30,6 +30,7 @@ _BUILT_IN = {
     "dense": "bulkembed.encoders.dense:DenseEncoder",
     "bge-m3": "bulkembed.encoders.bge_m3:BGEM3Encoder",
     "splade": "bulkembed.encoders.splade:SpladeEncoder",
+    "colbert": "bulkembed.encoders.colbert:ColbertEncoder",
 }
 _REGISTRY: dict[str, type[Encoder]] = {}
 

@@ -30,7 +30,7 @@ HEAD_FILES = ("sparse_linear.pt", "colbert_linear.pt")
 
 
 def _load_head(spec: ModelSpec, filename: str, hidden: int, dtype: torch.dtype) -> torch.nn.Linear:
-    from bulkembed.model_spec import model_file
+    from bulkembed.model_files import model_file
 
     path = model_file(spec.source, spec.revision, filename)
     if path is None:

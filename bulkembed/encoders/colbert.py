@@ -1,0 +1,85 @@
+"""ColBERT models in the PyLate layout: one normalized vector per document token.
+
+The folder holds a transformer, then a sentence-transformers `Dense` module that projects
+each token's hidden state (typically to 128 dimensions). Every document gets a marker token
+(`[D] `) after its first token; the vectors of punctuation (the model's skip list) are
+dropped, as are padding tokens.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from bulkembed.encoders.base import Embeddings, Encoder, TokenBatch
+from bulkembed.errors import ModelError
+from bulkembed.model_files import model_file, read_json
+
+if TYPE_CHECKING:
+    from bulkembed.model_spec import ModelSpec
+
+_IDENTITY = ("torch.nn.modules.linear.Identity", "torch.nn.Identity")
+
+
+def _load_projection(spec: ModelSpec, dtype: torch.dtype) -> torch.nn.Linear:
+    """The Dense module's linear layer; only the identity activation is supported."""
+    assert spec.projection is not None
+    folder = spec.projection
+    config = read_json(model_file(spec.source, spec.revision, f"{folder}/config.json")) or {}
+    activation = config.get("activation_function", _IDENTITY[0])
+    if activation not in _IDENTITY:
+        raise ModelError(f"{spec.source}/{folder}: activation {activation} is not supported")
+    if config.get("use_residual"):
+        raise ModelError(f"{spec.source}/{folder}: a residual Dense module is not supported")
+    weights = model_file(spec.source, spec.revision, f"{folder}/model.safetensors")
+    if weights is not None:
+        from safetensors.torch import load_file
+
+        state = load_file(str(weights))
+    else:
+        weights = model_file(spec.source, spec.revision, f"{folder}/pytorch_model.bin")
+        if weights is None:
+            raise ModelError(f"{spec.source}/{folder} holds no weights")
+        state = torch.load(weights, map_location="cpu", weights_only=True)
+    out_features, in_features = state["linear.weight"].shape
+    linear = torch.nn.Linear(in_features, out_features, bias="linear.bias" in state, dtype=dtype)
+    linear.load_state_dict({k.removeprefix("linear."): v for k, v in state.items()})
+    return linear
+
+
+class ColbertEncoder(Encoder):
+    """Multi-vector output: projected, L2-normalized token vectors, punctuation dropped."""
+
+    def __init__(self, spec: ModelSpec, device: str, dtype: torch.dtype) -> None:
+        super().__init__(spec, device, dtype)
+        from transformers import AutoModel
+        from transformers.utils import logging as transformers_logging
+
+        transformers_logging.disable_progress_bar()
+        transformers_logging.set_verbosity_error()
+        try:
+            model = AutoModel.from_pretrained(spec.source, revision=spec.revision, dtype=dtype)
+        except (OSError, ValueError) as e:
+            raise ModelError(f"cannot load the model {spec.source}: {e}") from e
+        self.model = model.to(device).eval()
+        self.projection = _load_projection(spec, dtype).to(device)
+        self.skipped = np.array(spec.skip_token_ids, dtype=np.int64)
+
+    @property
+    def multivector_dim(self) -> int:
+        return self.projection.out_features
+
+    @torch.inference_mode()
+    def embed(self, batch: TokenBatch) -> Embeddings:
+        input_ids, attention_mask = self.padded(batch)
+        hidden = self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        vectors = F.normalize(self.projection(hidden).float(), dim=-1).cpu().numpy()
+        ids = input_ids.cpu().numpy()
+        rows = []
+        for i, n in enumerate(batch.lengths):
+            keep = ~np.isin(ids[i, :n], self.skipped)
+            rows.append(vectors[i, :n][keep])
+        return Embeddings(multivector=rows)

@@ -1,0 +1,99 @@
+"""Files of a model: from its local folder, or from the Hugging Face Hub and its cache."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from bulkembed.errors import ModelError
+
+_DIGEST_SPAN = 1 << 20
+
+
+def is_local(source: str) -> bool:
+    return Path(source).expanduser().is_dir()
+
+
+def model_file(source: str, revision: str | None, filename: str) -> Path | None:
+    """A model file from its folder or the Hugging Face Hub (or its cache); None if absent."""
+    if is_local(source):
+        path = Path(source).expanduser() / filename
+        return path if path.is_file() else None
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import LocalEntryNotFoundError, RemoteEntryNotFoundError
+
+    try:
+        return Path(hf_hub_download(source, filename, revision=revision))
+    except RemoteEntryNotFoundError:
+        return None
+    except LocalEntryNotFoundError:
+        # Offline, and the file was never cached: optional files are then taken as absent;
+        # `find_model_config` has already failed if the model itself is not cached.
+        if filename == "config.json":
+            raise
+        return None
+
+
+def model_version(source: str, revision: str | None, config_file: Path) -> str:
+    """What identifies these exact weights: the hub commit, or a digest of the local folder.
+
+    The folder digest covers every file's name and size and, for each, the first and last
+    MiB of its content, so retrained weights of the same shape are told apart without
+    reading gigabytes at every start. Hidden files and READMEs do not count."""
+    if not is_local(source):
+        if config_file.parent.parent.name == "snapshots":
+            return config_file.parent.name
+        return revision or "main"
+    digest = hashlib.sha256()
+    folder = Path(source)
+    files = [
+        p
+        for p in folder.rglob("*")
+        if p.is_file()
+        and not p.name.upper().startswith("README")
+        and not any(part.startswith(".") for part in p.relative_to(folder).parts)
+    ]
+    for path in sorted(files):
+        size = path.stat().st_size
+        digest.update(f"{path.relative_to(folder)}\0{size}\0".encode())
+        with open(path, "rb") as f:
+            digest.update(f.read(_DIGEST_SPAN))
+            if size > _DIGEST_SPAN:
+                f.seek(max(_DIGEST_SPAN, size - _DIGEST_SPAN))
+                digest.update(f.read(_DIGEST_SPAN))
+    return f"sha256:{digest.hexdigest()[:16]}"
+
+
+def read_json(path: Path | None) -> dict[str, Any] | None:
+    if path is None:
+        return None
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as e:
+        raise ModelError(f"cannot read {path}: {e}") from e
+
+
+def find_model_config(source: str, revision: str | None) -> Path:
+    """The model's config.json; a clear error when the model cannot be found."""
+    if is_local(source):
+        found = model_file(source, revision, "config.json")
+        if found is None:
+            raise ModelError(
+                f"model folder {source} has no config.json: is it a transformers model?"
+            )
+        return found
+    if Path(source).expanduser().exists():
+        raise ModelError(f"--model {source} is a file; pass a model folder, a hub id or a recipe")
+    try:
+        found = model_file(source, revision, "config.json")
+    except (OSError, ValueError) as e:
+        raise ModelError(
+            f"unknown model '{source}': not a bundled recipe (see `bulkembed recipes`), "
+            f"not a local folder, and not found on the Hugging Face Hub or in its cache "
+            f"({type(e).__name__})"
+        ) from e
+    if found is None:
+        raise ModelError(f"model {source} on the Hugging Face Hub has no config.json")
+    return found
