@@ -19,18 +19,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pyarrow as pa
 
 from bulkembed import __version__
-from bulkembed.batching import Batch, input_order, pack_batches
 from bulkembed.checkpoint import RunDirectory, UnitRecord
 from bulkembed.config import OnBadRecord, RunConfig, default_tokenize_workers
-from bulkembed.encoders import Embeddings, Encoder, TokenBatch
+from bulkembed.encoders import Encoder
 from bulkembed.errors import InputError, Interrupted, ModelError
 from bulkembed.outputs import OutputFormat
 from bulkembed.progress import Reporter, RunStats
-from bulkembed.schema import output_schema, record_batch
-from bulkembed.sinks import ParquetSink, Sink
+from bulkembed.schema import output_schema
 from bulkembed.sources import (
     DEFAULT_LINES_PER_UNIT,
     Chunk,
@@ -42,104 +39,18 @@ from bulkembed.sources import (
     list_shards,
     take,
 )
-from bulkembed.tokenize import TokenizedChunk, TokenizerPool, TokenizerSettings
+from bulkembed.tokenize import TokenizerPool, TokenizerSettings
+from bulkembed.windows import WINDOW_BATCHES, embed_window, windows
+from bulkembed.writer import PartWriter
 
 if TYPE_CHECKING:
     import torch
 
     from bulkembed.model_spec import ModelSpec
 
-# A window holds this many full batches' worth of tokens before it is sorted and packed:
-# enough that every length finds neighbours of a similar length, small enough to stay a
-# few megabytes of token ids and to lose little work to a crash.
-WINDOW_BATCHES = 32
 # How inputs are cut into units of work: part of the fingerprint, since done markers name
 # units by number.
 UNITS = f"parquet row groups; {DEFAULT_LINES_PER_UNIT} jsonl lines"
-
-
-def _windows(
-    chunks: Iterator[TokenizedChunk], window_tokens: int
-) -> Iterator[list[TokenizedChunk]]:
-    window: list[TokenizedChunk] = []
-    tokens = 0
-    for chunk in chunks:
-        window.append(chunk)
-        tokens += int(chunk.lengths.sum())
-        if tokens >= window_tokens:
-            yield window
-            window, tokens = [], 0
-    if window:
-        yield window
-
-
-@dataclass(slots=True)
-class _Tally:
-    """Counts for the unit being written."""
-
-    rows: int = 0
-    bad_records: int = 0
-    truncated: int = 0
-    tokens: int = 0
-    padded_tokens: int = 0
-
-
-class _Writer:
-    """Writes embedded chunks in input order, quarantines bad records, commits finished units."""
-
-    def __init__(self, run: RunDirectory, schema: pa.Schema) -> None:
-        self.run = run
-        self.schema = schema
-        self.sink: Sink = ParquetSink(run.output, schema)
-        self.tallies: dict[str, _Tally] = {}
-
-    def write(self, tokenized: TokenizedChunk, embeddings: Embeddings, padded: np.ndarray) -> None:
-        chunk = tokenized.chunk
-        tally = self.tallies.setdefault(chunk.part, _Tally())
-        for bad in chunk.bad:
-            self.run.quarantine(bad, chunk.part)
-        if len(chunk.ids):
-            batch = record_batch(chunk.ids, embeddings, self.schema)
-            self.sink.write(chunk.part, batch)
-        tally.rows += len(chunk.ids)
-        tally.bad_records += len(chunk.bad)
-        tally.truncated += tokenized.truncated
-        tally.tokens += int(tokenized.lengths.sum())
-        tally.padded_tokens += int(padded.sum())
-        if chunk.last_in_unit:
-            self.sink.commit(chunk.part)
-            self.run.mark_done(UnitRecord(chunk.part, **asdict(self.tallies.pop(chunk.part))))
-
-    def close(self) -> None:
-        self.sink.close()
-
-
-def _embed_window(
-    window: list[TokenizedChunk],
-    encoder: Encoder,
-    max_batch_tokens: int,
-    stats: RunStats,
-    reporter: Reporter,
-) -> tuple[Embeddings, np.ndarray]:
-    """Embeddings of every document of the window, and the length each was padded to,
-    both in input order."""
-    lengths = np.concatenate([c.lengths for c in window])
-    if len(lengths) == 0:
-        return Embeddings(), np.empty(0, dtype=np.int64)
-    token_ids = np.concatenate([c.token_ids for c in window])
-    starts = np.cumsum(lengths) - lengths
-    batches = pack_batches(lengths, max_batch_tokens)
-    outputs = []
-    for batch in batches:
-        sequences = [
-            token_ids[s : s + n] for s, n in zip(starts[batch.indices], batch.lengths, strict=True)
-        ]
-        outputs.append(encoder.embed_within_memory(TokenBatch.from_sequences(sequences)))
-        _count(stats, batch)
-        reporter.update(stats)
-    order = input_order(batches)
-    padded = np.concatenate([np.full(b.size, b.lengths[0], dtype=np.int64) for b in batches])
-    return Embeddings.concatenate(outputs).take(order), padded[order]
 
 
 def _describe_outputs(spec: ModelSpec, encoder: Encoder) -> str:
@@ -162,13 +73,6 @@ def _write_vocabulary(run: RunDirectory, spec: ModelSpec) -> None:
     run.write_vocabulary(
         {str(i): token for token, i in sorted(vocabulary.items(), key=lambda x: x[1])}
     )
-
-
-def _count(stats: RunStats, batch: Batch) -> None:
-    stats.docs += batch.size
-    stats.tokens += batch.tokens
-    stats.padded_tokens += batch.padded_tokens
-    stats.batches += 1
 
 
 def _fail_on_bad_records(chunks: Iterable[Chunk]) -> Iterator[Chunk]:
@@ -376,7 +280,7 @@ class _Job:
         )
         if "sparse" in spec.outputs:
             _write_vocabulary(self.run, spec)
-        writer = _Writer(self.run, schema)
+        writer = PartWriter(self.run, schema)
         settings = TokenizerSettings(
             spec.tokenizer_json, spec.max_length, spec.prompt, spec.lowercase, spec.prefix_token_id
         )
@@ -384,8 +288,8 @@ class _Job:
         _start_counting(self.shards, self.config.limit, reporter)
         try:
             with TokenizerPool(settings, self.workers) as pool:
-                for window in _windows(pool.map(self._chunks(done)), WINDOW_BATCHES * budget):
-                    embedded, padded = _embed_window(window, encoder, budget, stats, reporter)
+                for window in windows(pool.map(self._chunks(done)), WINDOW_BATCHES * budget):
+                    embedded, padded = embed_window(window, encoder, budget, stats, reporter)
                     if output_format.needs_ranges and embedded.dense is not None:
                         output_format = self._calibrate(output_format, embedded.dense)
                     embedded = output_format.apply(embedded)
