@@ -112,7 +112,8 @@ Outputs = Annotated[
 Dim = Annotated[
     int | None,
     typer.Option(
-        help="Cut dense vectors to their first N dimensions (Matryoshka), then L2-normalize."
+        help="Cut dense vectors to their first N dimensions (Matryoshka), then L2-normalize "
+        "them again if the model normalizes."
     ),
 ]
 DTypeOutOption = Annotated[

@@ -75,6 +75,7 @@ class Recipe:
     corpus_prompt: str | None = None
     outputs: tuple[str, ...] = ("dense",)
     dims: tuple[int, ...] = ()
+    matryoshka_layer_norm: bool = False
     max_batch_tokens: int | None = None
     path: Path | None = None
 

@@ -18,6 +18,7 @@ from bulkembed.config import (
     Recipe,
     RunConfig,
     find_recipe,
+    list_recipes,
     load_recipe_file,
 )
 from bulkembed.errors import ModelError
@@ -56,7 +57,9 @@ class ModelSpec:
     prefix_token_id: int | None
     skip_token_ids: tuple[int, ...]
     projection: str | None
+    dense_dim: int | None
     dims: tuple[int, ...]
+    matryoshka_layer_norm: bool
     max_batch_tokens: int
     sparse_top_k: int | None
     tokenizer_json: str
@@ -80,7 +83,10 @@ def _family(
 
     if all(model_file(source, revision, name) for name in HEAD_FILES):
         return "bge-m3"
-    if config.outputs == ("sparse",):
+    architectures = (read_json(model_file(source, revision, "config.json")) or {}).get(
+        "architectures"
+    ) or []
+    if config.outputs == ("sparse",) and any(a.endswith("ForMaskedLM") for a in architectures):
         return "splade"
     return "dense"
 
@@ -96,6 +102,14 @@ def _outputs(config: RunConfig, recipe: Recipe | None, family: str) -> tuple[str
             f"--outputs {','.join(missing)}: a {family} model produces only {', '.join(possible)}"
         )
     return tuple(name for name in possible if name in wanted)
+
+
+def _skip_token_ids(tokenizer: Any, st: SentenceTransformersInfo) -> tuple[int, ...]:
+    """Ids of a ColBERT model's skip list (punctuation); words that are no token drop out."""
+    if st.colbert is None:
+        return ()
+    ids = (tokenizer.convert_tokens_to_ids(word) for word in st.colbert.skiplist_words)
+    return tuple(sorted({int(i) for i in ids if i is not None}))
 
 
 def _prefix_token_id(tokenizer: Any, st: SentenceTransformersInfo) -> int | None:
@@ -124,13 +138,20 @@ def _pick_recipe(config: RunConfig) -> tuple[Recipe | None, str]:
     if config.recipe is not None:
         recipe = find_recipe(config.recipe) or _recipe_from_path(config.recipe)
         return recipe, config.model
-    recipe = find_recipe(config.model)
+    recipe = find_recipe(config.model) or _recipe_for_hub_id(config.model)
     if recipe is not None:
         return recipe, recipe.model
     if config.model.endswith((".yaml", ".yml")) and Path(config.model).is_file():
         recipe = load_recipe_file(Path(config.model))
         return recipe, recipe.model
     return None, config.model
+
+
+def _recipe_for_hub_id(model: str) -> Recipe | None:
+    """The bundled recipe of a hub id, so `--model BAAI/bge-m3` gets the bge-m3 settings."""
+    if is_local(model):
+        return None
+    return next((r for r in list_recipes() if r.model == model), None)
 
 
 def _recipe_from_path(name: str) -> Recipe:
@@ -201,6 +222,10 @@ def resolve_model(config: RunConfig) -> ModelSpec:
             f"{source} is not a ColBERT model in the PyLate layout (modules.json with a "
             "Dense module, document_prefix in config_sentence_transformers.json)"
         )
+    if family != "dense" and (config.pooling is not None or config.normalize is not None):
+        raise ModelError(
+            f"--pooling and --normalize apply to dense models; a {family} model has its own"
+        )
     pooling = config.pooling or (recipe.pooling if recipe else None) or st.pooling
     if family == "bge-m3":
         pooling = Pooling.CLS
@@ -209,10 +234,13 @@ def resolve_model(config: RunConfig) -> ModelSpec:
             f"no pooling is known for {source}: pass --pooling cls|mean|last-token or --recipe NAME"
         )
     normalize = config.normalize
-    colbert = st.colbert is not None or family == "colbert"
-    for candidate in (recipe.normalize if recipe else None, st.normalize or colbert, False):
+    for candidate in (recipe.normalize if recipe else None, st.normalize, False):
         if normalize is None:
             normalize = candidate
+    # BGE-M3 and ColBERT vectors are always normalized; SPLADE weights never are.
+    normalize = family in ("bge-m3", "colbert") or (family == "dense" and normalize)
+
+    outputs = _outputs(config, recipe, family)
 
     from transformers import AutoTokenizer
 
@@ -233,7 +261,7 @@ def resolve_model(config: RunConfig) -> ModelSpec:
         version=model_version(source, revision, config_file),
         recipe=recipe.name if recipe else None,
         family=family,
-        outputs=_outputs(config, recipe, family),
+        outputs=outputs,
         pooling=pooling if family != "splade" else None,
         normalize=bool(normalize),
         max_length=_max_length(config, recipe, st, _model_limit(tokenizer, model_config)),
@@ -242,13 +270,13 @@ def resolve_model(config: RunConfig) -> ModelSpec:
         pad_token_id=int(pad_token_id),
         special_token_ids=_special_token_ids(tokenizer),
         prefix_token_id=_prefix_token_id(tokenizer, st),
-        skip_token_ids=tuple(
-            sorted({int(tokenizer.convert_tokens_to_ids(w)) for w in st.colbert.skiplist_words})
-        )
-        if st.colbert
-        else (),
+        skip_token_ids=_skip_token_ids(tokenizer, st),
         projection=st.colbert.projection if st.colbert else None,
+        dense_dim=int(model_config["hidden_size"])
+        if "dense" in outputs and "hidden_size" in model_config
+        else None,
         dims=recipe.dims if recipe else (),
+        matryoshka_layer_norm=bool(recipe and recipe.matryoshka_layer_norm),
         sparse_top_k=config.sparse_top_k,
         max_batch_tokens=config.max_batch_tokens
         or (recipe.max_batch_tokens if recipe else None)

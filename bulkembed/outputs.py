@@ -17,11 +17,20 @@ Quantization of dense vectors:
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 
 from bulkembed.encoders.base import Embeddings
+from bulkembed.errors import BulkembedError
+
+if TYPE_CHECKING:
+    from bulkembed.config import RunConfig
+    from bulkembed.model_spec import ModelSpec
+
+# int8/uint8 ranges from fewer documents than this would be a guess.
+MIN_CALIBRATION_DOCUMENTS = 2
 
 
 @dataclass(frozen=True)
@@ -30,9 +39,38 @@ class OutputFormat:
 
     dim: int | None = None
     normalize: bool = False
+    layer_norm_before_dim: bool = False
     dtype_out: str = "float32"
     quantize: str | None = None
     ranges: np.ndarray | None = None
+
+    @classmethod
+    def for_run(cls, config: RunConfig, spec: ModelSpec) -> OutputFormat:
+        """`--dim`, `--dtype-out` and `--quantize`, checked against the model's outputs."""
+        dense_dim = spec.dense_dim
+        if (config.dim is not None or config.quantize is not None) and dense_dim is None:
+            raise BulkembedError(
+                "--dim and --quantize apply to dense vectors: this run writes "
+                f"{', '.join(spec.outputs)}"
+            )
+        if config.dtype_out.value != "float32" and not {"dense", "multivector"} & set(spec.outputs):
+            raise BulkembedError("--dtype-out applies to dense and multi-vector outputs")
+        if config.dim is not None:
+            assert dense_dim is not None
+            if spec.dims and config.dim not in spec.dims:
+                sizes = ", ".join(map(str, spec.dims))
+                raise BulkembedError(
+                    f"--dim {config.dim}: this model's vectors can be cut to {sizes}"
+                )
+            if config.dim > dense_dim:
+                raise BulkembedError(f"--dim {config.dim}: this model's vectors have {dense_dim}")
+        return cls(
+            dim=config.dim,
+            normalize=spec.normalize,
+            layer_norm_before_dim=spec.matryoshka_layer_norm,
+            dtype_out=config.dtype_out.value,
+            quantize=None if config.quantize is None else config.quantize.value,
+        )
 
     @property
     def needs_ranges(self) -> bool:
@@ -55,9 +93,13 @@ class OutputFormat:
         return pa.float16() if self.dtype_out == "float16" else pa.float32()
 
     def truncate(self, dense: np.ndarray) -> np.ndarray:
-        """`--dim` truncation, then L2 normalization again when the model normalizes."""
+        """`--dim` truncation, then L2 normalization again when the model normalizes. Models
+        trained that way (Nomic) get a layer norm without weights before the cut."""
         if self.dim is None:
             return dense
+        if self.layer_norm_before_dim:
+            centered = dense - dense.mean(axis=1, keepdims=True)
+            dense = centered / np.sqrt((centered**2).mean(axis=1, keepdims=True) + 1e-5)
         dense = dense[:, : self.dim]
         if self.normalize:
             norms = np.linalg.norm(dense, axis=1, keepdims=True)
@@ -66,9 +108,12 @@ class OutputFormat:
 
     def calibrated(self, dense: np.ndarray) -> OutputFormat:
         """This format with int8/uint8 ranges taken from a sample of (untruncated) vectors."""
+        if len(dense) < MIN_CALIBRATION_DOCUMENTS:
+            raise BulkembedError(
+                f"--quantize {self.quantize} calibrates on the first documents and needs at "
+                f"least {MIN_CALIBRATION_DOCUMENTS}; this run has {len(dense)}"
+            )
         sample = self.truncate(dense)
-        if len(sample) == 0:
-            return self
         return replace(self, ranges=np.vstack([sample.min(axis=0), sample.max(axis=0)]))
 
     def apply(self, embeddings: Embeddings) -> Embeddings:

@@ -14,7 +14,7 @@ import contextlib
 import signal
 import threading
 from collections.abc import Iterable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -24,7 +24,7 @@ from bulkembed import __version__
 from bulkembed.checkpoint import RunDirectory, UnitRecord
 from bulkembed.config import OnBadRecord, RunConfig, default_tokenize_workers
 from bulkembed.encoders import Encoder
-from bulkembed.errors import InputError, Interrupted, ModelError
+from bulkembed.errors import InputError, Interrupted, OutputError
 from bulkembed.outputs import OutputFormat
 from bulkembed.progress import Reporter, RunStats
 from bulkembed.schema import output_schema
@@ -40,7 +40,7 @@ from bulkembed.sources import (
     take,
 )
 from bulkembed.tokenize import TokenizerPool, TokenizerSettings
-from bulkembed.windows import WINDOW_BATCHES, embed_window, windows
+from bulkembed.windows import embed_window, window_tokens, windows
 from bulkembed.writer import PartWriter
 
 if TYPE_CHECKING:
@@ -189,6 +189,7 @@ class _Job:
     dtype: torch.dtype
     shards: list[Shard]
     reader: RecordReader
+    output_format: OutputFormat
     run: RunDirectory
     reporter: Reporter
     workers: int
@@ -220,28 +221,17 @@ class _Job:
             chunks = _fail_on_bad_records(chunks)
         return chunks
 
-    def _output_format(self, encoder: Encoder) -> OutputFormat:
-        """`--dim`, `--dtype-out` and `--quantize`, checked against the model."""
-        config, spec = self.config, self.spec
-        wants_dense = config.dim is not None or config.quantize is not None
-        if wants_dense and encoder.dense_dim is None:
-            raise ModelError("--dim and --quantize apply to dense vectors: add dense to --outputs")
-        if config.dim is not None:
-            assert encoder.dense_dim is not None
-            sizes = spec.dims or (encoder.dense_dim,)
-            if config.dim > encoder.dense_dim or (spec.dims and config.dim not in sizes):
-                raise ModelError(
-                    f"--dim {config.dim}: this model's vectors can be cut to "
-                    f"{', '.join(map(str, sizes))}"
-                )
+    def _output_format(self, done: dict[str, UnitRecord]) -> OutputFormat:
+        """The run's output format, with the int8/uint8 ranges of an earlier run if any."""
         ranges = self.run.read_quantization_ranges()
-        return OutputFormat(
-            dim=config.dim,
-            normalize=spec.normalize or spec.family == "bge-m3",
-            dtype_out=config.dtype_out.value,
-            quantize=None if config.quantize is None else config.quantize.value,
-            ranges=None if ranges is None else np.asarray(ranges, dtype=np.float32),
-        )
+        if self.output_format.quantize in ("int8", "uint8") and ranges is None and done:
+            raise OutputError(
+                f"{self.run.quantization_path} is missing but units are done with its ranges: "
+                "restore it, or use --overwrite"
+            )
+        if ranges is None:
+            return self.output_format
+        return replace(self.output_format, ranges=np.asarray(ranges, dtype=np.float32))
 
     def _calibrate(self, output_format: OutputFormat, dense: np.ndarray) -> OutputFormat:
         """int8/uint8 ranges from the first window, stored before any part is written."""
@@ -267,7 +257,7 @@ class _Job:
         )
         stats = RunStats()
         assert self.reader.id_type is not None
-        output_format = self._output_format(encoder)
+        output_format = self._output_format(done)
         schema = output_schema(
             self.reader.id_type,
             dense=None
@@ -288,7 +278,8 @@ class _Job:
         _start_counting(self.shards, self.config.limit, reporter)
         try:
             with TokenizerPool(settings, self.workers) as pool:
-                for window in windows(pool.map(self._chunks(done)), WINDOW_BATCHES * budget):
+                size = window_tokens(budget, encoder.multivector_dim)
+                for window in windows(pool.map(self._chunks(done)), size):
                     embedded, padded = embed_window(window, encoder, budget, stats, reporter)
                     if output_format.needs_ranges and embedded.dense is not None:
                         output_format = self._calibrate(output_format, embedded.dense)
@@ -360,6 +351,7 @@ def _prepare(config: RunConfig, reporter: Reporter) -> _Job:
         dtype=resolve_dtype(config.dtype, device),
         shards=shards,
         reader=reader,
+        output_format=OutputFormat.for_run(config, spec),
         run=RunDirectory(output),
         reporter=reporter,
         workers=default_tokenize_workers(device) if workers is None else workers,

@@ -6,6 +6,10 @@
 | `dense`       | fixed_size_list<float32, D>                                  |
 | `sparse`      | struct<indices: list<int32>, values: list<float32>>          |
 | `multivector` | list<fixed_size_list<float32, d>>                            |
+
+`--dtype-out float16` makes dense and multivector items float16; `--quantize` makes dense
+fixed_size_list<int8 or uint8, D>, or <int8 or uint8, ceil(D / 8)> for binary and ubinary
+(see `OutputFormat`).
 """
 
 from __future__ import annotations

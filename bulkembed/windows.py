@@ -14,6 +14,7 @@ import numpy as np
 from bulkembed.batching import Batch, input_order, pack_batches
 from bulkembed.encoders import Embeddings, Encoder, TokenBatch
 from bulkembed.progress import Reporter, RunStats
+from bulkembed.sources import Chunk
 from bulkembed.tokenize import TokenizedChunk
 
 # A window holds this many full batches' worth of tokens before it is sorted and packed:
@@ -22,15 +23,68 @@ from bulkembed.tokenize import TokenizedChunk
 WINDOW_BATCHES = 32
 
 
-def windows(chunks: Iterator[TokenizedChunk], window_tokens: int) -> Iterator[list[TokenizedChunk]]:
+# Multi-vector outputs keep one float32 vector per token until the window is written: the
+# window then holds at most this many bytes of them.
+MULTIVECTOR_WINDOW_BYTES = 512 * 1024 * 1024
+
+
+def window_tokens(max_batch_tokens: int, multivector_dim: int | None) -> int:
+    """Tokens per window: `WINDOW_BATCHES` budgets, fewer when every token keeps a vector.
+
+    >>> window_tokens(16384, None), window_tokens(16384, 1024)
+    (524288, 131072)
+    """
+    tokens = WINDOW_BATCHES * max_batch_tokens
+    if multivector_dim is not None:
+        tokens = min(tokens, MULTIVECTOR_WINDOW_BYTES // (4 * multivector_dim))
+    return max(tokens, max_batch_tokens)
+
+
+def split_chunk(tokenized: TokenizedChunk, max_tokens: int) -> list[TokenizedChunk]:
+    """Cut a chunk into pieces of at most `max_tokens` (one document at least), in order.
+    The first piece carries the bad records and truncation count, the last ends the unit."""
+    lengths = tokenized.lengths
+    if int(lengths.sum()) <= max_tokens:
+        return [tokenized]
+    ends = np.cumsum(lengths)
+    cuts = []
+    start = 0
+    while start < len(lengths):
+        before = int(ends[start - 1]) if start else 0
+        end = max(start + 1, int(np.searchsorted(ends, before + max_tokens, side="right")))
+        cuts.append((start, end))
+        start = end
+    chunk = tokenized.chunk
+    pieces = []
+    for number, (a, b) in enumerate(cuts):
+        first, last = number == 0, number == len(cuts) - 1
+        part = Chunk(
+            chunk.shard,
+            chunk.unit,
+            chunk.ids[a:b],
+            [],
+            chunk.last_in_unit and last,
+            chunk.bad if first else [],
+            chunk.positions[a:b],
+        )
+        token_start = int(ends[a - 1]) if a else 0
+        token_ids = tokenized.token_ids[token_start : int(ends[b - 1])]
+        truncated = tokenized.truncated if first else 0
+        pieces.append(TokenizedChunk(part, token_ids, lengths[a:b], truncated))
+    return pieces
+
+
+def windows(chunks: Iterator[TokenizedChunk], max_tokens: int) -> Iterator[list[TokenizedChunk]]:
+    """Consecutive chunks, gathered until they hold `max_tokens`; a larger chunk is cut."""
     window: list[TokenizedChunk] = []
     tokens = 0
     for chunk in chunks:
-        window.append(chunk)
-        tokens += int(chunk.lengths.sum())
-        if tokens >= window_tokens:
-            yield window
-            window, tokens = [], 0
+        for piece in split_chunk(chunk, max_tokens):
+            window.append(piece)
+            tokens += int(piece.lengths.sum())
+            if tokens >= max_tokens:
+                yield window
+                window, tokens = [], 0
     if window:
         yield window
 

@@ -73,3 +73,32 @@ def test_empty_window_gives_no_batch():
 def test_budget_must_be_positive():
     with pytest.raises(ValueError, match="positive"):
         pack_batches([1], 0)
+
+
+def test_a_chunk_larger_than_a_window_is_cut_and_keeps_its_unit_end():
+    import pyarrow as pa
+
+    from bulkembed.sources import BadRecord, Chunk
+    from bulkembed.tokenize import TokenizedChunk
+    from bulkembed.windows import windows
+
+    lengths = np.array([5, 5, 5, 5, 5, 5, 5], dtype=np.int32)
+    chunk = Chunk(
+        0, 3, pa.array(list("abcdefg")), [], True, [BadRecord("f", "bad")], list(range(7))
+    )
+    tokenized = TokenizedChunk(chunk, np.arange(35, dtype=np.int32), lengths, truncated=2)
+    pieces = [piece for window in windows(iter([tokenized]), 12) for piece in window]
+    assert [p.chunk.ids.to_pylist() for p in pieces] == [["a", "b"], ["c", "d"], ["e", "f"], ["g"]]
+    assert [p.chunk.last_in_unit for p in pieces] == [False, False, False, True]
+    assert [len(p.chunk.bad) for p in pieces] == [1, 0, 0, 0]
+    assert [p.truncated for p in pieces] == [2, 0, 0, 0]
+    assert np.concatenate([p.token_ids for p in pieces]).tolist() == list(range(35))
+    assert all(p.lengths.sum() <= 12 for p in pieces)
+
+
+def test_multivector_windows_are_bounded_by_bytes():
+    from bulkembed.windows import MULTIVECTOR_WINDOW_BYTES, window_tokens
+
+    assert window_tokens(16384, None) == 32 * 16384
+    assert window_tokens(16384, 1024) * 1024 * 4 == MULTIVECTOR_WINDOW_BYTES
+    assert window_tokens(16384, 128) == 32 * 16384

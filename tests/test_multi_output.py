@@ -151,3 +151,63 @@ def test_colbert_pylate_layout_keeps_every_token_but_punctuation(tmp_path, tiny_
         ours = np.array(row).reshape(-1, 16)
         assert ours.shape == expected.shape
         assert (ours * expected).sum(axis=1).min() >= 0.9999
+
+
+def test_heads_not_asked_for_are_not_loaded(tiny_bge_m3):
+    import torch
+
+    from bulkembed.config import RunConfig
+    from bulkembed.encoders import build_encoder
+    from bulkembed.model_spec import resolve_model
+
+    config = RunConfig(inputs=("x",), output="o", model=str(tiny_bge_m3), outputs=("dense",))
+    encoder = build_encoder(resolve_model(config), "cpu", torch.float32)
+    assert encoder.sparse_head is None and encoder.colbert_head is None
+    assert (encoder.dense_dim, encoder.multivector_dim) == (32, None)
+
+
+def test_bge_m3_sparse_top_k(tmp_path, tiny_bge_m3):
+    text = ["a longer text with many different words in it to weigh"]
+    full, _ = _embed(tmp_path / "a", tiny_bge_m3, text, "--outputs", "sparse")
+    top, _ = _embed(tmp_path / "b", tiny_bge_m3, text, "--outputs", "sparse", "--sparse-top-k", "3")
+    [row], [kept] = full.column("sparse").to_pylist(), top.column("sparse").to_pylist()
+    assert len(row["indices"]) > 3
+    best = sorted(np.argsort(row["values"])[-3:])
+    assert kept["indices"] == [row["indices"][i] for i in best]
+
+
+def test_sparse_output_from_a_model_without_a_masked_lm_head_is_refused(tmp_path, tiny_bert):
+    import json
+    import shutil
+
+    result = runner.invoke(
+        app,
+        ["run", str(write_jsonl(tmp_path / "c.jsonl", [{"text": "x"}])), "--model", str(tiny_bert),
+         "--output", str(tmp_path / "o"), "--outputs", "sparse", "--pooling", "mean"],
+    )  # fmt: skip
+    assert result.exit_code == 1
+    assert "--outputs sparse: a dense model produces only dense" in result.stderr
+    # A folder that claims a masked-LM head its weights do not have.
+    folder = tmp_path / "no-head"
+    shutil.copytree(tiny_bert, folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(
+        json.dumps({**config, "architectures": ["BertForMaskedLM"]})
+    )
+    result = runner.invoke(
+        app,
+        ["run", str(tmp_path / "c.jsonl"), "--model", str(folder), "--output", str(tmp_path / "o2"),
+         "--outputs", "sparse", "--tokenize-workers", "0"],
+    )  # fmt: skip
+    assert result.exit_code == 1
+    assert "lacks a masked-LM head" in result.stderr
+
+
+def test_dense_only_options_are_refused_for_other_families(tmp_path, tiny_bge_m3):
+    corpus = write_jsonl(tmp_path / "c.jsonl", [{"text": "x"}])
+    base = ["run", str(corpus), "--model", str(tiny_bge_m3), "--output", str(tmp_path / "o")]
+    result = runner.invoke(app, [*base, "--pooling", "mean"])
+    assert result.exit_code == 1
+    assert "--pooling and --normalize apply to dense models" in result.stderr
+    result = runner.invoke(app, [*base, "--outputs", "sparse", "--dim", "16"])
+    assert result.exit_code == 1 and "--dim and --quantize apply to dense vectors" in result.stderr

@@ -94,6 +94,36 @@ class Embeddings:
         return Embeddings(dense, pick(self.sparse), pick(self.multivector))
 
 
+# Weights a checkpoint may lack without harm: the pooler, which no encoder uses.
+_UNUSED_WEIGHTS = ("pooler.",)
+
+
+def load_model(spec: ModelSpec, dtype: torch.dtype, masked_lm: bool = False) -> Any:
+    """The transformer of `spec` in eval mode, quietly; an error if weights it needs are
+    missing from the checkpoint (they would otherwise be random)."""
+    from transformers import AutoModel, AutoModelForMaskedLM
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()
+    transformers_logging.set_verbosity_error()
+    kind = AutoModelForMaskedLM if masked_lm else AutoModel
+    try:
+        model, info = kind.from_pretrained(
+            spec.source, revision=spec.revision, dtype=dtype, output_loading_info=True
+        )
+    except (OSError, ValueError) as e:
+        raise ModelError(f"cannot load the model {spec.source}: {e}") from e
+    missing = [k for k in info.get("missing_keys", ()) if not k.startswith(_UNUSED_WEIGHTS)]
+    if missing:
+        shown = ", ".join(sorted(missing)[:3])
+        what = "a masked-LM head" if masked_lm else "these weights"
+        raise ModelError(
+            f"{spec.source} lacks {what} ({len(missing)} missing, e.g. {shown}): "
+            "is it the right kind of model for these outputs?"
+        )
+    return model.eval()
+
+
 class Encoder(ABC):
     """Embeds token batches on one device."""
 

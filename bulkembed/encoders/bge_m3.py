@@ -19,7 +19,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from bulkembed.encoders.base import Embeddings, Encoder, TokenBatch
+from bulkembed.encoders.base import Embeddings, Encoder, TokenBatch, load_model
 from bulkembed.encoders.sparse import max_weight_per_token
 from bulkembed.errors import ModelError
 
@@ -49,16 +49,8 @@ class BGEM3Encoder(Encoder):
 
     def __init__(self, spec: ModelSpec, device: str, dtype: torch.dtype) -> None:
         super().__init__(spec, device, dtype)
-        from transformers import AutoModel
-        from transformers.utils import logging as transformers_logging
-
-        transformers_logging.disable_progress_bar()
-        transformers_logging.set_verbosity_error()
-        try:
-            model = AutoModel.from_pretrained(spec.source, revision=spec.revision, dtype=dtype)
-        except (OSError, ValueError) as e:
-            raise ModelError(f"cannot load the model {spec.source}: {e}") from e
-        self.model = model.to(device).eval()
+        model = load_model(spec, dtype)
+        self.model = model.to(device)
         hidden = int(model.config.hidden_size)
         self.sparse_head = None
         self.colbert_head = None
@@ -87,7 +79,9 @@ class BGEM3Encoder(Encoder):
             weights = torch.relu(self.sparse_head(hidden)).squeeze(-1).float().cpu().numpy()
             ids = input_ids.cpu().numpy()
             sparse = [
-                max_weight_per_token(weights[i, :n], ids[i, :n], self.excluded)
+                max_weight_per_token(
+                    weights[i, :n], ids[i, :n], self.excluded, self.spec.sparse_top_k
+                )
                 for i, n in enumerate(batch.lengths)
             ]
         if self.colbert_head is not None:

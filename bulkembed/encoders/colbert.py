@@ -14,7 +14,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from bulkembed.encoders.base import Embeddings, Encoder, TokenBatch
+from bulkembed.encoders.base import Embeddings, Encoder, TokenBatch, load_model
 from bulkembed.errors import ModelError
 from bulkembed.model_files import model_file, read_json
 
@@ -55,16 +55,8 @@ class ColbertEncoder(Encoder):
 
     def __init__(self, spec: ModelSpec, device: str, dtype: torch.dtype) -> None:
         super().__init__(spec, device, dtype)
-        from transformers import AutoModel
-        from transformers.utils import logging as transformers_logging
-
-        transformers_logging.disable_progress_bar()
-        transformers_logging.set_verbosity_error()
-        try:
-            model = AutoModel.from_pretrained(spec.source, revision=spec.revision, dtype=dtype)
-        except (OSError, ValueError) as e:
-            raise ModelError(f"cannot load the model {spec.source}: {e}") from e
-        self.model = model.to(device).eval()
+        model = load_model(spec, dtype)
+        self.model = model.to(device)
         self.projection = _load_projection(spec, dtype).to(device)
         self.skipped = np.array(spec.skip_token_ids, dtype=np.int64)
 

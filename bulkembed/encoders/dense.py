@@ -7,9 +7,8 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
-from bulkembed.encoders.base import Embeddings, Encoder, TokenBatch
+from bulkembed.encoders.base import Embeddings, Encoder, TokenBatch, load_model
 from bulkembed.encoders.pooling import pool
-from bulkembed.errors import ModelError
 
 if TYPE_CHECKING:
     from bulkembed.model_spec import ModelSpec
@@ -20,16 +19,8 @@ class DenseEncoder(Encoder):
 
     def __init__(self, spec: ModelSpec, device: str, dtype: torch.dtype) -> None:
         super().__init__(spec, device, dtype)
-        from transformers import AutoModel
-        from transformers.utils import logging as transformers_logging
-
-        transformers_logging.disable_progress_bar()
-        transformers_logging.set_verbosity_error()
-        try:
-            model = AutoModel.from_pretrained(spec.source, revision=spec.revision, dtype=dtype)
-        except (OSError, ValueError) as e:
-            raise ModelError(f"cannot load the model {spec.source}: {e}") from e
-        self.model = model.to(device).eval()
+        model = load_model(spec, dtype)
+        self.model = model.to(device)
 
     @property
     def dense_dim(self) -> int:

@@ -13,9 +13,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from bulkembed.encoders.base import Embeddings, Encoder, TokenBatch
+from bulkembed.encoders.base import Embeddings, Encoder, TokenBatch, load_model
 from bulkembed.encoders.sparse import nonzero_rows, splade_pool
-from bulkembed.errors import ModelError
 
 if TYPE_CHECKING:
     from bulkembed.model_spec import ModelSpec
@@ -28,18 +27,8 @@ class SpladeEncoder(Encoder):
 
     def __init__(self, spec: ModelSpec, device: str, dtype: torch.dtype) -> None:
         super().__init__(spec, device, dtype)
-        from transformers import AutoModelForMaskedLM
-        from transformers.utils import logging as transformers_logging
-
-        transformers_logging.disable_progress_bar()
-        transformers_logging.set_verbosity_error()
-        try:
-            model = AutoModelForMaskedLM.from_pretrained(
-                spec.source, revision=spec.revision, dtype=dtype
-            )
-        except (OSError, ValueError) as e:
-            raise ModelError(f"cannot load the masked-LM model {spec.source}: {e}") from e
-        self.model = model.to(device).eval()
+        model = load_model(spec, dtype, masked_lm=True)
+        self.model = model.to(device)
         self.vocabulary = int(model.config.vocab_size)
 
     @torch.inference_mode()
