@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import os
 import sys
 from typing import TYPE_CHECKING
 
@@ -58,15 +59,20 @@ _M_MMAP_THRESHOLD = -3  # glibc mallopt parameter
 _MMAP_THRESHOLD_BYTES = 128 * 1024
 
 
-def return_freed_buffers_to_the_os() -> None:
-    """Keep resident memory flat across batches on Linux.
+def keep_memory_flat() -> None:
+    """Keep resident memory flat across batches on Linux CPUs. Call before the model runs.
 
-    Every batch allocates and frees activation buffers of many megabytes. glibc raises its
-    mmap threshold each time such a buffer is freed, after which buffers come from the heap
-    and their pages stay resident: memory creeps up with the number of batches. A fixed
-    threshold (which also turns the adaptation off) maps each large buffer and unmaps it on
-    free; on the benchmark corpus this lowered peak memory by about a third.
+    Two things made memory creep up with the number of batches on the benchmark corpus:
+
+    - oneDNN caches a compiled primitive, with its buffers, for every input shape it meets,
+      up to 1024 of them; token-budget batches come in many shapes, so the cache only grows.
+      It is turned off (`ONEDNN_PRIMITIVE_CACHE_CAPACITY=0`, unless set already): building a
+      primitive takes microseconds next to a batch of thousands of tokens;
+    - glibc raises its mmap threshold each time a large buffer is freed, after which such
+      buffers come from the heap and their pages stay resident. A fixed threshold (which
+      turns the adaptation off) maps each large buffer and unmaps it on free.
     """
+    os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "0")
     if not sys.platform.startswith("linux"):
         return
     name = ctypes.util.find_library("c")

@@ -242,9 +242,11 @@ class _Job:
 
     def embed_pending(self, done: dict[str, UnitRecord]) -> RunStats:
         """Embed every unit not in `done`; mark the run complete when all are."""
+        from bulkembed.devices import keep_memory_flat
         from bulkembed.encoders import build_encoder
 
         spec, reporter = self.spec, self.reporter
+        keep_memory_flat()
         encoder = build_encoder(spec, self.device, self.dtype)
         budget = spec.max_batch_tokens
         reporter.info(

@@ -51,3 +51,18 @@ def test_cuda_half_precision_matches_cpu_float32(tiny_st, dtype):
     gpu = build_encoder(spec, "cuda:0", dtype).embed(batch).dense
     assert gpu.dtype == np.float32
     assert (cpu * gpu).sum(axis=1).min() >= 0.999
+
+
+def test_a_run_turns_off_the_onednn_primitive_cache(tmp_path, tiny_st, monkeypatch):
+    import os
+
+    from conftest import write_jsonl
+    from typer.testing import CliRunner
+
+    from bulkembed.cli import app
+
+    monkeypatch.delenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", raising=False)
+    corpus = write_jsonl(tmp_path / "c.jsonl", [{"text": "memory stays flat"}])
+    args = ["run", str(corpus), "--model", str(tiny_st("mean")), "--output", str(tmp_path / "o")]
+    assert CliRunner().invoke(app, [*args, "--quiet", "--tokenize-workers", "0"]).exit_code == 0
+    assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "0"
