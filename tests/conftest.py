@@ -265,3 +265,19 @@ def tiny_colbert(tiny_bert: Path, tmp_path_factory: pytest.TempPathFactory) -> P
     }
     (folder / "config_sentence_transformers.json").write_text(json.dumps(settings))
     return folder
+
+
+def fill_the_disk_at_commit(monkeypatch: pytest.MonkeyPatch, n: int) -> None:
+    """Make the nth Parquet part commit fail as a full disk does (ENOSPC when closing)."""
+    import errno
+
+    close = pq.ParquetWriter.close
+    calls = {"n": 0}
+
+    def close_until_the_disk_fills(self: pq.ParquetWriter) -> None:
+        calls["n"] += 1
+        if calls["n"] == n:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        close(self)
+
+    monkeypatch.setattr(pq.ParquetWriter, "close", close_until_the_disk_fills)

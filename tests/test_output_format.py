@@ -1,13 +1,12 @@
 """--dim, --dtype-out and --quantize: checked against float32 output quantized here."""
 
-import errno
 import json
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import sample_texts, write_jsonl, write_parquet
+from conftest import fill_the_disk_at_commit, sample_texts, write_jsonl, write_parquet
 from typer.testing import CliRunner
 
 from bulkembed.cli import app
@@ -104,19 +103,10 @@ def test_integer_quantization_uses_one_range_for_every_part_and_every_resume(
 ):
     corpus, reference = float32_reference
     out = tmp_path / mode
-    close = pq.ParquetWriter.close
-    calls = {"n": 0}
-
-    def fail_on_the_fourth_commit(self):
-        calls["n"] += 1
-        if calls["n"] == 4:
-            raise OSError(errno.ENOSPC, "No space left on device")
-        close(self)
-
-    monkeypatch.setattr(pq.ParquetWriter, "close", fail_on_the_fourth_commit)
-    assert _run(corpus, tiny_st("mean"), out, "--quantize", mode).exit_code == 1
+    with monkeypatch.context() as patched:
+        fill_the_disk_at_commit(patched, 4)
+        assert _run(corpus, tiny_st("mean"), out, "--quantize", mode).exit_code == 1
     ranges_before = json.loads((out / "_bulkembed" / "quantization.json").read_text())["ranges"]
-    monkeypatch.setattr(pq.ParquetWriter, "close", close)
     assert _run(corpus, tiny_st("mean"), out, "--quantize", mode).exit_code == 0
     stored = json.loads((out / "_bulkembed" / "quantization.json").read_text())
     assert stored == {"precision": mode, "ranges": ranges_before}

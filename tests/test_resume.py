@@ -1,13 +1,12 @@
 """Resume, the ledger, the lock, settings checks and full-disk failures."""
 
-import errno
 import json
 import multiprocessing
 import socket
 
 import numpy as np
 import pytest
-from conftest import read_output, sample_texts, write_jsonl, write_parquet
+from conftest import fill_the_disk_at_commit, read_output, sample_texts, write_jsonl, write_parquet
 from typer.testing import CliRunner
 
 from bulkembed.checkpoint import RunDirectory
@@ -98,15 +97,21 @@ def _hold_lock(output, ready, release):
     release.wait(30)
 
 
-def test_a_second_run_is_refused_while_the_first_holds_the_lock(tmp_path, tiny_st):
-    corpus, _ = _corpus(tmp_path, 20)
-    out = tmp_path / "out"
+def _start_lock_holder(out):
+    """A process that takes the output's lock and keeps it until `release` is set."""
     context = multiprocessing.get_context("spawn")
     ready, release = context.Event(), context.Event()
     holder = context.Process(target=_hold_lock, args=(out, ready, release))
     holder.start()
+    assert ready.wait(30)
+    return holder, release
+
+
+def test_a_second_run_is_refused_while_the_first_holds_the_lock(tmp_path, tiny_st):
+    corpus, _ = _corpus(tmp_path, 20)
+    out = tmp_path / "out"
+    holder, release = _start_lock_holder(out)
     try:
-        assert ready.wait(30)
         result = _run(corpus, tiny_st("mean"), out)
         assert result.exit_code == 1
         assert f"is in use by a running bulkembed (pid {holder.pid} on " in result.stderr
@@ -121,11 +126,7 @@ def test_a_second_run_is_refused_while_the_first_holds_the_lock(tmp_path, tiny_s
 def test_the_lock_of_a_killed_run_is_taken_over(tmp_path, tiny_st):
     corpus, _ = _corpus(tmp_path, 20)
     out = tmp_path / "out"
-    context = multiprocessing.get_context("spawn")
-    ready, release = context.Event(), context.Event()
-    holder = context.Process(target=_hold_lock, args=(out, ready, release))
-    holder.start()
-    assert ready.wait(30)
+    holder, _ = _start_lock_holder(out)
     assert RunDirectory(out).lock_holder() == f"pid {holder.pid} on {socket.gethostname()}"
     holder.kill()
     holder.join()
@@ -157,25 +158,16 @@ def test_a_part_without_its_marker_is_redone_and_a_marker_without_its_part_is_an
 
 
 def test_full_disk_fails_cleanly_and_the_rerun_completes(tmp_path, tiny_st, monkeypatch):
-    import pyarrow.parquet as pq
 
     corpus, records = _corpus(tmp_path, 120)
     model = tiny_st("mean")
     assert _run(corpus, model, tmp_path / "reference").exit_code == 0
     reference = read_output(tmp_path / "reference")
 
-    close = pq.ParquetWriter.close
-    calls = {"n": 0}
-
-    def close_until_the_disk_fills(self):
-        calls["n"] += 1
-        if calls["n"] == 4:
-            raise OSError(errno.ENOSPC, "No space left on device")
-        close(self)
-
     out = tmp_path / "out"
-    monkeypatch.setattr(pq.ParquetWriter, "close", close_until_the_disk_fills)
-    result = _run(corpus, model, out)
+    with monkeypatch.context() as patched:
+        fill_the_disk_at_commit(patched, 4)
+        result = _run(corpus, model, out)
     assert result.exit_code == 1
     [line] = result.stderr.splitlines()
     assert line.startswith("error: cannot commit ") and "No space left on device" in line
@@ -183,7 +175,6 @@ def test_full_disk_fails_cleanly_and_the_rerun_completes(tmp_path, tiny_st, monk
     assert committed == [f"part-00000-{u:06d}.parquet" for u in range(3)]
     assert not list(out.glob(".*.tmp")) and RunDirectory(out).lock_holder() is None
 
-    monkeypatch.setattr(pq.ParquetWriter, "close", close)
     assert _run(corpus, model, out).exit_code == 0
     resumed = read_output(out)
     assert resumed.keys() == reference.keys() == {r["id"] for r in records}
