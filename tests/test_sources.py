@@ -231,3 +231,13 @@ def test_unit_names_cover_every_unit(tmp_path):
         "part-00001-000002",
         "part-00002-000000",
     ]
+
+
+def test_seen_ids_survive_the_merge_into_the_sorted_array(monkeypatch):
+    from bulkembed.sources import SeenIds
+
+    monkeypatch.setattr("bulkembed.sources.filters._RECENT_LIMIT", 8)
+    seen = SeenIds()
+    assert all(seen.add(f"id-{i}") for i in range(50))
+    assert not any(seen.add(f"id-{i}") for i in range(50))
+    assert seen.add(7) and not seen.add("7")

@@ -29,9 +29,6 @@ class SeenIds:
         self._sorted = np.empty(0, dtype=np.uint64)
         self._recent: set[int] = set()
 
-    def __len__(self) -> int:
-        return len(self._sorted) + len(self._recent)
-
     def _known(self, value: int) -> bool:
         if value in self._recent:
             return True
