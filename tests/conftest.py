@@ -281,3 +281,22 @@ def fill_the_disk_at_commit(monkeypatch: pytest.MonkeyPatch, n: int) -> None:
         close(self)
 
     monkeypatch.setattr(pq.ParquetWriter, "close", close_until_the_disk_fills)
+
+
+def embed_texts(tmp_path: Path, model: Path, texts: list[str], *extra: str):
+    """Run `bulkembed run` on `texts` (ids "0", "1", ...) and return the output table in
+    text order, and the output directory."""
+    import numpy as np
+    from typer.testing import CliRunner
+
+    from bulkembed.cli import app
+
+    records = [{"id": str(i), "text": t} for i, t in enumerate(texts)]
+    corpus = write_jsonl(tmp_path / "c.jsonl", records)
+    out = tmp_path / "out"
+    args = ["run", str(corpus), "--model", str(model), "--output", str(out), "--quiet"]
+    result = CliRunner().invoke(app, [*args, "--tokenize-workers", "0", *extra])
+    assert result.exit_code == 0, result.output
+    table = pq.read_table(out)
+    order = np.argsort([int(i) for i in table.column("id").to_pylist()])
+    return table.take(order), out

@@ -4,9 +4,8 @@ import json
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
-from conftest import mixed_texts, write_jsonl
+from conftest import embed_texts, mixed_texts, write_jsonl
 from typer.testing import CliRunner
 
 from bulkembed.cli import app
@@ -15,18 +14,7 @@ runner = CliRunner()
 
 
 def _embed(tmp_path, model, texts, *extra):
-    corpus = write_jsonl(
-        tmp_path / "c.jsonl", [{"id": str(i), "text": t} for i, t in enumerate(texts)]
-    )
-    out = tmp_path / "out"
-    args = ["run", str(corpus), "--model", str(model), "--output", str(out), "--quiet"]
-    result = runner.invoke(
-        app, [*args, "--tokenize-workers", "0", "--max-batch-tokens", "512", *extra]
-    )
-    assert result.exit_code == 0, result.output
-    table = pq.read_table(out)
-    order = np.argsort([int(i) for i in table.column("id").to_pylist()])
-    return table.take(order), out
+    return embed_texts(tmp_path, model, texts, "--max-batch-tokens", "512", *extra)
 
 
 @pytest.mark.slow

@@ -3,15 +3,11 @@
 import shutil
 
 import numpy as np
-import pyarrow.parquet as pq
 import pytest
-from conftest import sample_texts, write_jsonl
-from typer.testing import CliRunner
+from conftest import embed_texts, sample_texts
 
-from bulkembed.cli import app
 from bulkembed.config import list_recipes
 
-runner = CliRunner()
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
 # Tiny sizes for each architecture; token ids follow the tiny WordPiece tokenizer
@@ -64,19 +60,8 @@ def _tiny_model(recipe, folder, tiny_bert, tiny_bge_m3, tiny_colbert):
 def test_every_recipe_runs_through_the_cli(tmp_path, tiny_bert, tiny_bge_m3, tiny_colbert, recipe):
     model = _tiny_model(recipe, tmp_path / "model", tiny_bert, tiny_bge_m3, tiny_colbert)
     texts = sample_texts(12) + ["", "short"]
-    corpus = write_jsonl(
-        tmp_path / "c.jsonl", [{"id": str(i), "text": t} for i, t in enumerate(texts)]
-    )
-    out = tmp_path / "out"
-    result = runner.invoke(
-        app,
-        [
-            "run", str(corpus), "--model", str(model), "--recipe", recipe.name,
-            "--output", str(out), "--max-length", "32", "--tokenize-workers", "0", "--quiet",
-        ],
-    )  # fmt: skip
-    assert result.exit_code == 0, result.output
-    table = pq.read_table(out)
+    args = ["--recipe", recipe.name, "--max-length", "32"]
+    table, _ = embed_texts(tmp_path, model, texts, *args)
     assert table.schema.names == ["id", *recipe.outputs]
     assert sorted(table.column("id").to_pylist(), key=int) == [str(i) for i in range(len(texts))]
     if "dense" in recipe.outputs:
@@ -115,29 +100,8 @@ def test_decoder_model_with_last_token_pooling_matches_left_padded_sentence_tran
     ).save(str(folder))
 
     texts = sample_texts(24) + ["a", "two words"]
-    corpus = write_jsonl(
-        tmp_path / "c.jsonl", [{"id": str(i), "text": t} for i, t in enumerate(texts)]
-    )
-    out = tmp_path / "out"
-    result = runner.invoke(
-        app,
-        [
-            "run",
-            str(corpus),
-            "--model",
-            str(folder),
-            "--output",
-            str(out),
-            "--tokenize-workers",
-            "0",
-            "--quiet",
-        ],
-    )
-    assert result.exit_code == 0, result.output
-    table = pq.read_table(out)
-    ours = np.array(table.column("dense").to_pylist())[
-        np.argsort([int(i) for i in table.column("id").to_pylist()])
-    ]
+    table, _ = embed_texts(tmp_path, folder, texts)
+    ours = np.array(table.column("dense").to_pylist())
     loaded = SentenceTransformer(str(folder), device="cpu")
     assert loaded[0].tokenizer.padding_side == "left"
     reference = loaded.encode(texts, batch_size=8)
