@@ -1,11 +1,11 @@
 """The run directory `OUT/_bulkembed/`: configuration, ledger, lock, quarantine, summary.
 
-Resume rests on one ordering: a unit's Parquet part is committed (written under a temporary
-name, then renamed) before its done-marker `done/<part>.json` is written, also atomically.
-So on any restart:
+Resume rests on one ordering: a unit's part is committed by the sink (for Parquet: written
+under a temporary name, then renamed) before its done-marker `done/<part>.json` is written,
+also atomically. So on any restart, in the sink's `reconcile`:
 
 - a marker names a unit whose rows are all in its part: the unit is skipped;
-- a part without a marker was cut short between the two writes: it is deleted and redone;
+- rows without a marker were cut short between the two writes: they are dropped and redone;
 - a marker whose part is missing means files were removed by hand: an error naming the file.
 
 Bad records carry the unit they came from; on restart only those of done units are kept,
@@ -17,19 +17,20 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-import re
 import shutil
 import socket
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from bulkembed.errors import BulkembedError, OutputError
 from bulkembed.sources import BadRecord
 
+if TYPE_CHECKING:
+    from bulkembed.sinks import Sink
+
 RUN_DIRECTORY = "_bulkembed"
-_PART = re.compile(r"part-\d{5,}-\d{6,}")
 LOCK_ATTEMPTS = 10
 LOCK_RETRY_SECONDS = 0.1
 CONFIG_FILE = "config.json"
@@ -54,6 +55,8 @@ _SETTING_NAMES = {
     "id_column": "--id-column",
     "limit": "--limit",
     "inputs": "the inputs",
+    "keep_columns": "--keep-columns",
+    "since": "--since",
 }
 
 
@@ -63,7 +66,11 @@ class LockedError(BulkembedError):
 
 @dataclass(frozen=True, slots=True)
 class UnitRecord:
-    """What a committed unit of work holds; the content of its done-marker."""
+    """What a committed unit of work holds; the content of its done-marker.
+
+    `carried` rows were copied from a previous output (`--since`), `changed` of them or of
+    the others had another text there; `version` is where the sink found the unit (a
+    LanceDB table version)."""
 
     part: str
     rows: int
@@ -71,6 +78,9 @@ class UnitRecord:
     truncated: int
     tokens: int
     padded_tokens: int
+    carried: int = 0
+    changed: int = 0
+    version: int | None = field(default=None)
 
 
 def _write_json_atomically(path: Path, data: dict[str, Any]) -> None:
@@ -107,11 +117,14 @@ def describe_changes(before: dict[str, Any], now: dict[str, Any]) -> list[str]:
 
 
 class RunDirectory:
-    """An output directory: Parquet parts at the top, bookkeeping in `_bulkembed/`."""
+    """The bookkeeping of a run: by default in `OUT/_bulkembed/`, next to the Parquet parts.
 
-    def __init__(self, output: Path) -> None:
+    `label` names the output in messages (default: `output`)."""
+
+    def __init__(self, output: Path, meta: Path | None = None, label: str | None = None) -> None:
         self.output = output
-        self.meta = output / RUN_DIRECTORY
+        self.label = label or str(output)
+        self.meta = meta or output / RUN_DIRECTORY
         self.done_dir = self.meta / "done"
         self.config_path = self.meta / CONFIG_FILE
         self.summary_path = self.meta / "summary.json"
@@ -122,40 +135,34 @@ class RunDirectory:
 
     # Opening, locking, starting over.
 
-    def _our_parts(self) -> list[Path]:
-        return [p for p in self.output.glob("part-*.parquet") if _PART.fullmatch(p.stem)]
-
-    def _foreign_parquet(self) -> list[Path]:
-        ours = set(self._our_parts())
-        return [p for p in self.output.glob("*.parquet") if p not in ours]
-
-    def open(self, fingerprint: dict[str, Any], overwrite: bool) -> dict[str, UnitRecord]:
-        """Lock the directory and make it ready to run `fingerprint`; return the done units.
+    def open(
+        self, fingerprint: dict[str, Any], overwrite: bool, sink: Sink
+    ) -> dict[str, UnitRecord]:
+        """Lock the directory and make it and `sink` ready to run `fingerprint`; return the
+        done units.
 
         A directory holding a run with another fingerprint is refused unless `overwrite`,
-        which empties it instead.
+        which empties it and the sink instead.
         """
-        if self.output.exists() and not self.output.is_dir():
-            raise OutputError(f"--output {self.output} is a file; pass a directory")
-        if self.output.is_dir() and not self.config_path.exists() and self._foreign_parquet():
-            raise OutputError(
-                f"{self.output} holds Parquet files that bulkembed did not write "
-                f"({self._foreign_parquet()[0].name}): choose another --output"
-            )
+        if not self.config_path.exists():
+            foreign = sink.foreign_data()
+            if foreign:
+                raise OutputError(f"{self.label} holds {foreign}: choose another --output")
         try:
             self.meta.mkdir(parents=True, exist_ok=True)
             self.acquire_lock()
         except OSError as e:
             raise OutputError(
-                f"cannot write to {self.output}: {e.strerror or e}; choose another --output"
+                f"cannot write to {self.label}: {e.strerror or e}; choose another --output"
             ) from e
         try:
             if overwrite:
+                sink.remove()
                 self._remove_previous()
             elif self.config_path.exists():
                 self._check_fingerprint(fingerprint)
             self.done_dir.mkdir(exist_ok=True)
-            return self.reconcile()
+            return self.reconcile(sink)
         except BaseException:
             self.release_lock()
             raise
@@ -165,7 +172,7 @@ class RunDirectory:
         changes = describe_changes(before, fingerprint)
         if changes:
             raise OutputError(
-                f"{self.output} holds a run with other settings ({'; '.join(changes)}): "
+                f"{self.label} holds a run with other settings ({'; '.join(changes)}): "
                 "pass --overwrite to start over, or choose another --output"
             )
 
@@ -189,7 +196,7 @@ class RunDirectory:
                 holder = lock.read().strip() or "another process"
                 lock.close()
                 raise LockedError(
-                    f"{self.output} is in use by a running bulkembed ({holder}); "
+                    f"{self.label} is in use by a running bulkembed ({holder}); "
                     "wait for it to finish or stop it, or choose another --output"
                 ) from None
         lock.seek(0)
@@ -217,12 +224,10 @@ class RunDirectory:
         return None
 
     def _remove_previous(self) -> None:
-        """Delete what bulkembed wrote here, and nothing else. The ledger goes first and the
-        configuration last, so an interrupted removal leaves a state the next run checks and
-        reconciles like any other."""
+        """Delete the bookkeeping (the sink has removed the rows). The ledger goes first and
+        the configuration last, so an interrupted removal leaves a state the next run checks
+        and reconciles like any other."""
         shutil.rmtree(self.done_dir, ignore_errors=True)
-        for path in [*self._our_parts(), *self.output.glob(".part-*.parquet.tmp")]:
-            path.unlink()
         for path in self.meta.iterdir():
             if path in (self.lock_path, self.config_path):
                 continue
@@ -233,9 +238,6 @@ class RunDirectory:
         self.config_path.unlink(missing_ok=True)
 
     # The ledger.
-
-    def part_path(self, part: str) -> Path:
-        return self.output / f"{part}.parquet"
 
     def _marker(self, part: str) -> Path:
         return self.done_dir / f"{part}.json"
@@ -250,24 +252,12 @@ class RunDirectory:
             done[record.part] = record
         return done
 
-    def reconcile(self) -> dict[str, UnitRecord]:
-        """Drop what a crash left half-done; check every marker has its part."""
-        for path in [
-            *self.output.glob(".part-*.parquet.tmp"),
-            *self.done_dir.glob(".*.tmp"),
-            *self.meta.glob(".*.tmp"),
-        ]:
+    def reconcile(self, sink: Sink) -> dict[str, UnitRecord]:
+        """Drop what a crash left half-done, here and in the sink; return the done units."""
+        for path in [*self.done_dir.glob(".*.tmp"), *self.meta.glob(".*.tmp")]:
             path.unlink()
         done = self.done_units()
-        for record in done.values():
-            if record.rows and not self.part_path(record.part).exists():
-                raise OutputError(
-                    f"{self.part_path(record.part)} is missing but its unit is marked done in "
-                    f"{self._marker(record.part)}: restore the file, or use --overwrite"
-                )
-        for path in self._our_parts():
-            if path.stem not in done:
-                path.unlink()
+        sink.reconcile(done)
         self._keep_bad_records_of(done)
         return done
 
@@ -340,14 +330,13 @@ class RunDirectory:
         _write_json_atomically(self.quantization_path, {"precision": precision, "ranges": ranges})
 
 
-def run_status(output: Path) -> dict[str, Any]:
+def run_status(run: RunDirectory) -> dict[str, Any]:
     """Where a run directory stands: units done and pending, documents, bad records, lock."""
     from bulkembed.sources import Shard, unit_names
     from bulkembed.sources.files import format_of
 
-    run = RunDirectory(output)
     if not run.config_path.exists():
-        raise OutputError(f"{output} holds no bulkembed run ({run.config_path} is missing)")
+        raise OutputError(f"{run.label} holds no bulkembed run ({run.config_path} is missing)")
     config = run.read_config()
     done = run.done_units()
     inputs = config.get("input_paths", [])
@@ -365,7 +354,7 @@ def run_status(output: Path) -> dict[str, Any]:
         state = f"running ({holder})" if holder else "stopped: run the same command to resume"
     settings = ("model", "recipe", "pooling", "normalize", "max_length", "dtype", "device")
     return {
-        "output": str(output),
+        "output": run.label,
         "state": state,
         "units_done": len(done),
         "units_pending": pending,

@@ -21,8 +21,11 @@ from bulkembed.config import (
     find_recipe,
     list_recipes,
 )
-from bulkembed.errors import BulkembedError, Interrupted
+from bulkembed.errors import BulkembedError, Interrupted, PipeClosed
 from bulkembed.progress import print_error
+
+# As for a process that SIGPIPE ended (128 + 13), without the abrupt death.
+PIPE_CLOSED_EXIT = 141
 
 app = typer.Typer(
     help="Turn a text corpus into embeddings, in bulk.",
@@ -37,7 +40,9 @@ Inputs = Annotated[
     list[str],
     typer.Argument(
         help="Files, directories (searched recursively) or globs: .parquet, .jsonl, "
-        ".jsonl.gz, .json (JSON lines).",
+        ".jsonl.gz, .json (JSON lines), .arrow (folders made by datasets' save_to_disk); "
+        "or hf://NAME, hf://NAME/CONFIG, hf://NAME/CONFIG:SPLIT: a Hugging Face dataset, "
+        "streamed.",
         metavar="INPUT...",
         show_default=False,
     ),
@@ -49,7 +54,15 @@ Model = Annotated[
     ),
 ]
 Output = Annotated[
-    str, typer.Option("--output", "-o", help="Output directory for the Parquet parts.")
+    str,
+    typer.Option(
+        "--output",
+        "-o",
+        help="A directory (Parquet parts), lancedb://PATH or lancedb://PATH?table=NAME (a "
+        "LanceDB table; "
+        "needs bulkembed[lance]), or - (records on stdout, logs on stderr; a stream is "
+        "not resumable: an interrupted run starts over).",
+    ),
 ]
 Recipe = Annotated[
     str | None,
@@ -147,6 +160,56 @@ Overwrite = Annotated[
     ),
 ]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="Print nothing but errors.")]
+KeepColumns = Annotated[
+    str | None,
+    typer.Option(
+        help="Comma-separated input columns (or JSON fields) to copy into the output, "
+        "e.g. title,url."
+    ),
+]
+StreamFormatOption = Annotated[
+    str | None,
+    typer.Option(
+        "--stream-format",
+        help="With --output -: jsonl (one JSON object per line, the default) or arrow "
+        "(an Arrow IPC stream).",
+    ),
+]
+Index = Annotated[
+    bool,
+    typer.Option(
+        "--index",
+        help="LanceDB: build vector indexes on vector and multivector once all rows are in.",
+    ),
+]
+IndexType = Annotated[
+    str,
+    typer.Option(
+        help="auto (IVF_HNSW_SQ below 1M rows, IVF_PQ from 1M), ivf_pq, ivf_hnsw_sq or ivf_flat."
+    ),
+]
+IndexPartitions = Annotated[
+    int | None,
+    typer.Option(
+        help="IVF partitions. Default: from the row count (about its square root for "
+        "IVF_PQ and IVF_FLAT, one per million rows for IVF_HNSW_SQ)."
+    ),
+]
+Fts = Annotated[
+    bool,
+    typer.Option(
+        "--fts",
+        help="LanceDB: build a full-text index on the text column (keep it with --keep-columns).",
+    ),
+]
+Since = Annotated[
+    str | None,
+    typer.Option(
+        help="An earlier output directory made with the same settings: copy the vectors of "
+        "documents whose id and text are unchanged, embed only new and changed ones.",
+        metavar="PREVIOUS_OUT",
+    ),
+]
 
 
 def _guarded(action: Callable[[], Any]) -> Any:
@@ -156,6 +219,9 @@ def _guarded(action: Callable[[], Any]) -> Any:
     except Interrupted as e:
         print_error(str(e))
         raise typer.Exit(128 + e.signal_number) from e
+    except PipeClosed as e:
+        print_error(str(e))
+        raise typer.Exit(PIPE_CLOSED_EXIT) from e
     except BulkembedError as e:
         if os.environ.get("BULKEMBED_DEBUG"):
             raise
@@ -170,6 +236,11 @@ def _guarded(action: Callable[[], Any]) -> Any:
         kind = f"{type(e).__module__}.{type(e).__qualname__}".removeprefix("builtins.")
         print_error(f"{kind}: {e} (set BULKEMBED_DEBUG=1 for the traceback)")
         raise typer.Exit(1) from e
+
+
+def _names(option: str | None) -> tuple[str, ...]:
+    """A comma-separated option as a tuple of names."""
+    return tuple(n.strip() for n in (option or "").split(",") if n.strip())
 
 
 @app.command()
@@ -199,10 +270,18 @@ def run(
     on_bad_record: OnBadRecordOption = OnBadRecord.SKIP,
     overwrite: Overwrite = False,
     quiet: Quiet = False,
+    keep_columns: KeepColumns = None,
+    stream_format: StreamFormatOption = None,
+    index: Index = False,
+    index_type: IndexType = "auto",
+    index_partitions: IndexPartitions = None,
+    fts: Fts = False,
+    since: Since = None,
 ) -> None:
-    """Embed INPUTS with a model into Parquet parts under --output.
+    """Embed INPUTS with a model into Parquet parts, a LanceDB table or stdout.
 
-    Running the same command again resumes an interrupted run where it stopped."""
+    Running the same command again resumes an interrupted run where it stopped (not with
+    --output -, which starts over)."""
 
     def action() -> None:
         from bulkembed.pipeline import embed_corpus
@@ -226,9 +305,7 @@ def run(
             prompt=prompt,
             prompt_name=prompt_name,
             limit=limit,
-            outputs=tuple(o.strip() for o in outputs.split(",") if o.strip())
-            if outputs is not None
-            else None,
+            outputs=_names(outputs) if outputs is not None else None,
             sparse_top_k=sparse_top_k,
             dim=dim,
             dtype_out=dtype_out,
@@ -236,6 +313,13 @@ def run(
             on_bad_record=on_bad_record,
             overwrite=overwrite,
             quiet=quiet,
+            keep_columns=_names(keep_columns),
+            stream_format=stream_format,
+            index=index,
+            index_type=index_type,
+            index_partitions=index_partitions,
+            fts=fts,
+            since=since,
         )
         embed_corpus(config, reporter=make_reporter(quiet))
 
@@ -244,17 +328,26 @@ def run(
 
 @app.command()
 def status(
-    output: Annotated[str, typer.Argument(help="The output directory of a run.", metavar="OUT")],
+    output: Annotated[
+        str,
+        typer.Argument(
+            help="The --output of a run: a directory or lancedb://PATH?table=NAME.",
+            metavar="OUT",
+        ),
+    ],
 ) -> None:
-    """Progress of a run directory: units done and pending, documents, bad records, lock."""
+    """Progress of a run: units done and pending, documents, bad records, lock."""
 
     def action() -> None:
-        from pathlib import Path
-
-        from bulkembed.checkpoint import run_status
+        from bulkembed.checkpoint import RunDirectory, run_status
         from bulkembed.progress import print_status
+        from bulkembed.sinks import parse_output
 
-        print_status(run_status(Path(output)))
+        target = parse_output(output)
+        if target.path is None or target.run_directory is None:
+            raise BulkembedError("a stream (--output -) keeps no run directory to report on")
+        run = RunDirectory(target.path, meta=target.run_directory, label=target.label)
+        print_status(run_status(run))
 
     _guarded(action)
 

@@ -16,6 +16,9 @@ from bulkembed.errors import BulkembedError, ModelError
 
 DEFAULT_MAX_BATCH_TOKENS = 16384
 OUTPUTS = ("dense", "sparse", "multivector")
+# Column names the output uses for itself (`vector` is the dense column in LanceDB).
+RESERVED_COLUMNS = ("id", *OUTPUTS, "content_hash", "vector")
+INDEX_TYPES = ("auto", "ivf_pq", "ivf_hnsw_sq", "ivf_flat")
 
 
 class Pooling(str, Enum):
@@ -109,6 +112,13 @@ class RunConfig:
     on_bad_record: OnBadRecord = OnBadRecord.SKIP
     overwrite: bool = False
     quiet: bool = False
+    keep_columns: tuple[str, ...] = ()
+    stream_format: str | None = None
+    index: bool = False
+    index_type: str = "auto"
+    index_partitions: int | None = None
+    fts: bool = False
+    since: str | None = None
 
     def __post_init__(self) -> None:
         if not self.inputs:
@@ -131,6 +141,33 @@ class RunConfig:
                 raise BulkembedError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
         if self.tokenize_workers is not None and self.tokenize_workers < 0:
             raise BulkembedError("--tokenize-workers must be 0 (tokenize in-process) or more")
+        self._check_output_options()
+
+    def _check_output_options(self) -> None:
+        reserved = sorted(set(self.keep_columns) & set(RESERVED_COLUMNS))
+        if reserved:
+            raise BulkembedError(
+                f"--keep-columns: {', '.join(reserved)} is a column bulkembed writes itself"
+            )
+        if len(set(self.keep_columns)) != len(self.keep_columns):
+            raise BulkembedError("--keep-columns names a column twice")
+        lancedb = self.output.startswith("lancedb://")
+        if self.stream_format is not None and self.output != "-":
+            raise BulkembedError("--stream-format applies to --output - only")
+        if self.stream_format not in (None, "jsonl", "arrow"):
+            raise BulkembedError("--stream-format: choose jsonl or arrow")
+        if (self.index or self.fts) and not lancedb:
+            raise BulkembedError("--index and --fts apply to --output lancedb://... only")
+        if self.index_type not in INDEX_TYPES:
+            raise BulkembedError(f"--index-type: choose one of {', '.join(INDEX_TYPES)}")
+        if self.index_partitions is not None and self.index_partitions < 1:
+            raise BulkembedError("--index-partitions must be at least 1")
+        if self.index and self.quantize is not None:
+            raise BulkembedError("--index needs float vectors: leave out --quantize")
+        if self.fts and self.text_column not in self.keep_columns:
+            raise BulkembedError(
+                f"--fts indexes the text: add '{self.text_column}' to --keep-columns"
+            )
 
 
 def default_tokenize_workers(device: str) -> int:

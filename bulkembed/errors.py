@@ -27,3 +27,7 @@ class Interrupted(BulkembedError):
     def __init__(self, signal_number: int, message: str) -> None:
         super().__init__(message)
         self.signal_number = signal_number
+
+
+class PipeClosed(OutputError):
+    """The reader of `--output -` closed the pipe; the run stops there."""

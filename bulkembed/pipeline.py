@@ -11,7 +11,10 @@ then marked done in the ledger.
 from __future__ import annotations
 
 import contextlib
+import shutil
 import signal
+import sys
+import tempfile
 import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, replace
@@ -24,10 +27,21 @@ from bulkembed import __version__
 from bulkembed.checkpoint import RunDirectory, UnitRecord
 from bulkembed.config import OnBadRecord, RunConfig, default_tokenize_workers
 from bulkembed.encoders import Encoder
-from bulkembed.errors import InputError, Interrupted, OutputError
+from bulkembed.errors import BulkembedError, InputError, Interrupted, OutputError
+from bulkembed.incremental import PreviousOutput, hash_contents
 from bulkembed.outputs import OutputFormat
 from bulkembed.progress import Reporter, RunStats
 from bulkembed.schema import output_schema
+from bulkembed.sinks import (
+    IndexSettings,
+    LanceSink,
+    OutputTarget,
+    ParquetSink,
+    Sink,
+    StreamFormat,
+    StreamSink,
+    parse_output,
+)
 from bulkembed.sources import (
     DEFAULT_LINES_PER_UNIT,
     Chunk,
@@ -144,26 +158,45 @@ def fingerprint(config: RunConfig, spec: ModelSpec, shards: list[Shard]) -> dict
         "id_column": config.id_column,
         "limit": config.limit,
         "inputs": [{"name": s.name, "size": s.size} for s in shards],
+        "keep_columns": list(config.keep_columns),
+        "since": str(Path(config.since).resolve()) if config.since else None,
     }
 
 
-def _committed_ids(run: RunDirectory, done: dict[str, UnitRecord]) -> SeenIds:
-    import pyarrow.parquet as pq
-
+def _committed_ids(sink: Sink, done: dict[str, UnitRecord]) -> SeenIds:
     seen = SeenIds()
-    for record in done.values():
-        if record.rows:
-            for doc_id in pq.read_table(run.part_path(record.part), columns=["id"])["id"]:
-                seen.add(doc_id.as_py())
+    for doc_id in sink.committed_ids(done):
+        seen.add(doc_id)
     return seen
 
 
-def summarize(done: dict[str, UnitRecord], stats: RunStats, run_info: dict[str, Any]) -> dict:
-    """The whole output's figures (over every run that wrote it) and this run's speed."""
+def _incremental_counts(done: dict[str, UnitRecord], previous_rows: int) -> dict[str, int]:
+    """New, changed, unchanged and deleted documents against the `--since` output."""
+    rows = sum(r.rows for r in done.values())
+    carried = sum(r.carried for r in done.values())
+    changed = sum(r.changed for r in done.values())
+    return {
+        "new": rows - carried - changed,
+        "changed": changed,
+        "unchanged": carried,
+        "deleted": previous_rows - carried - changed,
+    }
+
+
+def summarize(
+    done: dict[str, UnitRecord],
+    stats: RunStats,
+    run_info: dict[str, Any],
+    previous_rows: int | None = None,
+) -> dict:
+    """The whole output's figures (over every run that wrote it) and this run's speed;
+    with `previous_rows` (`--since`), the counts against the previous output."""
     tokens = sum(r.tokens for r in done.values())
     padded = sum(r.padded_tokens for r in done.values())
+    incremental = {} if previous_rows is None else _incremental_counts(done, previous_rows)
     return {
         "docs": sum(r.rows for r in done.values()),
+        **incremental,
         "tokens": tokens,
         "padding_efficiency": round(tokens / padded, 4) if padded else 1.0,
         "bad_records": sum(r.bad_records for r in done.values()),
@@ -190,9 +223,12 @@ class _Job:
     shards: list[Shard]
     reader: RecordReader
     output_format: OutputFormat
+    target: OutputTarget
+    sink: Sink
     run: RunDirectory
     reporter: Reporter
     workers: int
+    previous: PreviousOutput | None = None
 
     def run_info(self) -> dict[str, Any]:
         return {
@@ -206,19 +242,28 @@ class _Job:
             "max_length": self.spec.max_length,
             "max_batch_tokens": self.spec.max_batch_tokens,
             "tokenize_workers": self.workers,
-            "output": str(self.run.output),
+            "output": self.target.label,
         }
+
+    def settings(self) -> TokenizerSettings:
+        spec = self.spec
+        return TokenizerSettings(
+            spec.tokenizer_json, spec.max_length, spec.prompt, spec.lowercase, spec.prefix_token_id
+        )
 
     def _chunks(self, done: dict[str, UnitRecord]) -> Iterator[Chunk]:
         """The records still to embed: pending units, first id wins, up to the limit."""
         config = self.config
         self.reader.done = done
         chunks: Iterator[Chunk] = iter(self.reader)
-        chunks = drop_duplicate_ids(chunks, _committed_ids(self.run, done), self.shards)
+        chunks = drop_duplicate_ids(chunks, _committed_ids(self.sink, done), self.shards)
         if config.limit is not None:
             chunks = take(chunks, config.limit - sum(r.rows for r in done.values()))
         if config.on_bad_record is OnBadRecord.FAIL:
             chunks = _fail_on_bad_records(chunks)
+        chunks = hash_contents(chunks, self.settings())
+        if self.previous is not None:
+            chunks = self.previous.carry_over(chunks)
         return chunks
 
     def _output_format(self, done: dict[str, UnitRecord]) -> OutputFormat:
@@ -269,13 +314,12 @@ class _Job:
             multivector=None
             if encoder.multivector_dim is None
             else output_format.multivector_type(encoder.multivector_dim),
+            passthrough=self.reader.column_types,
         )
         if "sparse" in spec.outputs:
             _write_vocabulary(self.run, spec)
-        writer = PartWriter(self.run, schema)
-        settings = TokenizerSettings(
-            spec.tokenizer_json, spec.max_length, spec.prompt, spec.lowercase, spec.prefix_token_id
-        )
+        writer = PartWriter(self.run, self.sink, schema)
+        settings = self.settings()
         reporter.start(stats)
         _start_counting(self.shards, self.config.limit, reporter)
         try:
@@ -292,6 +336,7 @@ class _Job:
                         rows = slice(offset, end)
                         writer.write(tokenized, embedded.take(rows), padded[rows])
                         offset = end
+            self.sink.finish()
         finally:
             writer.close()
             reporter.close()
@@ -306,32 +351,80 @@ def embed_corpus(config: RunConfig, reporter: Reporter | None = None) -> dict[st
     one is left as it is."""
     with _stop_on_signals():
         job = _prepare(config, reporter or Reporter())
-        settings = fingerprint(config, job.spec, job.shards)
-        run_info = job.run_info()
-        done = job.run.open(settings, config.overwrite)
         try:
-            spec_fields = {k: v for k, v in asdict(job.spec).items() if k != "tokenizer_json"}
-            paths = [{"name": s.name, "path": str(s.path)} for s in job.shards]
-            job.run.write_config(
-                {
-                    "version": __version__,
-                    "fingerprint": settings,
-                    "input_paths": paths,
-                    "model": spec_fields,
-                    **run_info,
-                }
-            )
-            if job.run.is_complete():
-                job.reporter.info(f"nothing to do: {job.run.output} already holds every document")
-                summary = summarize(done, RunStats(), run_info)
-            else:
-                stats = job.embed_pending(done)
-                summary = summarize(job.run.done_units(), stats, run_info)
-                job.run.write_summary(summary)
+            summary = _run(job)
         finally:
-            job.run.release_lock()
+            if not job.sink.resumable:
+                shutil.rmtree(job.run.meta, ignore_errors=True)
     job.reporter.finish(summary)
     return summary
+
+
+def _run(job: _Job) -> dict[str, Any]:
+    """Open the run directory, embed what is pending, write the summary."""
+    config = job.config
+    settings = fingerprint(config, job.spec, job.shards)
+    if config.since is not None:
+        job.previous = PreviousOutput(Path(config.since), settings)
+    previous_rows = None if job.previous is None else job.previous.rows
+    run_info = job.run_info()
+    done = job.run.open(settings, config.overwrite, job.sink)
+    try:
+        spec_fields = {k: v for k, v in asdict(job.spec).items() if k != "tokenizer_json"}
+        paths = [{"name": s.name, "path": str(s.path)} for s in job.shards]
+        job.run.write_config(
+            {
+                "version": __version__,
+                "fingerprint": settings,
+                "input_paths": paths,
+                "model": spec_fields,
+                **run_info,
+            }
+        )
+        if job.run.is_complete():
+            job.reporter.info(f"nothing to do: {job.target.label} already holds every document")
+            return summarize(done, RunStats(), run_info, previous_rows)
+        stats = job.embed_pending(done)
+        summary = summarize(job.run.done_units(), stats, run_info, previous_rows)
+        job.run.write_summary(summary)
+        return summary
+    finally:
+        if not job.sink.resumable:
+            _report_bad_records(job)
+        job.run.release_lock()
+
+
+def _report_bad_records(job: _Job) -> None:
+    """A stream keeps no run directory: its bad records go to stderr, one JSON line each."""
+    if job.run.bad_records_path.exists():
+        for line in job.run.bad_records_path.read_text(encoding="utf-8").splitlines():
+            job.reporter.info(f"bad record: {line}")
+
+
+def _make_sink(config: RunConfig, target: OutputTarget, normalize: bool) -> Sink:
+    if target.kind == "stdout":
+        stream_format = StreamFormat(config.stream_format or StreamFormat.JSONL.value)
+        # A buffered writer of its own: `sys.stdout.buffer` is a raw file when Python runs
+        # unbuffered, and a raw write may take only part of what it is given.
+        stdout = open(sys.stdout.fileno(), "wb", closefd=False)  # noqa: SIM115 (process-long)
+        return StreamSink(stdout, stream_format)
+    assert target.path is not None
+    if target.kind == "lancedb":
+        index = None
+        if config.index:
+            metric = "cosine" if normalize else "dot"
+            index = IndexSettings(config.index_type, config.index_partitions, metric)
+        fts = config.text_column if config.fts else None
+        return LanceSink(target.path, target.table or "", index, fts)
+    return ParquetSink(target.path)
+
+
+def _run_directory(target: OutputTarget) -> RunDirectory:
+    """The run's bookkeeping; a stream's lives in a temporary directory, removed at the end."""
+    meta = target.run_directory
+    if meta is None:
+        meta = Path(tempfile.mkdtemp(prefix="bulkembed-stream-"))
+    return RunDirectory(target.path or meta, meta=meta, label=target.label)
 
 
 def _prepare(config: RunConfig, reporter: Reporter) -> _Job:
@@ -339,9 +432,14 @@ def _prepare(config: RunConfig, reporter: Reporter) -> _Job:
     from bulkembed.devices import resolve_device, resolve_dtype
     from bulkembed.model_spec import resolve_model
 
-    output = Path(config.output)
-    shards = list_shards(config.inputs, exclude=output)
-    reader = RecordReader(shards, config.text_column, config.id_column)
+    target = parse_output(config.output)
+    since = Path(config.since).resolve() if config.since is not None else None
+    if since is not None and target.path is not None and since == target.path.resolve():
+        raise BulkembedError("--since must name another output than --output")
+    shards = list_shards(config.inputs, exclude=target.path)
+    reader = RecordReader(
+        shards, config.text_column, config.id_column, keep_columns=config.keep_columns
+    )
     reader.check()
     spec = resolve_model(config)
     device = resolve_device(config.devices)
@@ -354,7 +452,9 @@ def _prepare(config: RunConfig, reporter: Reporter) -> _Job:
         shards=shards,
         reader=reader,
         output_format=OutputFormat.for_run(config, spec),
-        run=RunDirectory(output),
+        target=target,
+        sink=_make_sink(config, target, spec.normalize),
+        run=_run_directory(target),
         reporter=reporter,
         workers=default_tokenize_workers(device) if workers is None else workers,
     )

@@ -6,6 +6,8 @@
 | `dense`       | fixed_size_list<float32, D>                                  |
 | `sparse`      | struct<indices: list<int32>, values: list<float32>>          |
 | `multivector` | list<fixed_size_list<float32, d>>                            |
+| `content_hash`| string: 32 hex digits of BLAKE2b-128 of the text the model saw |
+| passthrough   | as in the input (`--keep-columns`)                           |
 
 `--dtype-out float16` makes dense and multivector items float16; `--quantize` makes dense
 fixed_size_list<int8 or uint8, D>, or <int8 or uint8, ceil(D / 8)> for binary and ubinary
@@ -24,14 +26,20 @@ SPARSE_TYPE = pa.struct(
 )
 
 
+EMBEDDING_COLUMNS = ("dense", "sparse", "multivector")
+CONTENT_HASH = "content_hash"
+
+
 def output_schema(
     id_type: pa.DataType,
     dense: pa.DataType | None = None,
     sparse: bool = False,
     multivector: pa.DataType | None = None,
+    passthrough: dict[str, pa.DataType] | None = None,
 ) -> pa.Schema:
-    """`id`, then each output that is produced, in the order dense, sparse, multivector.
-    `dense` and `multivector` are their column types (see `OutputFormat`)."""
+    """`id`, each output that is produced (dense, sparse, multivector), `content_hash`, then
+    the passthrough columns. `dense` and `multivector` are their column types (see
+    `OutputFormat`)."""
     fields = [pa.field("id", id_type, nullable=False)]
     if dense is not None:
         fields.append(pa.field("dense", dense))
@@ -39,6 +47,8 @@ def output_schema(
         fields.append(pa.field("sparse", SPARSE_TYPE))
     if multivector is not None:
         fields.append(pa.field("multivector", multivector))
+    fields.append(pa.field(CONTENT_HASH, pa.string(), nullable=False))
+    fields.extend(pa.field(name, kind) for name, kind in (passthrough or {}).items())
     return pa.schema(fields)
 
 
@@ -51,11 +61,22 @@ def _vectors(rows: np.ndarray, kind: pa.FixedSizeListType) -> pa.FixedSizeListAr
     return pa.FixedSizeListArray.from_arrays(flat, kind.list_size)
 
 
-def record_batch(ids: pa.Array, embeddings: Embeddings, schema: pa.Schema) -> pa.RecordBatch:
-    """Rows for `schema` from ids (of the schema's id type) and their embeddings, in order."""
+def record_batch(
+    ids: pa.Array,
+    embeddings: Embeddings,
+    schema: pa.Schema,
+    hashes: list[str],
+    passthrough: dict[str, pa.Array],
+) -> pa.RecordBatch:
+    """Rows for `schema` from ids (of the schema's id type), their embeddings, content
+    hashes and passthrough values, all in the same order."""
     columns: list[pa.Array] = [ids]
     for field in schema:
-        if field.name == "dense":
+        if field.name == CONTENT_HASH:
+            columns.append(pa.array(hashes, pa.string()))
+        elif field.name in passthrough:
+            columns.append(passthrough[field.name])
+        elif field.name == "dense":
             columns.append(_vectors(embeddings.dense, field.type))
         elif field.name == "sparse":
             rows = embeddings.sparse

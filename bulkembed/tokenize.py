@@ -40,6 +40,11 @@ class TokenizerSettings:
     lowercase: bool = False
     marker_id: int | None = None
 
+    def model_text(self, text: str) -> str:
+        """The text as the model reads it: prompt first, lowercased if the model wants."""
+        text = self.prompt + text
+        return text.lower() if self.lowercase else text
+
 
 @dataclass(slots=True)
 class TokenizedChunk:
@@ -66,8 +71,7 @@ class TextTokenizer:
 
     def __call__(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray, int]:
         """Flat token ids, their lengths per text, and how many texts were truncated."""
-        prompt, lowercase = self.settings.prompt, self.settings.lowercase
-        inputs = [(prompt + t).lower() if lowercase else prompt + t for t in texts]
+        inputs = [self.settings.model_text(t) for t in texts]
         encodings = self.tokenizer.encode_batch(inputs, add_special_tokens=True)
         marker = self.settings.marker_id
         sequences = [

@@ -14,7 +14,6 @@ import numpy as np
 from bulkembed.batching import Batch, input_order, pack_batches
 from bulkembed.encoders import Embeddings, Encoder, TokenBatch
 from bulkembed.progress import Reporter, RunStats
-from bulkembed.sources import Chunk
 from bulkembed.tokenize import TokenizedChunk
 
 # A window holds this many full batches' worth of tokens before it is sorted and packed:
@@ -42,7 +41,8 @@ def window_tokens(max_batch_tokens: int, multivector_dim: int | None) -> int:
 
 def split_chunk(tokenized: TokenizedChunk, max_tokens: int) -> list[TokenizedChunk]:
     """Cut a chunk into pieces of at most `max_tokens` (one document at least), in order.
-    The first piece carries the bad records and truncation count, the last ends the unit."""
+    The first piece carries the bad records, carried-over rows and truncation count, the
+    last ends the unit."""
     lengths = tokenized.lengths
     if int(lengths.sum()) <= max_tokens:
         return [tokenized]
@@ -58,15 +58,10 @@ def split_chunk(tokenized: TokenizedChunk, max_tokens: int) -> list[TokenizedChu
     pieces = []
     for number, (a, b) in enumerate(cuts):
         first, last = number == 0, number == len(cuts) - 1
-        part = Chunk(
-            chunk.shard,
-            chunk.unit,
-            chunk.ids[a:b],
-            [],
-            chunk.last_in_unit and last,
-            chunk.bad if first else [],
-            chunk.positions[a:b],
-        )
+        part = chunk.rows(slice(a, b))
+        part.last_in_unit = chunk.last_in_unit and last
+        if first:
+            part.bad, part.carried, part.changed = chunk.bad, chunk.carried, chunk.changed
         token_start = int(ends[a - 1]) if a else 0
         token_ids = tokenized.token_ids[token_start : int(ends[b - 1])]
         truncated = tokenized.truncated if first else 0

@@ -1,7 +1,8 @@
 """Write embedded chunks into their units' parts, and commit each finished unit.
 
 Chunks arrive in input order. Bad records go to the quarantine as they come; rows go into
-their unit's part; when a unit's last chunk is written, its part is committed and then its
+their unit's part, with rows carried over from a previous output put back among them in
+input order; when a unit's last chunk is written, its part is committed and then its
 done-marker, with the unit's counts, is written to the ledger.
 """
 
@@ -14,8 +15,9 @@ import pyarrow as pa
 
 from bulkembed.checkpoint import RunDirectory, UnitRecord
 from bulkembed.encoders import Embeddings
-from bulkembed.schema import record_batch
-from bulkembed.sinks import ParquetSink, Sink
+from bulkembed.schema import CONTENT_HASH, record_batch
+from bulkembed.sinks import Sink
+from bulkembed.sources.records import Carried
 from bulkembed.tokenize import TokenizedChunk
 
 
@@ -28,33 +30,67 @@ class _Tally:
     truncated: int = 0
     tokens: int = 0
     padded_tokens: int = 0
+    carried: int = 0
+    changed: int = 0
+
+
+def _carried_batch(carried: Carried, schema: pa.Schema) -> pa.RecordBatch:
+    """Rows for `schema` from carried-over records: embeddings from the previous output,
+    ids, hashes and passthrough values from this input."""
+    records = carried.records
+    columns = []
+    for field in schema:
+        if field.name == "id":
+            columns.append(records.ids)
+        elif field.name == CONTENT_HASH:
+            columns.append(pa.array(records.hashes, pa.string()))
+        elif field.name in records.columns:
+            columns.append(records.columns[field.name])
+        else:
+            columns.append(carried.embeddings.column(field.name).combine_chunks())
+    return pa.RecordBatch.from_arrays(columns, schema=schema)
 
 
 class PartWriter:
     """Writes embedded chunks in input order, quarantines bad records, commits finished units."""
 
-    def __init__(self, run: RunDirectory, schema: pa.Schema) -> None:
+    def __init__(self, run: RunDirectory, sink: Sink, schema: pa.Schema) -> None:
         self.run = run
         self.schema = schema
-        self.sink: Sink = ParquetSink(run.output, schema)
+        self.sink = sink
         self.tallies: dict[str, _Tally] = {}
+        sink.start(schema)
 
     def write(self, tokenized: TokenizedChunk, embeddings: Embeddings, padded: np.ndarray) -> None:
         chunk = tokenized.chunk
         tally = self.tallies.setdefault(chunk.part, _Tally())
         for bad in chunk.bad:
             self.run.quarantine(bad, chunk.part)
+        batches = []
         if len(chunk.ids):
-            batch = record_batch(chunk.ids, embeddings, self.schema)
-            self.sink.write(chunk.part, batch)
-        tally.rows += len(chunk.ids)
+            batches.append(
+                record_batch(chunk.ids, embeddings, self.schema, chunk.hashes, chunk.columns)
+            )
+        if chunk.carried is not None:
+            batches.append(_carried_batch(chunk.carried, self.schema))
+            tally.carried += len(chunk.carried.records.positions)
+        if batches:
+            rows = pa.Table.from_batches(batches)
+            if len(batches) > 1:
+                positions = chunk.positions + chunk.carried.records.positions
+                rows = rows.take(pa.array(np.argsort(positions, kind="stable"), pa.int64()))
+            for batch in rows.combine_chunks().to_batches():
+                self.sink.write(chunk.part, batch)
+            tally.rows += rows.num_rows
+        tally.changed += chunk.changed
         tally.bad_records += len(chunk.bad)
         tally.truncated += tokenized.truncated
         tally.tokens += int(tokenized.lengths.sum())
         tally.padded_tokens += int(padded.sum())
         if chunk.last_in_unit:
-            self.sink.commit(chunk.part)
-            self.run.mark_done(UnitRecord(chunk.part, **asdict(self.tallies.pop(chunk.part))))
+            found = self.sink.commit(chunk.part)
+            counts = asdict(self.tallies.pop(chunk.part))
+            self.run.mark_done(UnitRecord(chunk.part, **counts, **found))
 
     def close(self) -> None:
         self.sink.close()

@@ -68,7 +68,7 @@ def test_bge_m3_matches_flagembedding(tmp_path, tiny_bge_m3):
 
 def test_bge_m3_outputs_can_be_chosen(tmp_path, tiny_bge_m3):
     table, _ = _embed(tmp_path, tiny_bge_m3, ["one text", "another"], "--outputs", "sparse")
-    assert table.schema.names == ["id", "sparse"]
+    assert table.schema.names == ["id", "sparse", "content_hash"]
     result = runner.invoke(
         app,
         [
@@ -91,7 +91,7 @@ def test_splade_matches_sentence_transformers_sparse_encoder(tmp_path, tiny_spla
 
     texts = mixed_texts()
     table, _ = _embed(tmp_path, tiny_splade, texts)
-    assert table.schema.names == ["id", "sparse"]
+    assert table.schema.names == ["id", "sparse", "content_hash"]
     reference = SparseEncoder(str(tiny_splade), device="cpu").encode(texts, convert_to_tensor=True)
     reference = reference.to_dense().numpy()
     for row, expected in zip(table.column("sparse").to_pylist(), reference, strict=True):
@@ -116,7 +116,7 @@ def test_colbert_pylate_layout_keeps_every_token_but_punctuation(tmp_path, tiny_
 
     texts = mixed_texts()
     table, _ = _embed(tmp_path, tiny_colbert, texts)
-    assert table.schema.names == ["id", "multivector"]
+    assert table.schema.names == ["id", "multivector", "content_hash"]
     assert table.schema.field("multivector").type == pa.list_(pa.list_(pa.float32(), 16))
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_colbert)

@@ -62,7 +62,7 @@ def test_every_recipe_runs_through_the_cli(tmp_path, tiny_bert, tiny_bge_m3, tin
     texts = sample_texts(12) + ["", "short"]
     args = ["--recipe", recipe.name, "--max-length", "32"]
     table, _ = embed_texts(tmp_path, model, texts, *args)
-    assert table.schema.names == ["id", *recipe.outputs]
+    assert table.schema.names == ["id", *recipe.outputs, "content_hash"]
     assert sorted(table.column("id").to_pylist(), key=int) == [str(i) for i in range(len(texts))]
     if "dense" in recipe.outputs:
         dense = np.array(table.column("dense").to_pylist())

@@ -52,7 +52,7 @@ def test_unsupported_file_is_an_error(tmp_path):
 
 def test_directory_without_inputs_is_an_error(tmp_path):
     (tmp_path / "readme.txt").write_text("x")
-    with pytest.raises(InputError, match="no .parquet or .jsonl file"):
+    with pytest.raises(InputError, match="no .parquet, .jsonl or .arrow file"):
         list_shards([str(tmp_path)])
 
 

@@ -1,6 +1,80 @@
-"""Where embeddings go. Every sink writes parts that become visible only when committed."""
+"""Where embeddings go: Parquet parts, a LanceDB table, or stdout.
 
+`--output` names the target: a directory, `lancedb://PATH[?table=NAME]`, or `-`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import parse_qs
+
+from bulkembed.errors import BulkembedError
 from bulkembed.sinks.base import Sink
+from bulkembed.sinks.lance import DEFAULT_TABLE, IndexSettings, LanceSink
 from bulkembed.sinks.parquet import ParquetSink
+from bulkembed.sinks.stream import StreamFormat, StreamSink
 
-__all__ = ["ParquetSink", "Sink"]
+LANCEDB_SCHEME = "lancedb://"
+STDOUT = "-"
+_TABLE_NAME = re.compile(r"[A-Za-z0-9_.-]+")
+
+
+@dataclass(frozen=True, slots=True)
+class OutputTarget:
+    """A parsed `--output`: `kind` is parquet, lancedb or stdout."""
+
+    kind: str
+    path: Path | None = None
+    table: str | None = None
+
+    @property
+    def run_directory(self) -> Path | None:
+        """Where the run's ledger lives; None for stdout, which keeps none."""
+        if self.kind == "parquet":
+            assert self.path is not None
+            return self.path / "_bulkembed"
+        if self.kind == "lancedb":
+            assert self.path is not None and self.table is not None
+            return self.path / "_bulkembed" / self.table
+        return None
+
+    @property
+    def label(self) -> str:
+        if self.kind == "lancedb":
+            return f"{LANCEDB_SCHEME}{self.path}?table={self.table}"
+        return "stdout" if self.kind == "stdout" else str(self.path)
+
+
+def parse_output(output: str) -> OutputTarget:
+    """`OUT`, `lancedb://PATH[?table=NAME]` or `-`, checked."""
+    if output == STDOUT:
+        return OutputTarget("stdout")
+    if not output.startswith(LANCEDB_SCHEME):
+        return OutputTarget("parquet", Path(output).expanduser())
+    location, _, query = output.removeprefix(LANCEDB_SCHEME).partition("?")
+    options = parse_qs(query, keep_blank_values=True)
+    unknown = sorted(set(options) - {"table"})
+    if unknown or not location:
+        raise BulkembedError(
+            f"--output {output}: write lancedb://PATH or lancedb://PATH?table=NAME"
+        )
+    table = options.get("table", [DEFAULT_TABLE])[-1]
+    if not _TABLE_NAME.fullmatch(table):
+        raise BulkembedError(
+            f"--output {output}: a table name takes letters, digits, '_', '-' and '.'"
+        )
+    return OutputTarget("lancedb", Path(location).expanduser(), table)
+
+
+__all__ = [
+    "IndexSettings",
+    "LanceSink",
+    "OutputTarget",
+    "ParquetSink",
+    "Sink",
+    "StreamFormat",
+    "StreamSink",
+    "parse_output",
+]

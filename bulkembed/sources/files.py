@@ -14,8 +14,17 @@ import pyarrow as pa
 from bulkembed.errors import InputError
 from bulkembed.sources.records import Shard
 
-FORMATS = {".parquet": "parquet", ".jsonl": "jsonl", ".json": "jsonl", ".jsonl.gz": "jsonl"}
+FORMATS = {
+    ".parquet": "parquet",
+    ".jsonl": "jsonl",
+    ".json": "jsonl",
+    ".jsonl.gz": "jsonl",
+    ".arrow": "arrow",
+}
+# JSON lines, Arrow rows and dataset records per unit of work.
 DEFAULT_LINES_PER_UNIT = 4096
+# What `datasets`' save_to_disk writes beside the Arrow files: metadata, not input.
+DATASET_METADATA = ("state.json", "dataset_info.json", "dataset_dict.json")
 # What reading a damaged file raises: I/O errors, a truncated or corrupt gzip stream, a
 # Parquet file that is not one.
 READ_ERRORS = (OSError, EOFError, zlib.error, pa.ArrowException)
@@ -39,12 +48,21 @@ def _glob_root(pattern: str) -> Path:
     return Path(*root) if root else Path(".")
 
 
+def _is_dataset_metadata(path: Path) -> bool:
+    return path.name in DATASET_METADATA and any(
+        (path.parent / name).is_file() for name in ("state.json", "dataset_dict.json")
+    )
+
+
 def _inputs_below(directory: Path) -> list[Path]:
     # Run directories (`_bulkembed/`) hold JSON files that are not input.
     return [
         p
         for p in directory.rglob("*")
-        if p.is_file() and format_of(p) and "_bulkembed" not in p.parts
+        if p.is_file()
+        and format_of(p)
+        and "_bulkembed" not in p.parts
+        and not _is_dataset_metadata(p)
     ]
 
 
@@ -57,7 +75,7 @@ def _expand(argument: str) -> list[tuple[Path, Path]]:
         if format_of(path) is None:
             raise InputError(
                 f"unsupported input {argument}: "
-                "use .parquet, .jsonl, .jsonl.gz or .json (JSON lines)"
+                "use .parquet, .jsonl, .jsonl.gz, .json (JSON lines) or .arrow"
             )
         return [(path, path.parent)]
     if glob.has_magic(argument):
@@ -67,17 +85,24 @@ def _expand(argument: str) -> list[tuple[Path, Path]]:
         for directory in (p for p in found if p.is_dir()):
             files.extend(_inputs_below(directory))
         if not files:
-            raise InputError(f"input pattern {argument} matches no .parquet or .jsonl file")
+            raise InputError(f"input pattern {argument} matches no .parquet, .jsonl or .arrow file")
         return [(p, root) for p in files]
     raise InputError(f"input not found: {argument}")
 
 
 def list_shards(inputs: tuple[str, ...] | list[str], exclude: Path | None = None) -> list[Shard]:
-    """Every input file once, sorted by path: the order in which units are numbered.
-    Files below `exclude` (the output directory) are left out."""
+    """Every input file once, sorted by path, then the shards of `hf://` datasets in the
+    order given: the order in which units are numbered. Files below `exclude` (the output
+    directory) are left out."""
+    from bulkembed.sources.hf import HF_SCHEME, dataset_shards
+
     by_path: dict[Path, Shard] = {}
+    streamed: list[Shard] = []
     excluded = exclude.resolve() if exclude is not None else None
     for argument in inputs:
+        if argument.startswith(HF_SCHEME):
+            streamed.extend(dataset_shards(argument))
+            continue
         for path, root in _expand(argument):
             resolved = path.resolve()
             if excluded is not None and resolved.is_relative_to(excluded):
@@ -86,9 +111,9 @@ def list_shards(inputs: tuple[str, ...] | list[str], exclude: Path | None = None
                 name = os.path.relpath(path, root)
                 fmt = format_of(path) or ""
                 by_path[resolved] = Shard(resolved, name, fmt, resolved.stat().st_size)
-    if not by_path:
-        raise InputError(f"no .parquet or .jsonl file found in {', '.join(inputs)}")
-    shards = sorted(by_path.values(), key=lambda s: str(s.path))
+    if not by_path and not streamed:
+        raise InputError(f"no .parquet, .jsonl or .arrow file found in {', '.join(inputs)}")
+    shards = sorted(by_path.values(), key=lambda s: str(s.path)) + streamed
     by_name: dict[str, Shard] = {}
     for shard in shards:
         other = by_name.setdefault(shard.name, shard)
@@ -121,18 +146,42 @@ def count_lines(path: Path) -> int:
     return lines + (last != b"\n")
 
 
-def count_records(shards: list[Shard]) -> int:
-    """Records in all shards, for progress: Parquet rows from the footer, JSONL lines (blank
-    ones included). Unreadable files count as empty."""
+def open_arrow(path: Path) -> pa.RecordBatchReader:
+    """An Arrow IPC file or stream (what `datasets` writes), memory-mapped."""
+    source = pa.memory_map(str(path))
+    try:
+        return pa.ipc.open_file(source).to_reader()
+    except pa.ArrowInvalid:
+        source.seek(0)
+        return pa.ipc.open_stream(source)
+
+
+def count_arrow_rows(path: Path) -> int:
+    return sum(batch.num_rows for batch in open_arrow(path))
+
+
+def _records_in(shard: Shard) -> int:
+    """Records in a shard: Parquet rows from the footer, Arrow rows, JSONL lines (blank ones
+    included), a dataset's size if it is known (else 0)."""
     import pyarrow.parquet as pq
 
+    from bulkembed.sources.hf import dataset_size
+
+    if shard.format == "parquet":
+        return pq.ParquetFile(shard.path).metadata.num_rows
+    if shard.format == "arrow":
+        return count_arrow_rows(shard.path)
+    if shard.format == "hf":
+        return dataset_size(shard)
+    return count_lines(shard.path)
+
+
+def count_records(shards: list[Shard]) -> int:
+    """Records in all shards, for progress. Unreadable files count as empty."""
     total = 0
     for shard in shards:
         try:
-            if shard.format == "parquet":
-                total += pq.ParquetFile(shard.path).metadata.num_rows
-            else:
-                total += count_lines(shard.path)
+            total += _records_in(shard)
         except READ_ERRORS:
             continue
     return total
@@ -141,7 +190,8 @@ def count_records(shards: list[Shard]) -> int:
 def unit_names(shards: list[Shard], lines_per_unit: int = DEFAULT_LINES_PER_UNIT) -> list[str]:
     """Every unit of work of the shards, as part names, in order. An unreadable file is one unit.
 
-    Parquet units come from the footer; JSONL files are read through to count lines."""
+    Parquet units come from the footer; JSONL and Arrow files are read through to count
+    lines and rows. Streamed datasets cannot be counted without reading them: not here."""
     import pyarrow.parquet as pq
 
     from bulkembed.sources.records import part_name
@@ -152,7 +202,7 @@ def unit_names(shards: list[Shard], lines_per_unit: int = DEFAULT_LINES_PER_UNIT
             if shard.format == "parquet":
                 units = pq.ParquetFile(shard.path).num_row_groups
             else:
-                units = -(-count_lines(shard.path) // lines_per_unit)
+                units = -(-_records_in(shard) // lines_per_unit)
         except READ_ERRORS:
             units = 1
         names.extend(part_name(index, unit) for unit in range(max(units, 1)))

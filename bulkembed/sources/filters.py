@@ -14,7 +14,8 @@ from bulkembed.sources.records import BadRecord, Chunk, Shard
 _RECENT_LIMIT = 1 << 20
 
 
-def _id_hash(doc_id: Any) -> int:
+def id_hash(doc_id: Any) -> int:
+    """A 64-bit hash of an id (its decimal form for integers)."""
     return int.from_bytes(hashlib.blake2b(str(doc_id).encode(), digest_size=8).digest(), "little")
 
 
@@ -37,7 +38,7 @@ class SeenIds:
 
     def add(self, doc_id: Any) -> bool:
         """Record `doc_id`; False if it was already there."""
-        value = _id_hash(doc_id)
+        value = id_hash(doc_id)
         if self._known(value):
             return False
         self._recent.add(value)
@@ -66,9 +67,7 @@ def drop_duplicate_ids(
                     else:
                         bad.row = position
                     chunk.bad.append(bad)
-            chunk.ids = chunk.ids.filter(keep)
-            chunk.texts = [t for t, first in zip(chunk.texts, keep, strict=True) if first]
-            chunk.positions = [p for p, first in zip(chunk.positions, keep, strict=True) if first]
+            chunk.keep([i for i, first in enumerate(keep) if first])
         yield chunk
 
 
@@ -84,9 +83,7 @@ def take(chunks: Iterable[Chunk], limit: int | None) -> Iterator[Chunk]:
     for chunk in chunks:
         if len(chunk.texts) >= remaining:
             last = chunk.positions[remaining - 1]
-            chunk.texts = chunk.texts[:remaining]
-            chunk.ids = chunk.ids[:remaining]
-            chunk.positions = chunk.positions[:remaining]
+            chunk.keep(slice(0, remaining))
             chunk.bad = [b for b in chunk.bad if b.position is None or b.position < last]
             chunk.last_in_unit = True
             yield chunk

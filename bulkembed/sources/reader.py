@@ -8,18 +8,22 @@ the other shards go on.
 
 from __future__ import annotations
 
+import itertools
 import json
-from collections.abc import Container, Iterator
+from collections.abc import Callable, Container, Iterable, Iterator
 from typing import Any
 
 import pyarrow as pa
 
 from bulkembed.errors import InputError
-from bulkembed.sources.files import DEFAULT_LINES_PER_UNIT, READ_ERRORS, open_lines
+from bulkembed.sources.files import DEFAULT_LINES_PER_UNIT, READ_ERRORS, open_arrow, open_lines
+from bulkembed.sources.hf import dataset_records
 from bulkembed.sources.records import BadRecord, Chunk, Rows, Shard, part_name
 
 DEFAULT_ID_COLUMN = "id"
 DEFAULT_CHUNK_SIZE = 512
+# JSON lines read to infer the Arrow type of a passthrough column.
+TYPE_SAMPLE_LINES = 100
 
 
 def _is_text_type(kind: pa.DataType) -> bool:
@@ -44,7 +48,10 @@ class RecordReader:
     `check()` reads every shard's columns (a Parquet footer, a JSONL file's first record)
     before any record is read, so a wrong column name fails at once, and fixes the type of
     the `id` column for the whole run: int64 when every shard is Parquet with an integer id
-    column, else string (integer ids then written in decimal)."""
+    column, else string (integer ids then written in decimal).
+
+    `keep_columns` are passed through with every record. Their types (`column_types`) come
+    from the first shard that has them: a Parquet schema, or the first JSON lines' values."""
 
     def __init__(
         self,
@@ -54,6 +61,7 @@ class RecordReader:
         done: Container[str] = (),
         chunk_size: int = DEFAULT_CHUNK_SIZE,
         lines_per_unit: int = DEFAULT_LINES_PER_UNIT,
+        keep_columns: tuple[str, ...] = (),
     ) -> None:
         self.shards = shards
         self.text_column = text_column
@@ -61,15 +69,17 @@ class RecordReader:
         self.done = done
         self.chunk_size = chunk_size
         self.lines_per_unit = lines_per_unit
+        self.keep_columns = keep_columns
         self._id_columns: dict[int, str | None] = {}
         self.id_type: pa.DataType | None = None
+        self.column_types: dict[str, pa.DataType] = {}
 
     def check(self) -> pa.DataType:
         """Check every shard's text and id columns; return the run's id type."""
         integer_ids = True
         for index, shard in enumerate(self.shards):
-            if shard.format == "parquet":
-                schema = self._parquet_schema(shard)
+            if shard.format in ("parquet", "arrow"):
+                schema = self._arrow_schema(shard)
                 if schema is None:
                     continue
                 id_column = self._check_columns(schema.names, str(shard.path))
@@ -81,23 +91,44 @@ class RecordReader:
                     )
                 id_type = schema.field(id_column).type if id_column else None
                 integer_ids &= id_type is not None and _is_int64_compatible(id_type)
+                for name in self.keep_columns:
+                    self._set_column_type(name, _passthrough_type(schema, name, shard))
             else:
-                record, line = self._first_record(shard)
+                records, line = self._first_records(shard)
                 integer_ids = False
-                if record is None:
+                if not records:
                     id_column = None
                 else:
-                    id_column = self._check_columns(list(record), f"{shard.path} line {line}")
+                    id_column = self._check_columns(list(records[0]), f"{shard.path} line {line}")
+                for name in self.keep_columns:
+                    values = [r.get(name) for r in records if r.get(name) is not None]
+                    if values and name not in self.column_types:
+                        self._set_column_type(name, _json_type(values, name, shard))
             self._id_columns[index] = id_column
+        for name in self.keep_columns:
+            self.column_types.setdefault(name, pa.string())
         self.id_type = pa.int64() if integer_ids and self.shards else pa.string()
         return self.id_type
 
     def __iter__(self) -> Iterator[Chunk]:
         if self.id_type is None:
             self.check()
+        readers = {"parquet": self._parquet, "arrow": self._arrow, "hf": self._dataset}
         for index, shard in enumerate(self.shards):
-            reader = self._parquet if shard.format == "parquet" else self._jsonl
-            yield from reader(index, shard)
+            yield from readers.get(shard.format, self._jsonl)(index, shard)
+
+    def _set_column_type(self, name: str, kind: pa.DataType) -> None:
+        """The first shard's type of a passthrough column; the others' must cast to it."""
+        first = self.column_types.setdefault(name, kind)
+        if first == kind:
+            return
+        try:
+            pa.array([], kind).cast(first)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            raise InputError(
+                f"--keep-columns '{name}' is {first} in one input and {kind} in another: "
+                "make the inputs agree"
+            ) from None
 
     def _check_columns(self, columns: list[str], source: str) -> str | None:
         """The id column to use (None: ids from the shard name); an error if one is missing."""
@@ -116,28 +147,39 @@ class RecordReader:
         return self.id_column
 
     @staticmethod
-    def _parquet_schema(shard: Shard) -> pa.Schema | None:
-        """The schema of a Parquet shard with rows; None for an empty or unreadable one."""
+    def _arrow_schema(shard: Shard) -> pa.Schema | None:
+        """The schema of a Parquet or Arrow shard; None for an unreadable one or a Parquet
+        file without rows."""
         import pyarrow.parquet as pq
 
         try:
+            if shard.format == "arrow":
+                return open_arrow(shard.path).schema
             metadata = pq.read_metadata(shard.path)
         except READ_ERRORS:
             return None
         return metadata.schema.to_arrow_schema() if metadata.num_rows else None
 
     @staticmethod
-    def _first_record(shard: Shard) -> tuple[dict[str, Any] | None, int]:
-        """The first line of a JSONL shard that holds a JSON object, and its line number."""
+    def _first_records(shard: Shard) -> tuple[list[dict[str, Any]], int]:
+        """The JSON objects among the first lines of a JSONL shard (or the first records of
+        a dataset shard), and the line number of the first of them."""
+        if shard.format == "hf":
+            return list(itertools.islice(dataset_records(shard), TYPE_SAMPLE_LINES)), 1
+        records: list[dict[str, Any]] = []
+        first = 0
         try:
             with open_lines(shard.path) as lines:
                 for number, raw in enumerate(lines, start=1):
+                    if number > TYPE_SAMPLE_LINES and records:
+                        break
                     record, _ = _parse_json_line(raw) if raw.strip() else (None, None)
                     if record is not None:
-                        return record, number
+                        records.append(record)
+                        first = first or number
         except READ_ERRORS:
             pass
-        return None, 0
+        return records, first
 
     def _empty_chunk(self, index: int, unit: int, bad: list[BadRecord] | None = None) -> Chunk:
         assert self.id_type is not None
@@ -157,6 +199,7 @@ class RecordReader:
             return
         id_column = self._id_columns.get(index)
         columns = [self.text_column] + ([id_column] if id_column else [])
+        columns += [c for c in self.keep_columns if c not in columns]
         if parquet.num_row_groups == 0 and part_name(index, 0) not in self.done:
             yield self._empty_chunk(index, 0)
         first_row = 0
@@ -184,7 +227,7 @@ class RecordReader:
             for batch in batches:
                 if pending is not None:
                     yield pending
-                pending = self._parquet_chunk(index, group, shard, batch, row)
+                pending = self._arrow_chunk(index, group, shard, batch, row)
                 row += batch.num_rows
         except READ_ERRORS as e:
             reason = f"row group {group} unreadable from row {row} on: {e}"
@@ -195,7 +238,7 @@ class RecordReader:
         pending.bad.extend(bad)
         yield pending
 
-    def _parquet_chunk(
+    def _arrow_chunk(
         self, index: int, group: int, shard: Shard, batch: pa.RecordBatch, first_row: int
     ) -> Chunk:
         assert self.id_type is not None
@@ -218,43 +261,144 @@ class RecordReader:
                 rows.bad.append(BadRecord(source, reason, doc_id, row))
             else:
                 rows.add(doc_id, text, row)
-        return rows.chunk(index, group, False, self.id_type)
+        offsets = pa.array([p - first_row for p in rows.positions], pa.int64())
+        columns = {
+            name: batch.column(name).take(offsets).cast(kind)
+            for name, kind in self.column_types.items()
+        }
+        return rows.chunk(index, group, False, self.id_type, columns)
 
-    # JSONL: one unit per `lines_per_unit` lines.
+    # Arrow IPC: one unit per `lines_per_unit` rows.
+
+    def _arrow(self, index: int, shard: Shard) -> Iterator[Chunk]:
+        pending: Chunk | None = None
+        read = 0
+        bad: list[BadRecord] = []
+        try:
+            for first, rows in self._arrow_pieces(shard):
+                unit = first // self.lines_per_unit
+                if pending is not None:
+                    pending.last_in_unit = pending.unit != unit
+                    yield pending
+                    pending = None
+                if part_name(index, unit) not in self.done:
+                    pending = self._arrow_chunk(index, unit, shard, rows, first)
+                read = first + rows.num_rows
+        except READ_ERRORS as e:
+            reason = f"unreadable from row {read} on: {e}"
+            bad.append(BadRecord(str(shard.path), reason, row=read))
+        # The unit where reading stopped: the last one read, or the next if that was full.
+        unit = max(read - (not bad), 0) // self.lines_per_unit
+        if pending is not None and pending.unit != unit:
+            pending.last_in_unit = True
+            yield pending
+            pending = None
+        if pending is None and part_name(index, unit) not in self.done and (bad or not read):
+            pending = self._empty_chunk(index, unit)
+        if pending is not None:
+            pending.last_in_unit = True
+            pending.bad.extend(bad)
+            yield pending
+
+    def _arrow_pieces(self, shard: Shard) -> Iterator[tuple[int, pa.RecordBatch]]:
+        """(first row, rows) of an Arrow file: at most `chunk_size` rows, within one unit."""
+        row = 0
+        for batch in open_arrow(shard.path):
+            start = 0
+            while start < batch.num_rows:
+                at = row + start
+                unit_end = (at // self.lines_per_unit + 1) * self.lines_per_unit
+                size = min(self.chunk_size, unit_end - at, batch.num_rows - start)
+                yield at, batch.slice(start, size)
+                start += size
+            row += batch.num_rows
+
+    # JSON lines and dataset records: one unit per `lines_per_unit` of them.
 
     def _jsonl(self, index: int, shard: Shard) -> Iterator[Chunk]:
-        assert self.id_type is not None
-        id_type = self.id_type
+        def lines() -> Iterator[bytes]:
+            with open_lines(shard.path) as f:
+                yield from f
+
+        yield from self._record_units(index, shard, lines(), _parse_json_line, READ_ERRORS)
+
+    def _dataset(self, index: int, shard: Shard) -> Iterator[Chunk]:
+        try:
+            yield from self._record_units(index, shard, dataset_records(shard), _as_record, ())
+        except InputError:
+            raise
+        except Exception as e:  # a stream fails in many ways (network, server, decoding)
+            raise InputError(
+                f"reading {shard.name} failed: {e}; run the same command again to resume"
+            ) from e
+
+    def _record_units(
+        self,
+        index: int,
+        shard: Shard,
+        items: Iterable[Any],
+        parse: Callable[[Any], tuple[dict[str, Any] | None, str | None]],
+        read_errors: tuple[type[BaseException], ...],
+    ) -> Iterator[Chunk]:
+        """Chunks of records parsed from `items` (lines, or dataset records), unit by unit.
+        Records of done units are skipped unparsed; blank lines are no record. A read error
+        in `read_errors` sets the rest of the shard aside."""
         id_column = self._id_columns.get(index)
         rows = Rows()
         unit = 0
-        lines_read = 0
-        source = str(shard.path)
+        read = 0
+        lines = shard.format != "hf"
+        source = str(shard.path) if lines else shard.name
         try:
-            with open_lines(shard.path) as lines:
-                for line_number, raw in enumerate(lines):
-                    lines_read = line_number + 1
-                    if line_number // self.lines_per_unit != unit:
-                        if part_name(index, unit) not in self.done:
-                            yield rows.chunk(index, unit, True, id_type)
-                        rows = Rows()
-                        unit = line_number // self.lines_per_unit
-                    elif len(rows) >= self.chunk_size:
-                        yield rows.chunk(index, unit, False, id_type)
-                        rows = Rows()
-                    if part_name(index, unit) in self.done or not raw.strip():
-                        continue
-                    record, reason = _parse_json_line(raw)
-                    if record is not None:
-                        reason = self._take_record(record, shard, line_number, id_column, rows)
-                    if reason is not None:
-                        doc_id = record.get(id_column) if record and id_column else None
-                        rows.bad.append(BadRecord(source, reason, doc_id, line=line_number + 1))
-        except READ_ERRORS as e:
-            reason = f"unreadable after line {lines_read}: {e or type(e).__name__}"
-            rows.bad.append(BadRecord(source, reason, line=lines_read + 1))
+            for number, item in enumerate(items):
+                read = number + 1
+                if number // self.lines_per_unit != unit:
+                    if part_name(index, unit) not in self.done:
+                        yield self._json_chunk(rows, index, unit, True, source, lines)
+                    rows = Rows()
+                    unit = number // self.lines_per_unit
+                elif len(rows) >= self.chunk_size:
+                    yield self._json_chunk(rows, index, unit, False, source, lines)
+                    rows = Rows()
+                if part_name(index, unit) in self.done or (lines and not item.strip()):
+                    continue
+                record, reason = parse(item)
+                if record is not None:
+                    reason = self._take_record(record, shard, number, id_column, rows)
+                if reason is not None:
+                    doc_id = record.get(id_column) if record and id_column else None
+                    rows.bad.append(_bad_record(source, reason, doc_id, number, lines))
+        except read_errors as e:
+            reason = f"unreadable after line {read}: {e or type(e).__name__}"
+            rows.bad.append(BadRecord(source, reason, line=read + 1))
         if part_name(index, unit) not in self.done:
-            yield rows.chunk(index, unit, True, id_type)
+            yield self._json_chunk(rows, index, unit, True, source, lines)
+
+    def _json_chunk(
+        self, rows: Rows, index: int, unit: int, last: bool, source: str, lines: bool
+    ) -> Chunk:
+        """A chunk of records read as Python objects, their passthrough values made Arrow
+        columns; a record whose value does not fit its column's type is set aside."""
+        assert self.id_type is not None
+        misfits = {}
+        for name, kind in self.column_types.items():
+            for i, value in enumerate(rows.values.get(name, [])):
+                if i not in misfits and not _fits(value, kind):
+                    misfits[i] = (
+                        f"--keep-columns '{name}' holds {type(value).__name__} {value!r:.40}, "
+                        f"which does not fit the column's type {kind} (from the first records)"
+                    )
+        for i in sorted(misfits, reverse=True):
+            position = rows.positions.pop(i)
+            rows.bad.append(_bad_record(source, misfits[i], rows.ids.pop(i), position, lines))
+            del rows.texts[i]
+            for values in rows.values.values():
+                del values[i]
+        columns = {
+            name: pa.array(rows.values.get(name, []), kind)
+            for name, kind in self.column_types.items()
+        }
+        return rows.chunk(index, unit, last, self.id_type, columns)
 
     def _take_record(
         self,
@@ -285,7 +429,21 @@ class RecordReader:
             if not isinstance(doc_id, (str, int)) or isinstance(doc_id, bool):
                 return f"id is of type {type(doc_id).__name__}, not a string or an integer"
         rows.add(doc_id, text, line_number)
+        for name in self.keep_columns:
+            rows.values.setdefault(name, []).append(record.get(name))
         return None
+
+
+def _bad_record(source: str, reason: str, doc_id: Any, position: int, lines: bool) -> BadRecord:
+    """A bad record at a JSON line (numbered from 1) or a dataset record (from 0)."""
+    if lines:
+        return BadRecord(source, reason, doc_id, line=position + 1)
+    return BadRecord(source, reason, doc_id, row=position)
+
+
+def _as_record(item: Any) -> tuple[dict[str, Any] | None, str | None]:
+    """A dataset record is a dict already."""
+    return item, None
 
 
 def _parse_json_line(raw: bytes) -> tuple[dict[str, Any] | None, str | None]:
@@ -301,3 +459,32 @@ def _parse_json_line(raw: bytes) -> tuple[dict[str, Any] | None, str | None]:
     if not isinstance(record, dict):
         return None, f"a JSON {type(record).__name__}, not an object"
     return record, None
+
+
+def _passthrough_type(schema: pa.Schema, name: str, shard: Shard) -> pa.DataType:
+    if name not in schema.names:
+        raise InputError(
+            f"--keep-columns '{name}' not found in {shard.path}; columns: {', '.join(schema.names)}"
+        )
+    return schema.field(name).type
+
+
+def _json_type(values: list[Any], name: str, shard: Shard) -> pa.DataType:
+    """The Arrow type of a JSON field's first non-null values."""
+    try:
+        return pa.array(values).type
+    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        raise InputError(
+            f"--keep-columns '{name}' mixes values of different types in the first "
+            f"{TYPE_SAMPLE_LINES} lines of {shard.path}: make them agree"
+        ) from None
+
+
+def _fits(value: Any, kind: pa.DataType) -> bool:
+    if value is None:
+        return True
+    try:
+        pa.scalar(value, kind)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError):
+        return False
+    return True

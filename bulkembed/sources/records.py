@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,8 +50,12 @@ class BadRecord:
 class Chunk:
     """Up to `chunk_size` consecutive records of one unit of work.
 
-    `unit` numbers the unit within its shard (a Parquet row group, or a range of JSONL
-    lines); the last chunk of each unit has `last_in_unit` set, even when it holds no row."""
+    `unit` numbers the unit within its shard (a Parquet row group, or a range of rows or
+    lines); the last chunk of each unit has `last_in_unit` set, even when it holds no row.
+    `ids`, `texts`, `positions`, `columns` (passthrough values, `--keep-columns`) and
+    `hashes` (content hashes, once computed) run in parallel, one entry per record.
+    `carried` holds the records whose embeddings come from a previous output instead;
+    `changed` counts the records here whose text differs from that output's."""
 
     shard: int
     unit: int
@@ -59,11 +64,46 @@ class Chunk:
     last_in_unit: bool
     bad: list[BadRecord] = field(default_factory=list)
     positions: list[int] = field(default_factory=list)
+    columns: dict[str, pa.Array] = field(default_factory=dict)
+    hashes: list[str] = field(default_factory=list)
+    carried: Carried | None = None
+    changed: int = 0
 
     @property
     def part(self) -> str:
         """The output part of this chunk's unit: `part-<shard>-<unit>`."""
         return part_name(self.shard, self.unit)
+
+    def rows(self, which: slice | Sequence[int]) -> Chunk:
+        """The chunk's records at `which` (a slice or indices), with no bad or carried ones."""
+        if isinstance(which, slice):
+            ids, columns = self.ids[which], {k: v[which] for k, v in self.columns.items()}
+            texts, positions, hashes = self.texts[which], self.positions[which], self.hashes[which]
+        else:
+            indices = pa.array(which, pa.int64())
+            ids, columns = (
+                self.ids.take(indices),
+                {k: v.take(indices) for k, v in self.columns.items()},
+            )
+            texts = [self.texts[i] for i in which] if self.texts else []
+            positions = [self.positions[i] for i in which]
+            hashes = [self.hashes[i] for i in which] if self.hashes else []
+        return Chunk(self.shard, self.unit, ids, texts, False, [], positions, columns, hashes)
+
+    def keep(self, which: slice | Sequence[int]) -> None:
+        """Keep only the records at `which`; bad records and carried ones stay."""
+        rows = self.rows(which)
+        self.ids, self.texts, self.positions = rows.ids, rows.texts, rows.positions
+        self.columns, self.hashes = rows.columns, rows.hashes
+
+
+@dataclass(slots=True)
+class Carried:
+    """Records whose text is unchanged since a previous output, and their output columns
+    from it (`embeddings`: dense, sparse, multivector as that output wrote them)."""
+
+    records: Chunk
+    embeddings: pa.Table
 
 
 def part_name(shard: int, unit: int) -> str:
@@ -72,12 +112,14 @@ def part_name(shard: int, unit: int) -> str:
 
 @dataclass(slots=True)
 class Rows:
-    """Records collected for the chunk being built."""
+    """Records collected for the chunk being built; `values` holds passthrough values of
+    records read as Python objects (JSON lines), by column."""
 
     ids: list[Any] = field(default_factory=list)
     texts: list[str] = field(default_factory=list)
     bad: list[BadRecord] = field(default_factory=list)
     positions: list[int] = field(default_factory=list)
+    values: dict[str, list[Any]] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.texts) + len(self.bad)
@@ -87,7 +129,14 @@ class Rows:
         self.texts.append(text)
         self.positions.append(position)
 
-    def chunk(self, shard: int, unit: int, last_in_unit: bool, id_type: pa.DataType) -> Chunk:
+    def chunk(
+        self,
+        shard: int,
+        unit: int,
+        last_in_unit: bool,
+        id_type: pa.DataType,
+        columns: dict[str, pa.Array] | None = None,
+    ) -> Chunk:
         ids = self.ids if pa.types.is_integer(id_type) else [str(i) for i in self.ids]
         return Chunk(
             shard,
@@ -97,4 +146,5 @@ class Rows:
             last_in_unit,
             self.bad,
             self.positions,
+            columns or {},
         )

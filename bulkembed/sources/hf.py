@@ -1,0 +1,95 @@
+"""Hugging Face datasets as input: `hf://NAME[/CONFIG][:SPLIT]`, streamed through `datasets`.
+
+NAME is a hub id (`org/name`) or a local folder of data files; a third path part is the
+configuration (`hf://org/name/config`); SPLIT defaults to `train`. A dataset is streamed in
+its own shards (one per data file); each becomes one input shard of the run, cut into units
+of a fixed number of records like JSON lines. A resumed run streams each shard again and
+skips the records of its done units.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bulkembed.errors import InputError
+from bulkembed.sources.records import Shard
+
+HF_SCHEME = "hf://"
+DEFAULT_SPLIT = "train"
+
+
+@dataclass(frozen=True, slots=True)
+class DatasetName:
+    """A parsed `hf://` input."""
+
+    name: str
+    config: str | None
+    split: str
+
+    @property
+    def label(self) -> str:
+        config = f"/{self.config}" if self.config else ""
+        return f"{HF_SCHEME}{self.name}{config}:{self.split}"
+
+
+def parse_dataset_name(argument: str) -> DatasetName:
+    """`hf://NAME[/CONFIG][:SPLIT]`; a local folder is taken whole as NAME."""
+    rest = argument.removeprefix(HF_SCHEME)
+    location, _, split = rest.rpartition(":") if ":" in rest else (rest, "", "")
+    if not location:
+        raise InputError(f"{argument}: write hf://NAME, hf://NAME/CONFIG or hf://NAME:SPLIT")
+    if Path(location).expanduser().is_dir():
+        return DatasetName(str(Path(location).expanduser()), None, split or DEFAULT_SPLIT)
+    parts = location.split("/")
+    name, config = "/".join(parts[:2]), "/".join(parts[2:]) or None
+    return DatasetName(name, config, split or DEFAULT_SPLIT)
+
+
+@functools.lru_cache(maxsize=16)
+def _stream(dataset: DatasetName) -> Any:
+    import datasets
+
+    try:
+        return datasets.load_dataset(
+            dataset.name, dataset.config, split=dataset.split, streaming=True
+        )
+    except Exception as e:  # datasets raises many kinds: missing, offline, bad split
+        raise InputError(f"cannot open {dataset.label}: {e}") from e
+
+
+def dataset_shards(argument: str) -> list[Shard]:
+    """One shard per data file of the dataset, in the dataset's order."""
+    dataset = parse_dataset_name(argument)
+    stream = _stream(dataset)
+    return [
+        Shard(Path(dataset.name), f"{dataset.label}#{i:05d}", "hf", 0)
+        for i in range(stream.n_shards)
+    ]
+
+
+def _owner(shard: Shard) -> tuple[DatasetName, int]:
+    label, _, number = shard.name.rpartition("#")
+    return parse_dataset_name(label), int(number)
+
+
+def dataset_records(shard: Shard) -> Iterator[dict[str, Any]]:
+    """The records of one dataset shard, as dicts, in order."""
+    dataset, number = _owner(shard)
+    stream = _stream(dataset)
+    yield from stream.shard(num_shards=stream.n_shards, index=number)
+
+
+def dataset_size(shard: Shard) -> int:
+    """Records in a dataset shard if the dataset says (its split size when it has one
+    shard), else 0: unknown."""
+    dataset, _ = _owner(shard)
+    stream = _stream(dataset)
+    splits = getattr(stream.info, "splits", None) or {}
+    split = splits.get(dataset.split)
+    if split is None or stream.n_shards != 1:
+        return 0
+    return int(split.num_examples or 0)
