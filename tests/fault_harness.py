@@ -4,7 +4,8 @@
 
 Stages: tokenize (a tokenized chunk reaches the main process), encode (before a batch runs
 on the model), write (rows just went into a temporary part), commit (a part is renamed into
-place but its unit not yet marked done), marked (just after a unit is marked done).
+place but its unit not yet marked done), marked (just after a unit is marked done), append
+(rows were just appended to a LanceDB table).
 """
 
 import os
@@ -14,6 +15,7 @@ import sys
 from bulkembed import cli
 from bulkembed.checkpoint import RunDirectory
 from bulkembed.encoders.base import Encoder
+from bulkembed.sinks.lance import LanceSink
 from bulkembed.sinks.parquet import ParquetSink
 from bulkembed.tokenize import TokenizerPool
 
@@ -23,6 +25,7 @@ STAGES = {
     "write": (ParquetSink, "write", True),
     "commit": (RunDirectory, "mark_done", False),
     "marked": (RunDirectory, "mark_done", True),
+    "append": (LanceSink, "_flush", True),
 }
 
 

@@ -118,17 +118,16 @@ class RecordReader:
             yield from readers.get(shard.format, self._jsonl)(index, shard)
 
     def _set_column_type(self, name: str, kind: pa.DataType) -> None:
-        """The first shard's type of a passthrough column; the others' must cast to it."""
+        """A passthrough column's type over every shard: the same type, or the one that
+        holds both (int64 for integers, float64 for numbers, string for strings)."""
         first = self.column_types.setdefault(name, kind)
-        if first == kind:
-            return
-        try:
-            pa.array([], kind).cast(first)
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        unified = _unify(first, kind)
+        if unified is None:
             raise InputError(
                 f"--keep-columns '{name}' is {first} in one input and {kind} in another: "
                 "make the inputs agree"
-            ) from None
+            )
+        self.column_types[name] = unified
 
     def _check_columns(self, columns: list[str], source: str) -> str | None:
         """The id column to use (None: ids from the shard name); an error if one is missing."""
@@ -467,6 +466,19 @@ def _passthrough_type(schema: pa.Schema, name: str, shard: Shard) -> pa.DataType
             f"--keep-columns '{name}' not found in {shard.path}; columns: {', '.join(schema.names)}"
         )
     return schema.field(name).type
+
+
+def _unify(first: pa.DataType, second: pa.DataType) -> pa.DataType | None:
+    if first == second:
+        return first
+    kinds = (first, second)
+    if all(pa.types.is_integer(k) for k in kinds):
+        return pa.int64()
+    if all(pa.types.is_integer(k) or pa.types.is_floating(k) for k in kinds):
+        return pa.float64()
+    if all(_is_text_type(k) and not pa.types.is_null(k) for k in kinds):
+        return pa.string()
+    return None
 
 
 def _json_type(values: list[Any], name: str, shard: Shard) -> pa.DataType:

@@ -1,0 +1,141 @@
+"""`--since`: only new and changed documents reach the model; the output equals a full run."""
+
+import json
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from conftest import sample_texts, write_jsonl, write_parquet
+from typer.testing import CliRunner
+
+from bulkembed.cli import app
+from bulkembed.encoders.base import Encoder
+from bulkembed.incremental import content_hash
+
+
+def _run(corpus, model, out, *extra):
+    arguments = ["run", str(corpus), "--model", str(model), "--output", str(out), "--quiet"]
+    return CliRunner().invoke(app, [*arguments, "--tokenize-workers", "0", *map(str, extra)])
+
+
+def _summary(out):
+    return json.loads((out / "_bulkembed" / "summary.json").read_text())
+
+
+def _count_model_documents(monkeypatch):
+    """Documents passed through the model, counted at the encoder."""
+    seen = []
+    embed = Encoder.embed_within_memory
+
+    def counting(self, batch):
+        seen.append(len(batch.lengths))
+        return embed(self, batch)
+
+    monkeypatch.setattr(Encoder, "embed_within_memory", counting)
+    return seen
+
+
+def _write_corpus(folder, records):
+    write_parquet(folder / "a.parquet", records[:600], row_group_size=100)
+    write_jsonl(folder / "b.jsonl", records[600:])
+
+
+def test_incremental_run_embeds_only_new_and_changed_documents(tmp_path, tiny_st, monkeypatch):
+    model = tiny_st("mean")
+    texts = sample_texts(1000)
+    records = [{"id": f"doc-{i}", "text": t} for i, t in enumerate(texts)]
+    _write_corpus(tmp_path / "v1", records)
+    assert _run(tmp_path / "v1", model, tmp_path / "out-v1").exit_code == 0
+
+    changed = {"doc-3", "doc-150", "doc-599", "doc-600", "doc-999"}
+    removed = {"doc-10", "doc-700"}
+    new = [r for r in records if r["id"] not in removed]
+    for record in new:
+        if record["id"] in changed:
+            record["text"] += " (edited)"
+    added = [{"id": f"new-{i}", "text": t[::-1]} for i, t in enumerate(texts[:3])]
+    new[400:400] = added[:1]
+    new += added[1:]
+    _write_corpus(tmp_path / "v2", new)
+
+    model_documents = _count_model_documents(monkeypatch)
+    result = _run(tmp_path / "v2", model, tmp_path / "out-v2", "--since", tmp_path / "out-v1")
+    assert result.exit_code == 0, result.output
+    assert sum(model_documents) == 8
+    summary = _summary(tmp_path / "out-v2")
+    counts = {k: summary[k] for k in ("new", "changed", "unchanged", "deleted", "docs")}
+    assert counts == {"new": 3, "changed": 5, "unchanged": 993, "deleted": 2, "docs": 1001}
+    assert summary["docs_this_run"] == 8
+
+    monkeypatch.undo()
+    assert _run(tmp_path / "v2", model, tmp_path / "full").exit_code == 0
+    incremental = pq.read_table(tmp_path / "out-v2")
+    full = pq.read_table(tmp_path / "full")
+    assert incremental.column("id").to_pylist() == full.column("id").to_pylist()
+    assert incremental.column("content_hash").equals(full.column("content_hash"))
+    np.testing.assert_allclose(
+        np.array(incremental.column("dense").to_pylist()),
+        np.array(full.column("dense").to_pylist()),
+        atol=1e-6,
+    )
+
+
+def test_content_hash_covers_the_prompt(tmp_path, tiny_st):
+    records = [{"id": "a", "text": "some text"}]
+    write_jsonl(tmp_path / "c.jsonl", records)
+    assert (
+        _run(tmp_path / "c.jsonl", tiny_st("mean"), tmp_path / "o", "--prompt", "query: ").exit_code
+        == 0
+    )
+    table = pq.read_table(tmp_path / "o")
+    assert table.column("content_hash").to_pylist() == [content_hash("query: some text")]
+    assert content_hash("query: some text") != content_hash("some text")
+
+
+def test_since_refuses_an_output_made_with_other_settings(tmp_path, tiny_st):
+    records = [{"id": f"d{i}", "text": t} for i, t in enumerate(sample_texts(20))]
+    write_jsonl(tmp_path / "c.jsonl", records)
+    model = tiny_st("mean")
+    assert _run(tmp_path / "c.jsonl", model, tmp_path / "old", "--max-length", "32").exit_code == 0
+    result = _run(tmp_path / "c.jsonl", model, tmp_path / "new", "--since", tmp_path / "old")
+    assert result.exit_code == 1
+    assert "was made with other settings (--max-length: 32 -> 64)" in result.output
+    assert "run without --since" in result.output
+    result = _run(tmp_path / "c.jsonl", model, tmp_path / "new", "--since", tmp_path / "nowhere")
+    assert result.exit_code == 1 and "not a bulkembed output directory" in result.output
+    result = _run(tmp_path / "c.jsonl", model, tmp_path / "old", "--since", tmp_path / "old")
+    assert result.exit_code == 1 and "--since must name another output" in result.output
+
+
+def test_since_refuses_an_unfinished_output(tmp_path, tiny_st):
+    records = [{"id": f"d{i}", "text": t} for i, t in enumerate(sample_texts(20))]
+    write_jsonl(tmp_path / "c.jsonl", records)
+    model = tiny_st("mean")
+    assert _run(tmp_path / "c.jsonl", model, tmp_path / "old").exit_code == 0
+    (tmp_path / "old" / "_bulkembed" / "complete").unlink()
+    result = _run(tmp_path / "c.jsonl", model, tmp_path / "new", "--since", tmp_path / "old")
+    assert result.exit_code == 1 and "that run is unfinished" in result.output
+
+
+@pytest.mark.parametrize("output", ["multivector", "sparse"])
+def test_carried_rows_keep_every_output_column(tmp_path, tiny_bge_m3, output):
+    records = [{"id": f"d{i}", "text": t} for i, t in enumerate(sample_texts(40))]
+    write_jsonl(tmp_path / "v1.jsonl", records)
+    records[5]["text"] = "a different text"
+    write_jsonl(tmp_path / "v2.jsonl", records)
+    options = ("--outputs", f"dense,{output}")
+    assert _run(tmp_path / "v1.jsonl", tiny_bge_m3, tmp_path / "old", *options).exit_code == 0
+    result = _run(
+        tmp_path / "v2.jsonl", tiny_bge_m3, tmp_path / "new", *options, "--since", tmp_path / "old"
+    )
+    assert result.exit_code == 0, result.output
+    assert _run(tmp_path / "v2.jsonl", tiny_bge_m3, tmp_path / "full", *options).exit_code == 0
+    new, full = pq.read_table(tmp_path / "new"), pq.read_table(tmp_path / "full")
+    assert new.column("id").equals(full.column("id"))
+    assert _summary(tmp_path / "new")["changed"] == 1
+    for a, b in zip(new.column(output).to_pylist(), full.column(output).to_pylist(), strict=True):
+        if output == "sparse":
+            assert a["indices"] == b["indices"]
+            np.testing.assert_allclose(a["values"], b["values"], atol=1e-5)
+        else:
+            np.testing.assert_allclose(np.array(a), np.array(b), atol=1e-5)

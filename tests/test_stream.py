@@ -1,0 +1,115 @@
+"""`--output -`: every record on stdout, logs on stderr, a closed pipe ends the run cleanly."""
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from conftest import sample_texts, write_jsonl, write_parquet
+from typer.testing import CliRunner
+
+from bulkembed.cli import app
+from bulkembed.sinks import StreamFormat, StreamSink
+
+READ_EVERY_LINE = (
+    "import json, sys; rows = [json.loads(line) for line in sys.stdin]; "
+    "print(json.dumps({'ids': [r['id'] for r in rows], 'dense': [r['dense'] for r in rows]}))"
+)
+
+
+def _corpus(tmp_path, n=600):
+    records = [{"id": f"doc-{i}", "text": t} for i, t in enumerate(sample_texts(n))]
+    records[7]["text"] = None
+    write_parquet(tmp_path / "corpus" / "a.parquet", records[: n // 2], row_group_size=50)
+    write_jsonl(tmp_path / "corpus" / "b.jsonl", records[n // 2 :])
+    return tmp_path / "corpus", records
+
+
+def _command(corpus, model, *extra):
+    return [
+        sys.executable, "-m", "bulkembed", "run", str(corpus), "--model", str(model),
+        "--output", "-", "--tokenize-workers", "1", *extra,
+    ]  # fmt: skip
+
+
+def _reference(tmp_path, corpus, model):
+    out = tmp_path / "reference"
+    arguments = ["run", str(corpus), "--model", str(model), "--output", str(out), "-q"]
+    result = CliRunner().invoke(app, [*arguments, "--tokenize-workers", "0"])
+    assert result.exit_code == 0, result.output
+    return pq.read_table(out)
+
+
+@pytest.mark.slow
+def test_a_loader_reads_every_record_from_the_pipe(tmp_path, tiny_st):
+    corpus, records = _corpus(tmp_path)
+    model = tiny_st("mean")
+    bulkembed = shlex.join(_command(corpus, model, "--stream-format", "jsonl"))
+    loader = shlex.join([sys.executable, "-c", READ_EVERY_LINE])
+    result = subprocess.run(
+        ["bash", "-o", "pipefail", "-c", f"{bulkembed} | {loader}"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    read = json.loads(result.stdout)
+    expected = [r["id"] for r in records if r["text"] is not None]
+    assert read["ids"] == expected  # input order, the bad record left out
+    assert "bad record: " in result.stderr and '"reason": "text is null"' in result.stderr
+    reference = _reference(tmp_path, corpus, model)
+    assert reference.column("id").to_pylist() == expected
+    np.testing.assert_allclose(
+        np.array(read["dense"]), np.array(reference.column("dense").to_pylist()), atol=1e-6
+    )
+
+
+@pytest.mark.slow
+def test_head_closing_the_pipe_ends_the_run_without_a_traceback(tmp_path, tiny_st):
+    corpus, _ = _corpus(tmp_path, n=2000)
+    bulkembed = shlex.join(_command(corpus, tiny_st("mean")))
+    script = f'{bulkembed} | head -1; echo "exit ${{PIPESTATUS[0]}}" >&2'
+    result = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=300)
+    lines = result.stdout.splitlines()
+    assert len(lines) == 1 and json.loads(lines[0])["id"] == "doc-0"
+    assert "exit 141" in result.stderr
+    assert "error: stdout was closed by its reader; stopped after" in result.stderr
+    assert "Traceback" not in result.stderr and "Exception ignored" not in result.stderr
+
+
+@pytest.mark.slow
+def test_arrow_stream_holds_the_same_table(tmp_path, tiny_st):
+    corpus, _ = _corpus(tmp_path, n=200)
+    model = tiny_st("mean")
+    command = _command(corpus, model, "--stream-format", "arrow", "--quiet")
+    result = subprocess.run(command, capture_output=True, timeout=300)
+    assert result.returncode == 0, result.stderr.decode()
+    streamed = pa.ipc.open_stream(result.stdout).read_all()
+    assert streamed.equals(_reference(tmp_path, corpus, model))
+
+
+def test_stream_sink_turns_a_closed_pipe_into_one_error(tmp_path):
+    read, write = os.pipe()
+    os.close(read)
+    stream = os.fdopen(write, "wb")
+    sink = StreamSink(stream, StreamFormat.JSONL)
+    schema = pa.schema([pa.field("id", pa.string())])
+    sink.start(schema)
+    with pytest.raises(Exception, match="stdout was closed by its reader; stopped after 0"):
+        sink.write("part", pa.RecordBatch.from_pydict({"id": ["a"] * 100_000}, schema))
+    stream.close()  # the descriptor now points at /dev/null: closing does not fail again
+
+
+def test_stream_options_are_checked(tmp_path, tiny_st):
+    corpus, _ = _corpus(tmp_path, n=20)
+    arguments = ["run", str(corpus), "--model", str(tiny_st("mean"))]
+    output = ["-o", str(tmp_path / "o")]
+    result = CliRunner().invoke(app, [*arguments, *output, "--stream-format", "arrow"])
+    assert result.exit_code == 1 and "--stream-format applies to --output - only" in result.output
+    result = CliRunner().invoke(app, [*arguments, "-o", "-", "--stream-format", "csv"])
+    assert result.exit_code == 1 and "--stream-format: choose jsonl or arrow" in result.output
