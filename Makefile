@@ -41,6 +41,7 @@ format: install
 bench: install
 	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/parity.py
 	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/memory.py
+	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/outputs.py
 
 docs: install
 	$(BIN)/python scripts/cli_reference.py

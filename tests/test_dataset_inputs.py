@@ -3,15 +3,18 @@
 import json
 
 import datasets
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import sample_texts, write_jsonl, write_parquet
+from conftest import fill_the_disk_at_commit, sample_texts, write_jsonl, write_parquet
 from typer.testing import CliRunner
 
 from bulkembed.cli import app
 from bulkembed.sources import RecordReader, list_shards
 from bulkembed.sources.hf import parse_dataset_name
+
+ORIGINAL_CLOSE = pq.ParquetWriter.close
 
 
 def _records(n=300):
@@ -164,3 +167,31 @@ def test_passthrough_types_must_agree_across_shards(tmp_path, kinds, unified):
     reader.check()
     assert reader.column_types == {"n": unified}
     assert [c.columns["n"].type for c in reader] == [unified, unified]
+
+
+@pytest.mark.parametrize("kind", ["saved", "hf"])
+def test_a_dataset_run_resumes_after_its_done_units(tmp_path, tiny_st, monkeypatch, kind):
+    """9,000 records: three units of 4,096 records; the first run dies at the second commit."""
+    texts = sample_texts(1000)
+    records = [{"id": f"d{i}", "text": f"{texts[i % 1000][:100]} {i}"} for i in range(9000)]
+    if kind == "saved":
+        datasets.Dataset.from_list(records).save_to_disk(tmp_path / "data")
+        source = tmp_path / "data"
+    else:
+        write_parquet(tmp_path / "data" / "train.parquet", records)
+        source = f"hf://{tmp_path / 'data'}"
+    model = tiny_st("mean")
+    reference = _embed([source], model, tmp_path / "reference")
+    fill_the_disk_at_commit(monkeypatch, 2)
+    arguments = ["run", str(source), "--model", str(model), "--output", str(tmp_path / "out")]
+    failed = CliRunner().invoke(app, [*arguments, "-q", "--tokenize-workers", "0"])
+    assert failed.exit_code == 1 and "No space left on device" in failed.output
+    monkeypatch.setattr(pq.ParquetWriter, "close", ORIGINAL_CLOSE)
+    resumed = _embed([source], model, tmp_path / "out")
+    summary = json.loads((tmp_path / "out" / "_bulkembed" / "summary.json").read_text())
+    assert (summary["units"], summary["docs_this_run"]) == (3, 9000 - 4096)
+    resumed, reference = _columns(resumed), _columns(reference)
+    assert resumed["id"] == reference["id"] == sorted(r["id"] for r in records)
+    assert resumed["content_hash"] == reference["content_hash"]
+    # Batches after the resume hold other neighbours: float rounding differs a little.
+    np.testing.assert_allclose(resumed["dense"], reference["dense"], atol=1e-5)
