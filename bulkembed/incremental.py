@@ -79,6 +79,7 @@ class PreviousOutput:
                 f"--since {path} was made with other settings ({'; '.join(changes)}): "
                 "its vectors cannot be reused; run without --since"
             )
+        self.path = path
         parts = ParquetSink(path)
         self.parts = [parts.part_path(r.part) for r in run.done_units().values() if r.rows]
         self.rows = 0

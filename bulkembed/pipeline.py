@@ -301,6 +301,12 @@ class _Job:
             f"tokens = {max(1, budget // spec.max_length)} docs at max length; "
             f"{self.workers} tokenizer process(es); {len(self.shards)} shard(s)"
             + (f"; resuming after {len(done)} done unit(s)" if done else "")
+            + (
+                f"; reusing the vectors of {self.previous.rows:,} document(s) in "
+                f"{self.previous.path} where the text is unchanged"
+                if self.previous is not None
+                else ""
+            )
         )
         stats = RunStats()
         assert self.reader.id_type is not None
@@ -336,6 +342,10 @@ class _Job:
                         rows = slice(offset, end)
                         writer.write(tokenized, embedded.take(rows), padded[rows])
                         offset = end
+                        carried = tokenized.chunk.carried
+                        if carried is not None:
+                            stats.carried += len(carried.records.positions)
+                            reporter.update(stats)
             self.sink.finish()
         finally:
             writer.close()

@@ -27,9 +27,11 @@ LOG_INTERVAL_SECONDS = 10.0
 
 @dataclass(slots=True)
 class RunStats:
-    """Counters of a run, updated after every batch."""
+    """Counters of a run, updated after every batch. `docs` went through the model;
+    `carried` were copied from a previous output (`--since`)."""
 
     docs: int = 0
+    carried: int = 0
     tokens: int = 0
     padded_tokens: int = 0
     batches: int = 0
@@ -104,7 +106,7 @@ class LogReporter(Reporter):
         if now - self._last < self.interval:
             return
         self._last = now
-        done = f"{stats.docs:,}" + (f"/{self._total:,}" if self._total else "")
+        done = f"{stats.docs + stats.carried:,}" + (f"/{self._total:,}" if self._total else "")
         self.console.print(f"bulkembed: {done} docs  {_rates(stats)}", soft_wrap=True)
 
     def finish(self, summary: dict[str, Any]) -> None:
@@ -136,7 +138,8 @@ class BarReporter(LogReporter):
         self.progress.update(self.task, total=total)
 
     def update(self, stats: RunStats) -> None:
-        self.progress.update(self.task, completed=stats.docs, rates=_rates(stats))
+        completed = stats.docs + stats.carried
+        self.progress.update(self.task, completed=completed, rates=_rates(stats))
 
     def finish(self, summary: dict[str, Any]) -> None:
         self.close()
