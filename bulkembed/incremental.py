@@ -2,7 +2,7 @@
 
 Every output row keeps `content_hash`: BLAKE2b-128 of the exact text the model read (prompt
 included, lowercased where the model lowercases). An incremental run reads PREV's ids and
-hashes once, into sorted arrays (24 bytes per document), and then, record by record:
+hashes once, into sorted arrays (32 bytes per document), and then, record by record:
 
 - an id PREV does not have is new, and embedded;
 - an id whose hash differs is changed, and embedded;
@@ -10,8 +10,9 @@ hashes once, into sorted arrays (24 bytes per document), and then, record by rec
   copied from PREV's row, and the model never sees it.
 
 Ids of PREV that the input no longer has are not written: they are the deleted ones. PREV's
-parts are read one at a time, as the records that need them come; the run's own order of
-units usually matches PREV's, so each part is read once.
+vectors are read a row group at a time (a few hundred rows: bulkembed writes one per chunk),
+as the records that need them come; the run's own order of units usually matches PREV's, so
+each row group is read once.
 """
 
 from __future__ import annotations
@@ -38,8 +39,8 @@ from bulkembed.tokenize import TokenizerSettings
 # Settings that may differ from PREV's: they change which documents there are or which
 # input columns are copied, not what a document's vectors are.
 _FREE_SETTINGS = ("inputs", "limit", "units", "keep_columns", "since")
-# PREV's parts held in memory at once.
-_CACHED_PARTS = 2
+# PREV's row groups held in memory at once.
+_CACHED_GROUPS = 4
 
 
 def content_hash(text: str) -> str:
@@ -83,7 +84,8 @@ class PreviousOutput:
         parts = ParquetSink(path)
         self.parts = [parts.part_path(r.part) for r in run.done_units().values() if r.rows]
         self.rows = 0
-        self._cache: OrderedDict[int, pa.Table] = OrderedDict()
+        self._files: dict[int, tuple[pq.ParquetFile, np.ndarray]] = {}
+        self._cache: OrderedDict[tuple[int, int], pa.Table] = OrderedDict()
         self._load_lookup()
 
     def _load_lookup(self) -> None:
@@ -100,7 +102,7 @@ class PreviousOutput:
             digests = table.column(CONTENT_HASH).to_pylist()
             hashes.append(np.array([bytes.fromhex(h) for h in digests], dtype="S16"))
             parts.append(np.full(count, number, np.int32))
-            rows.append(np.arange(count, dtype=np.int64))
+            rows.append(np.arange(count, dtype=np.int32))
             self.rows += count
         keys = np.concatenate(ids) if ids else np.empty(0, np.uint64)
         order = np.argsort(keys, kind="stable")
@@ -113,7 +115,7 @@ class PreviousOutput:
         self._keys = keys[unique]
         self._hashes = np.concatenate(hashes)[order] if hashes else np.empty(0, "S16")
         self._parts = np.concatenate(parts)[order] if parts else np.empty(0, np.int32)
-        self._rows = np.concatenate(rows)[order] if rows else np.empty(0, np.int64)
+        self._rows = np.concatenate(rows)[order] if rows else np.empty(0, np.int32)
 
     def _find(self, ids: list[Any]) -> np.ndarray:
         """For each id, its index in the lookup arrays, or -1."""
@@ -123,29 +125,44 @@ class PreviousOutput:
         found = np.minimum(np.searchsorted(self._keys, keys), len(self._keys) - 1)
         return np.where(self._keys[found] == keys, found, -1)
 
-    def _part(self, number: int) -> pa.Table:
-        table = self._cache.get(number)
+    def _file(self, number: int) -> tuple[pq.ParquetFile, np.ndarray]:
+        """PREV's part `number`, and the first row of each of its row groups."""
+        if number not in self._files:
+            file = pq.ParquetFile(self.parts[number])
+            sizes = [file.metadata.row_group(g).num_rows for g in range(file.num_row_groups)]
+            self._files = {number: (file, np.cumsum([0, *sizes[:-1]]))}
+        return self._files[number]
+
+    def _group(self, number: int, group: int) -> pa.Table:
+        """The output columns of one row group of PREV's part `number`."""
+        key = (number, group)
+        table = self._cache.get(key)
         if table is None:
-            columns = [
-                c for c in EMBEDDING_COLUMNS if c in pq.read_schema(self.parts[number]).names
-            ]
-            table = pq.read_table(self.parts[number], columns=columns)
-            self._cache[number] = table
-            if len(self._cache) > _CACHED_PARTS:
+            file, _ = self._file(number)
+            columns = [c for c in EMBEDDING_COLUMNS if c in file.schema_arrow.names]
+            table = file.read_row_group(group, columns=columns)
+            self._cache[key] = table
+            if len(self._cache) > _CACHED_GROUPS:
                 self._cache.popitem(last=False)
-        self._cache.move_to_end(number)
+        self._cache.move_to_end(key)
         return table
 
     def _embeddings(self, entries: np.ndarray) -> pa.Table:
         """PREV's output columns for lookup entries, in their order."""
         pieces = []
+        for entry in entries:
+            number, row = int(self._parts[entry]), int(self._rows[entry])
+            _, starts = self._file(number)
+            group = int(np.searchsorted(starts, row, side="right")) - 1
+            pieces.append((number, group, row - int(starts[group])))
+        tables = []
         start = 0
-        parts = self._parts[entries]
-        for end in [*np.flatnonzero(parts[1:] != parts[:-1]) + 1, len(entries)]:
-            rows = pa.array(self._rows[entries[start:end]], pa.int64())
-            pieces.append(self._part(int(parts[start])).take(rows))
-            start = end
-        return pa.concat_tables(pieces)
+        for end in range(1, len(pieces) + 1):
+            if end == len(pieces) or pieces[end][:2] != pieces[start][:2]:
+                rows = pa.array([p[2] for p in pieces[start:end]], pa.int64())
+                tables.append(self._group(*pieces[start][:2]).take(rows))
+                start = end
+        return pa.concat_tables(tables)
 
     def carry_over(self, chunks: Iterable[Chunk]) -> Iterator[Chunk]:
         """Move each chunk's unchanged records to `carried`, count its changed ones."""
@@ -161,6 +178,7 @@ class PreviousOutput:
             if same.any():
                 unchanged = np.flatnonzero(same)
                 records = chunk.rows(unchanged.tolist())
+                records.texts = []  # not embedded: not needed
                 chunk.carried = Carried(records, self._embeddings(entries[unchanged]))
                 chunk.keep(np.flatnonzero(~same).tolist())
             yield chunk

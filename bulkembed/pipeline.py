@@ -170,8 +170,11 @@ def _committed_ids(sink: Sink, done: dict[str, UnitRecord]) -> SeenIds:
     return seen
 
 
-def _incremental_counts(done: dict[str, UnitRecord], previous_rows: int) -> dict[str, int]:
-    """New, changed, unchanged and deleted documents against the `--since` output."""
+def _incremental_counts(
+    done: dict[str, UnitRecord], previous_rows: int, limited: bool
+) -> dict[str, int | None]:
+    """New, changed, unchanged and deleted documents against the `--since` output. With
+    `--limit` the documents past it are not read: how many were deleted is unknown."""
     rows = sum(r.rows for r in done.values())
     carried = sum(r.carried for r in done.values())
     changed = sum(r.changed for r in done.values())
@@ -179,7 +182,7 @@ def _incremental_counts(done: dict[str, UnitRecord], previous_rows: int) -> dict
         "new": rows - carried - changed,
         "changed": changed,
         "unchanged": carried,
-        "deleted": previous_rows - carried - changed,
+        "deleted": None if limited else previous_rows - carried - changed,
     }
 
 
@@ -188,12 +191,13 @@ def summarize(
     stats: RunStats,
     run_info: dict[str, Any],
     previous_rows: int | None = None,
+    limited: bool = False,
 ) -> dict:
     """The whole output's figures (over every run that wrote it) and this run's speed;
     with `previous_rows` (`--since`), the counts against the previous output."""
     tokens = sum(r.tokens for r in done.values())
     padded = sum(r.padded_tokens for r in done.values())
-    incremental = {} if previous_rows is None else _incremental_counts(done, previous_rows)
+    incremental = {} if previous_rows is None else _incremental_counts(done, previous_rows, limited)
     return {
         "docs": sum(r.rows for r in done.values()),
         **incremental,
@@ -374,12 +378,17 @@ def _run(job: _Job) -> dict[str, Any]:
     """Open the run directory, embed what is pending, write the summary."""
     config = job.config
     settings = fingerprint(config, job.spec, job.shards)
-    if config.since is not None:
-        job.previous = PreviousOutput(Path(config.since), settings)
-    previous_rows = None if job.previous is None else job.previous.rows
     run_info = job.run_info()
     done = job.run.open(settings, config.overwrite, job.sink)
     try:
+        complete = job.run.is_complete()
+        previous_rows = None
+        if config.since is not None and complete:
+            previous_rows = job.run.read_config().get("previous_rows")
+        elif config.since is not None:
+            job.previous = PreviousOutput(Path(config.since), settings)
+            previous_rows = job.previous.rows
+            _share_quantization(job)
         spec_fields = {k: v for k, v in asdict(job.spec).items() if k != "tokenizer_json"}
         paths = [{"name": s.name, "path": str(s.path)} for s in job.shards]
         job.run.write_config(
@@ -388,20 +397,37 @@ def _run(job: _Job) -> dict[str, Any]:
                 "fingerprint": settings,
                 "input_paths": paths,
                 "model": spec_fields,
+                "previous_rows": previous_rows,
                 **run_info,
             }
         )
-        if job.run.is_complete():
+        limited = config.limit is not None
+        if complete:
             job.reporter.info(f"nothing to do: {job.target.label} already holds every document")
-            return summarize(done, RunStats(), run_info, previous_rows)
+            return summarize(done, RunStats(), run_info, previous_rows, limited)
         stats = job.embed_pending(done)
-        summary = summarize(job.run.done_units(), stats, run_info, previous_rows)
+        summary = summarize(job.run.done_units(), stats, run_info, previous_rows, limited)
         job.run.write_summary(summary)
         return summary
     finally:
         if not job.sink.resumable:
             _report_bad_records(job)
         job.run.release_lock()
+
+
+def _share_quantization(job: _Job) -> None:
+    """Carried-over rows keep the previous output's int8/uint8 scale: so must new ones."""
+    quantize = job.output_format.quantize
+    if quantize not in ("int8", "uint8") or job.run.read_quantization_ranges() is not None:
+        return
+    assert job.previous is not None and quantize is not None
+    ranges = RunDirectory(job.previous.path).read_quantization_ranges()
+    if ranges is None:
+        raise OutputError(
+            f"--since {job.previous.path}: its _bulkembed/quantization.json is missing, so its "
+            "int8/uint8 vectors cannot be matched; restore it, or run without --since"
+        )
+    job.run.write_quantization_ranges(quantize, ranges)
 
 
 def _report_bad_records(job: _Job) -> None:

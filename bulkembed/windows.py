@@ -27,6 +27,11 @@ WINDOW_BATCHES = 32
 MULTIVECTOR_WINDOW_BYTES = 512 * 1024 * 1024
 
 
+# A window also closes once it holds this many bytes of vectors carried over from a
+# previous output (`--since`), however few documents it has to embed.
+CARRIED_WINDOW_BYTES = 64 * 1024 * 1024
+
+
 def window_tokens(max_batch_tokens: int, multivector_dim: int | None) -> int:
     """Tokens per window: `WINDOW_BATCHES` budgets, fewer when every token keeps a vector.
 
@@ -41,8 +46,9 @@ def window_tokens(max_batch_tokens: int, multivector_dim: int | None) -> int:
 
 def split_chunk(tokenized: TokenizedChunk, max_tokens: int) -> list[TokenizedChunk]:
     """Cut a chunk into pieces of at most `max_tokens` (one document at least), in order.
-    The first piece carries the bad records, carried-over rows and truncation count, the
-    last ends the unit."""
+    The first piece carries the bad records, the count of changed records and of truncated
+    ones; carried-over records go with the piece they come before in the input, or the
+    last; the last piece ends the unit."""
     lengths = tokenized.lengths
     if int(lengths.sum()) <= max_tokens:
         return [tokenized]
@@ -55,13 +61,16 @@ def split_chunk(tokenized: TokenizedChunk, max_tokens: int) -> list[TokenizedChu
         cuts.append((start, end))
         start = end
     chunk = tokenized.chunk
+    carried = chunk.carried
     pieces = []
     for number, (a, b) in enumerate(cuts):
         first, last = number == 0, number == len(cuts) - 1
         part = chunk.rows(slice(a, b))
         part.last_in_unit = chunk.last_in_unit and last
         if first:
-            part.bad, part.carried, part.changed = chunk.bad, chunk.carried, chunk.changed
+            part.bad, part.changed = chunk.bad, chunk.changed
+        if carried is not None:
+            part.carried, carried = (carried, None) if last else carried.before(chunk.positions[b])
         token_start = int(ends[a - 1]) if a else 0
         token_ids = tokenized.token_ids[token_start : int(ends[b - 1])]
         truncated = tokenized.truncated if first else 0
@@ -69,17 +78,25 @@ def split_chunk(tokenized: TokenizedChunk, max_tokens: int) -> list[TokenizedChu
     return pieces
 
 
+def _carried_bytes(chunk: TokenizedChunk) -> int:
+    carried = chunk.chunk.carried
+    return 0 if carried is None else carried.embeddings.nbytes
+
+
 def windows(chunks: Iterator[TokenizedChunk], max_tokens: int) -> Iterator[list[TokenizedChunk]]:
-    """Consecutive chunks, gathered until they hold `max_tokens`; a larger chunk is cut."""
+    """Consecutive chunks, gathered until they hold `max_tokens` to embed, or
+    `CARRIED_WINDOW_BYTES` of vectors carried over from a previous output; a larger chunk
+    is cut."""
     window: list[TokenizedChunk] = []
-    tokens = 0
+    tokens = carried = 0
     for chunk in chunks:
         for piece in split_chunk(chunk, max_tokens):
             window.append(piece)
             tokens += int(piece.lengths.sum())
-            if tokens >= max_tokens:
+            carried += _carried_bytes(piece)
+            if tokens >= max_tokens or carried >= CARRIED_WINDOW_BYTES:
                 yield window
-                window, tokens = [], 0
+                window, tokens, carried = [], 0, 0
     if window:
         yield window
 

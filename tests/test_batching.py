@@ -102,3 +102,45 @@ def test_multivector_windows_are_bounded_by_bytes():
     assert window_tokens(16384, None) == 32 * 16384
     assert window_tokens(16384, 1024) * 1024 * 4 == MULTIVECTOR_WINDOW_BYTES
     assert window_tokens(16384, 128) == 32 * 16384
+
+
+def _carried_chunk(unit, positions, embedded=()):
+    """A chunk whose records at `positions` are carried over with one 1 kB vector each, and
+    whose records at `embedded` are to embed (5 tokens each)."""
+    import pyarrow as pa
+
+    from bulkembed.sources import Chunk
+    from bulkembed.sources.records import Carried
+    from bulkembed.tokenize import TokenizedChunk
+
+    def rows(where):
+        return Chunk(0, unit, pa.array([f"d{p}" for p in where]), [], False, [], list(where))
+
+    chunk = rows(embedded)
+    chunk.last_in_unit = True
+    vectors = pa.FixedSizeListArray.from_arrays(
+        pa.array(np.zeros(256 * len(positions), np.float32)), 256
+    )
+    chunk.carried = Carried(rows(positions), pa.table({"dense": vectors}))
+    lengths = np.full(len(embedded), 5, dtype=np.int32)
+    return TokenizedChunk(chunk, np.zeros(int(lengths.sum()), np.int32), lengths, 0)
+
+
+def test_windows_close_on_carried_bytes_too(monkeypatch):
+    from bulkembed import windows as module
+
+    monkeypatch.setattr(module, "CARRIED_WINDOW_BYTES", 4096)  # two 2 kB chunks
+    chunks = [_carried_chunk(unit, [0, 1]) for unit in range(5)]
+    sizes = [len(window) for window in module.windows(iter(chunks), 1_000_000)]
+    assert sizes == [2, 2, 1]
+
+
+def test_carried_records_go_with_the_piece_they_precede():
+    from bulkembed.windows import split_chunk
+
+    tokenized = _carried_chunk(0, [0, 3, 4, 9], embedded=[1, 2, 5, 6, 7, 8])
+    pieces = split_chunk(tokenized, 10)
+    assert [p.chunk.positions for p in pieces] == [[1, 2], [5, 6], [7, 8]]
+    carried = [p.chunk.carried and p.chunk.carried.records.positions for p in pieces]
+    assert carried == [[0, 3, 4], None, [9]]
+    assert [p.chunk.carried.embeddings.num_rows for p in pieces if p.chunk.carried] == [3, 1]

@@ -195,3 +195,65 @@ def test_a_dataset_run_resumes_after_its_done_units(tmp_path, tiny_st, monkeypat
     assert resumed["content_hash"] == reference["content_hash"]
     # Batches after the resume hold other neighbours: float rounding differs a little.
     np.testing.assert_allclose(resumed["dense"], reference["dense"], atol=1e-5)
+
+
+def test_arrow_ipc_files_and_streams_both_read(tmp_path):
+    table = pa.table({"id": ["a", "b", "c"], "text": ["x", "y", "z"]})
+    with pa.ipc.new_file(tmp_path / "file.arrow", table.schema) as writer:
+        writer.write_table(table, max_chunksize=2)
+    with pa.ipc.new_stream(tmp_path / "stream.arrow", table.schema) as writer:
+        writer.write_table(table, max_chunksize=2)
+    for name in ("file.arrow", "stream.arrow"):
+        reader = RecordReader(list_shards([str(tmp_path / name)]))
+        assert [i for c in reader for i in c.ids.to_pylist()] == ["a", "b", "c"]
+
+
+def test_passthrough_values_that_cannot_be_kept_set_their_record_aside(tmp_path, tiny_st):
+    write_jsonl(
+        tmp_path / "corpus" / "a.jsonl",
+        [{"id": f"j{i}", "text": "json text", "n": i} for i in range(3)],
+    )
+    (tmp_path / "corpus" / "b.jsonl").write_text(
+        '{"id": "j3", "text": "t", "n": 1, "title": "ok"}\n'
+        '{"id": "j4", "text": "t", "n": 2, "title": "bad \\ud800"}\n'
+        '{"id": "bad \\ud800", "text": "t", "n": 3}\n'
+    )
+    big = 2**60 + 1  # no float64 holds it exactly
+    parquet = pa.table({"id": ["p0", "p1"], "text": ["a", "b"], "n": [5, big], "title": ["p", "q"]})
+    pq.write_table(parquet, tmp_path / "corpus" / "c.parquet")
+    floats = pa.table({"id": ["f0"], "text": ["c"], "n": [0.5], "title": pa.nulls(1, pa.null())})
+    pq.write_table(floats, tmp_path / "corpus" / "d.parquet")
+    out = _embed([tmp_path / "corpus"], tiny_st("mean"), tmp_path / "out", "--keep-columns", "n")
+    assert out.schema.field("n").type == pa.float64()  # int64 and double inputs
+    assert sorted(out.column("id").to_pylist()) == ["f0", "j0", "j1", "j2", "j3", "j4", "p0"]
+    reasons = sorted(
+        json.loads(line)["reason"]
+        for line in (tmp_path / "out" / "_bulkembed" / "bad_records.jsonl").read_text().splitlines()
+    )
+    assert reasons[0].startswith("--keep-columns 'n' holds 1152921504606846977, which does not fit")
+    assert reasons[1] == "id holds an unpaired surrogate, not valid Unicode"
+    titled = _embed(
+        [tmp_path / "corpus"], tiny_st("mean"), tmp_path / "out-title", "--keep-columns", "title"
+    )
+    assert titled.schema.field("title").type == pa.string()  # a null column takes any type
+    bad = (tmp_path / "out-title" / "_bulkembed" / "bad_records.jsonl").read_text()
+    assert "'title' holds text with an unpaired surrogate, not valid Unicode" in bad
+
+
+def test_a_json_field_that_starts_late_still_gets_its_type(tmp_path, tiny_st):
+    records = [{"id": f"d{i}", "text": f"text {i}"} for i in range(200)]
+    for record in records[150:]:
+        record["year"] = 1900 + int(record["id"][1:])
+    write_jsonl(tmp_path / "c.jsonl", records)
+    out = _embed(
+        [tmp_path / "c.jsonl"], tiny_st("mean"), tmp_path / "out", "--keep-columns", "year"
+    )
+    assert out.schema.field("year").type == pa.int64()
+    years = dict(zip(out.column("id").to_pylist(), out.column("year").to_pylist(), strict=True))
+    assert (len(years), years["d0"], years["d199"]) == (200, None, 2099)
+    arguments = ["run", str(tmp_path / "c.jsonl"), "--model", str(tiny_st("mean"))]
+    result = CliRunner().invoke(
+        app, [*arguments, "-o", str(tmp_path / "o2"), "--keep-columns", "yaer"]
+    )
+    assert result.exit_code == 1
+    assert "--keep-columns 'yaer' has a value in no record of the inputs" in result.output

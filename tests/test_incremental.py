@@ -139,3 +139,66 @@ def test_carried_rows_keep_every_output_column(tmp_path, tiny_bge_m3, output):
             np.testing.assert_allclose(a["values"], b["values"], atol=1e-5)
         else:
             np.testing.assert_allclose(np.array(a), np.array(b), atol=1e-5)
+
+
+def test_rows_stay_in_input_order_when_chunks_are_split(tmp_path, tiny_st):
+    """Small batch budgets cut chunks into pieces: carried rows go with the right piece."""
+    model = tiny_st("mean")
+    records = [{"id": f"d{i}", "text": t} for i, t in enumerate(sample_texts(600))]
+    write_jsonl(tmp_path / "v1.jsonl", records)
+    for record in records[:100]:
+        record["text"] += " (edited)"
+    write_jsonl(tmp_path / "v2.jsonl", records)
+    budget = ("--max-batch-tokens", "64")
+    assert _run(tmp_path / "v1.jsonl", model, tmp_path / "old", *budget).exit_code == 0
+    since = ("--since", tmp_path / "old")
+    assert _run(tmp_path / "v2.jsonl", model, tmp_path / "new", *budget, *since).exit_code == 0
+    ids = pq.read_table(tmp_path / "new").column("id").to_pylist()
+    assert ids == [r["id"] for r in records]
+    assert _summary(tmp_path / "new")["changed"] == 100
+
+
+def test_quantized_outputs_share_the_previous_scale(tmp_path, tiny_st):
+    model = tiny_st("mean")
+    records = [{"id": f"d{i}", "text": t} for i, t in enumerate(sample_texts(50))]
+    write_jsonl(tmp_path / "v1.jsonl", records)
+    records[7]["text"] += " (edited)"  # a single document to embed: too few to calibrate
+    write_jsonl(tmp_path / "v2.jsonl", records)
+    quantize = ("--quantize", "int8")
+    assert _run(tmp_path / "v1.jsonl", model, tmp_path / "old", *quantize).exit_code == 0
+    result = _run(
+        tmp_path / "v2.jsonl", model, tmp_path / "new", *quantize, "--since", tmp_path / "old"
+    )
+    assert result.exit_code == 0, result.output
+    scale = "_bulkembed/quantization.json"
+    assert (tmp_path / "new" / scale).read_text() == (tmp_path / "old" / scale).read_text()
+    old, new = pq.read_table(tmp_path / "old"), pq.read_table(tmp_path / "new")
+    unchanged = [i for i in range(50) if i != 7]
+    assert new.take(unchanged).column("dense").equals(old.take(unchanged).column("dense"))
+    assert new.column("dense")[7] != old.column("dense")[7]
+
+
+def test_limit_leaves_the_deleted_count_unknown(tmp_path, tiny_st):
+    model = tiny_st("mean")
+    records = [{"id": f"d{i}", "text": t} for i, t in enumerate(sample_texts(30))]
+    write_jsonl(tmp_path / "c.jsonl", records)
+    assert _run(tmp_path / "c.jsonl", model, tmp_path / "old").exit_code == 0
+    since = ("--since", tmp_path / "old", "--limit", "10")
+    assert _run(tmp_path / "c.jsonl", model, tmp_path / "new", *since).exit_code == 0
+    summary = _summary(tmp_path / "new")
+    assert (summary["unchanged"], summary["deleted"]) == (10, None)
+
+
+def test_a_finished_incremental_run_does_not_read_the_previous_output_again(tmp_path, tiny_st):
+    import shutil
+
+    model = tiny_st("mean")
+    records = [{"id": f"d{i}", "text": t} for i, t in enumerate(sample_texts(30))]
+    write_jsonl(tmp_path / "c.jsonl", records)
+    assert _run(tmp_path / "c.jsonl", model, tmp_path / "old").exit_code == 0
+    since = ("--since", tmp_path / "old")
+    assert _run(tmp_path / "c.jsonl", model, tmp_path / "new", *since).exit_code == 0
+    shutil.rmtree(tmp_path / "old")
+    again = _run(tmp_path / "c.jsonl", model, tmp_path / "new", *since)
+    assert again.exit_code == 0, again.output
+    assert _summary(tmp_path / "new")["unchanged"] == 30

@@ -184,3 +184,35 @@ def test_lancedb_options_need_a_lancedb_output(tmp_path, tiny_st):
     with pytest.raises(OutputError, match="LanceDB needs a directory"):
         (tmp_path / "file").write_text("x")
         LanceSink(tmp_path / "file").foreign_data()
+
+
+def test_a_finished_table_reruns_as_nothing_to_do(tmp_path, tiny_st):
+    corpus, records = _corpus(tmp_path, n=300)
+    arguments = _arguments(corpus, tiny_st("mean"), f"lancedb://{tmp_path / 'db'}", "--index")
+    _run(*arguments)
+    again = CliRunner().invoke(app, [a for a in map(str, arguments) if a != "--quiet"])
+    assert again.exit_code == 0, again.output
+    assert "nothing to do" in again.output
+    table = lancedb.connect(tmp_path / "db").open_table("embeddings")
+    assert table.count_rows() == len(records)
+    assert [i.name for i in table.list_indices()] == ["vector_idx"]
+
+
+def test_a_run_stopped_while_indexing_finishes_on_rerun(tmp_path, tiny_st, monkeypatch):
+    from bulkembed.errors import Interrupted
+
+    corpus, records = _corpus(tmp_path, n=300)
+    arguments = _arguments(corpus, tiny_st("mean"), f"lancedb://{tmp_path / 'db'}", "--index")
+
+    def stopped(*args):
+        raise Interrupted(2, "stopped by SIGINT: run the same command again to resume")
+
+    monkeypatch.setattr(lance_module, "_index_config", stopped)
+    first = CliRunner().invoke(app, list(map(str, arguments)))
+    assert first.exit_code == 130, first.output
+    monkeypatch.undo()
+    _run(*arguments)
+    table = lancedb.connect(tmp_path / "db").open_table("embeddings")
+    ids = table.to_arrow().column("id").to_pylist()
+    assert sorted(ids) == sorted(r["id"] for r in records)
+    assert [i.name for i in table.list_indices()] == ["vector_idx"]

@@ -150,9 +150,22 @@ class LanceSink(Sink):
                 f"committed unit's ({committed}): it was replaced; use --overwrite"
             )
         if table.version > committed:
-            table.restore(committed)
+            self._take_back(table, committed, sum(r.rows for r in done.values()))
         self._table = table
-        self._committed_version = committed
+        self._committed_version = table.version
+
+    def _take_back(self, table: Any, committed: int, rows: int) -> None:
+        """Restore the table to `committed`, unless `finish` compacted it: compaction removes
+        the old versions, and happens only once every unit is in, so the table then holds
+        exactly the done units' rows (checked) and is kept, to be finished again."""
+        if any(v["version"] == committed for v in table.list_versions()):
+            table.restore(committed)
+        elif table.count_rows() != rows:
+            raise OutputError(
+                f"{self.description} holds {table.count_rows()} rows where its done units "
+                f"hold {rows}, and its version {committed} is gone: it was changed outside "
+                "this run; use --overwrite"
+            )
 
     def committed_ids(self, done: dict[str, UnitRecord]) -> Iterator[Any]:
         if self._table is None:
@@ -196,6 +209,8 @@ class LanceSink(Sink):
 
     def finish(self) -> None:
         table = self._table
+        # From here on every unit is in: nothing is to be taken back, even if finishing fails.
+        self._committed_version = None
         with warnings.catch_warnings():
             # It warns that other readers of old versions would fail: the lock keeps out
             # other writers, and the run's own versions are not needed once it is done.
@@ -210,7 +225,6 @@ class LanceSink(Sink):
                     table.create_index(column, config=config)
         if self.fts_column is not None:
             table.create_fts_index(self.fts_column, replace=True)
-        self._committed_version = table.version
 
     def close(self) -> None:
         """Forget rows not flushed, and take back those flushed for an unfinished unit."""
@@ -218,6 +232,6 @@ class LanceSink(Sink):
         table = self._table
         if table is not None and self._committed_version is not None:
             # A failure here leaves the rows to the next run's `reconcile`.
-            with contextlib.suppress(OSError, RuntimeError):
+            with contextlib.suppress(OSError, RuntimeError, ValueError):
                 if table.version > self._committed_version:
                     table.restore(self._committed_version)

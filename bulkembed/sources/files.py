@@ -150,10 +150,12 @@ def open_arrow(path: Path) -> pa.RecordBatchReader:
     """An Arrow IPC file or stream (what `datasets` writes), memory-mapped."""
     source = pa.memory_map(str(path))
     try:
-        return pa.ipc.open_file(source).to_reader()
+        file = pa.ipc.open_file(source)
     except pa.ArrowInvalid:
         source.seek(0)
         return pa.ipc.open_stream(source)
+    batches = (file.get_batch(i) for i in range(file.num_record_batches))
+    return pa.RecordBatchReader.from_batches(file.schema, batches)
 
 
 def count_arrow_rows(path: Path) -> int:

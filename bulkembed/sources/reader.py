@@ -106,7 +106,10 @@ class RecordReader:
                         self._set_column_type(name, _json_type(values, name, shard))
             self._id_columns[index] = id_column
         for name in self.keep_columns:
-            self.column_types.setdefault(name, pa.string())
+            if name not in self.column_types:
+                self._set_column_type(name, self._scan_json_type(name))
+            if pa.types.is_null(self.column_types[name]):
+                self.column_types[name] = pa.string()
         self.id_type = pa.int64() if integer_ids and self.shards else pa.string()
         return self.id_type
 
@@ -116,6 +119,31 @@ class RecordReader:
         readers = {"parquet": self._parquet, "arrow": self._arrow, "hf": self._dataset}
         for index, shard in enumerate(self.shards):
             yield from readers.get(shard.format, self._jsonl)(index, shard)
+
+    def _scan_json_type(self, name: str) -> pa.DataType:
+        """The type of a JSON field that the first lines of every file lack: from its first
+        values further on. A field in no record at all is an error (a misspelt name)."""
+        values: list[Any] = []
+        for shard in self.shards:
+            if shard.format != "jsonl":
+                continue
+            try:
+                with open_lines(shard.path) as lines:
+                    for raw in lines:
+                        record, _ = _parse_json_line(raw) if raw.strip() else (None, None)
+                        if record is not None and record.get(name) is not None:
+                            values.append(record[name])
+                            if len(values) == TYPE_SAMPLE_LINES:
+                                return _json_type(values, name, shard)
+            except READ_ERRORS:
+                continue
+            if values:
+                return _json_type(values, name, shard)
+        if any(shard.format == "hf" for shard in self.shards):
+            return pa.string()
+        raise InputError(
+            f"--keep-columns '{name}' has a value in no record of the inputs: check the name"
+        )
 
     def _set_column_type(self, name: str, kind: pa.DataType) -> None:
         """A passthrough column's type over every shard: the same type, or the one that
@@ -261,10 +289,16 @@ class RecordReader:
             else:
                 rows.add(doc_id, text, row)
         offsets = pa.array([p - first_row for p in rows.positions], pa.int64())
-        columns = {
-            name: batch.column(name).take(offsets).cast(kind)
-            for name, kind in self.column_types.items()
-        }
+        values = {name: batch.column(name).take(offsets) for name in self.column_types}
+        misfits: dict[int, str] = {}
+        for name, kind in self.column_types.items():
+            misfits = {**_cast_misfits(name, values[name], kind), **misfits}
+        if misfits:
+            for (doc_id, row), i in zip(rows.drop(set(misfits)), sorted(misfits), strict=True):
+                rows.bad.append(BadRecord(source, misfits[i], doc_id, row))
+            offsets = pa.array([p - first_row for p in rows.positions], pa.int64())
+            values = {name: batch.column(name).take(offsets) for name in self.column_types}
+        columns = {name: values[name].cast(kind) for name, kind in self.column_types.items()}
         return rows.chunk(index, group, False, self.id_type, columns)
 
     # Arrow IPC: one unit per `lines_per_unit` rows.
@@ -379,20 +413,14 @@ class RecordReader:
         """A chunk of records read as Python objects, their passthrough values made Arrow
         columns; a record whose value does not fit its column's type is set aside."""
         assert self.id_type is not None
-        misfits = {}
+        misfits: dict[int, str] = {}
         for name, kind in self.column_types.items():
             for i, value in enumerate(rows.values.get(name, [])):
-                if i not in misfits and not _fits(value, kind):
-                    misfits[i] = (
-                        f"--keep-columns '{name}' holds {type(value).__name__} {value!r:.40}, "
-                        f"which does not fit the column's type {kind} (from the first records)"
-                    )
-        for i in sorted(misfits, reverse=True):
-            position = rows.positions.pop(i)
-            rows.bad.append(_bad_record(source, misfits[i], rows.ids.pop(i), position, lines))
-            del rows.texts[i]
-            for values in rows.values.values():
-                del values[i]
+                reason = None if i in misfits else _misfit(name, value, kind)
+                if reason is not None:
+                    misfits[i] = reason
+        for (doc_id, position), i in zip(rows.drop(set(misfits)), sorted(misfits), strict=True):
+            rows.bad.append(_bad_record(source, misfits[i], doc_id, position, lines))
         columns = {
             name: pa.array(rows.values.get(name, []), kind)
             for name, kind in self.column_types.items()
@@ -427,6 +455,8 @@ class RecordReader:
                 return f"no '{id_column}' field" if id_column not in record else "id is null"
             if not isinstance(doc_id, (str, int)) or isinstance(doc_id, bool):
                 return f"id is of type {type(doc_id).__name__}, not a string or an integer"
+            if isinstance(doc_id, str) and not _encodable(doc_id):
+                return "id holds an unpaired surrogate, not valid Unicode"
         rows.add(doc_id, text, line_number)
         for name in self.keep_columns:
             rows.values.setdefault(name, []).append(record.get(name))
@@ -469,8 +499,10 @@ def _passthrough_type(schema: pa.Schema, name: str, shard: Shard) -> pa.DataType
 
 
 def _unify(first: pa.DataType, second: pa.DataType) -> pa.DataType | None:
-    if first == second:
+    if first == second or pa.types.is_null(second):
         return first
+    if pa.types.is_null(first):
+        return second
     kinds = (first, second)
     if all(pa.types.is_integer(k) for k in kinds):
         return pa.int64()
@@ -482,9 +514,10 @@ def _unify(first: pa.DataType, second: pa.DataType) -> pa.DataType | None:
 
 
 def _json_type(values: list[Any], name: str, shard: Shard) -> pa.DataType:
-    """The Arrow type of a JSON field's first non-null values."""
+    """The Arrow type of a JSON field's first non-null values (those that are valid
+    Unicode: the others are bad records)."""
     try:
-        return pa.array(values).type
+        return pa.array([v for v in values if _encodable(v)]).type
     except (pa.ArrowInvalid, pa.ArrowTypeError):
         raise InputError(
             f"--keep-columns '{name}' mixes values of different types in the first "
@@ -492,11 +525,48 @@ def _json_type(values: list[Any], name: str, shard: Shard) -> pa.DataType:
         ) from None
 
 
-def _fits(value: Any, kind: pa.DataType) -> bool:
+def _cast_misfits(name: str, values: pa.Array, kind: pa.DataType) -> dict[int, str]:
+    """The values of a passthrough column that do not cast to its type (an integer past
+    2^53 into float64, say), by index, with the reason."""
+    try:
+        values.cast(kind)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        pass
+    else:
+        return {}
+    misfits = {}
+    for i in range(len(values)):
+        try:
+            values.slice(i, 1).cast(kind)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            value = values[i].as_py()
+            misfits[i] = (
+                f"--keep-columns '{name}' holds {value!r:.40}, which does not fit the "
+                f"column's type {kind} (the type that holds every input's)"
+            )
+    return misfits
+
+
+def _encodable(value: Any) -> bool:
+    """Whether a JSON value's strings are all valid Unicode (no unpaired surrogate)."""
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _misfit(name: str, value: Any, kind: pa.DataType) -> str | None:
+    """Why a passthrough value cannot go into its column, or None if it can."""
     if value is None:
-        return True
+        return None
+    if not _encodable(value):
+        return f"--keep-columns '{name}' holds text with an unpaired surrogate, not valid Unicode"
     try:
         pa.scalar(value, kind)
     except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError):
-        return False
-    return True
+        return (
+            f"--keep-columns '{name}' holds {type(value).__name__} {value!r:.40}, "
+            f"which does not fit the column's type {kind} (from the first records)"
+        )
+    return None

@@ -105,6 +105,19 @@ class Carried:
     records: Chunk
     embeddings: pa.Table
 
+    def before(self, position: int) -> tuple[Carried | None, Carried | None]:
+        """The records before input position `position`, and the others (None: none)."""
+        cut = sum(1 for p in self.records.positions if p < position)
+        if cut == 0:
+            return None, self
+        if cut == len(self.records.positions):
+            return self, None
+        head, tail = slice(0, cut), slice(cut, None)
+        return (
+            Carried(self.records.rows(head), self.embeddings.slice(0, cut)),
+            Carried(self.records.rows(tail), self.embeddings.slice(cut)),
+        )
+
 
 def part_name(shard: int, unit: int) -> str:
     return f"part-{shard:05d}-{unit:06d}"
@@ -128,6 +141,16 @@ class Rows:
         self.ids.append(doc_id)
         self.texts.append(text)
         self.positions.append(position)
+
+    def drop(self, indices: set[int]) -> list[tuple[Any, int]]:
+        """Remove the records at `indices`; return their (id, position) pairs."""
+        removed = [(self.ids[i], self.positions[i]) for i in sorted(indices)]
+        keep = [i for i in range(len(self.ids)) if i not in indices]
+        self.ids = [self.ids[i] for i in keep]
+        self.texts = [self.texts[i] for i in keep]
+        self.positions = [self.positions[i] for i in keep]
+        self.values = {k: [v[i] for i in keep] for k, v in self.values.items()}
+        return removed
 
     def chunk(
         self,
