@@ -5,7 +5,9 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import os
+import re
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from bulkembed.config import DType
@@ -42,12 +44,29 @@ def resolve_device(devices: str) -> str:
     raise BulkembedError(f"--devices {devices}: expected auto, cpu or cuda:N")
 
 
+_BFLOAT16_UNITS = re.compile(r"\b(amx_bf16|avx512_bf16)\b")
+
+
+def cpu_accelerates_bfloat16() -> bool:
+    """Whether this CPU multiplies bfloat16 matrices in hardware (AMX or AVX512-BF16).
+    Without them torch emulates bfloat16, several times slower than float32."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return False
+    return _BFLOAT16_UNITS.search(flags) is not None
+
+
 def resolve_dtype(dtype: DType, device: str) -> torch.dtype:
-    """float32 on CPU and float16 on CUDA unless `--dtype` says otherwise."""
+    """`--dtype`, with `auto` as float16 on CUDA, and on CPU bfloat16 where the CPU
+    accelerates it, else float32. A half-precision `auto` choice is checked against float32
+    at start-up (see `bulkembed.precision`)."""
     import torch
 
     if dtype is DType.AUTO:
-        return torch.float32 if device == "cpu" else torch.float16
+        if device != "cpu":
+            return torch.float16
+        return torch.bfloat16 if cpu_accelerates_bfloat16() else torch.float32
     return {
         DType.FLOAT32: torch.float32,
         DType.FLOAT16: torch.float16,

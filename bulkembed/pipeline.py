@@ -25,11 +25,12 @@ import numpy as np
 
 from bulkembed import __version__
 from bulkembed.checkpoint import RunDirectory, UnitRecord
-from bulkembed.config import OnBadRecord, RunConfig, default_tokenize_workers
+from bulkembed.config import DType, OnBadRecord, RunConfig, default_tokenize_workers
 from bulkembed.encoders import Encoder
 from bulkembed.errors import BulkembedError, InputError, Interrupted, OutputError
 from bulkembed.incremental import PreviousOutput, hash_contents
 from bulkembed.outputs import OutputFormat
+from bulkembed.precision import SAMPLE_DOCUMENTS, PrecisionCheck, check_precision
 from bulkembed.progress import Reporter, RunStats
 from bulkembed.schema import output_schema
 from bulkembed.sinks import (
@@ -53,7 +54,7 @@ from bulkembed.sources import (
     list_shards,
     take,
 )
-from bulkembed.tokenize import TokenizerPool, TokenizerSettings
+from bulkembed.tokenize import TokenizedChunk, TokenizerPool, TokenizerSettings
 from bulkembed.windows import embed_window, window_tokens, windows
 from bulkembed.writer import PartWriter
 
@@ -232,7 +233,9 @@ class _Job:
     run: RunDirectory
     reporter: Reporter
     workers: int
+    check_dtype: bool = False
     previous: PreviousOutput | None = None
+    precision: PrecisionCheck | None = None
 
     def run_info(self) -> dict[str, Any]:
         return {
@@ -247,6 +250,7 @@ class _Job:
             "max_batch_tokens": self.spec.max_batch_tokens,
             "tokenize_workers": self.workers,
             "output": self.target.label,
+            "dtype_check": None if self.precision is None else self.precision.describe(),
         }
 
     def settings(self) -> TokenizerSettings:
@@ -289,14 +293,43 @@ class _Job:
         self.run.write_quantization_ranges(calibrated.quantize, calibrated.ranges.tolist())
         return calibrated
 
+    def _choose_precision(self, reference: Encoder, window: list[TokenizedChunk]) -> Encoder:
+        """Embed the window's first documents in float32 (`reference`) and in the fast
+        dtype; keep the fast encoder only if they agree. A window with no document to embed
+        leaves the choice to the next one."""
+        import torch
+
+        from bulkembed.encoders import build_encoder
+
+        sequences = []
+        for tokenized in window:
+            ends = np.cumsum(tokenized.lengths)
+            sequences += np.split(tokenized.token_ids, ends[:-1]) if len(ends) else []
+        sequences = sequences[:SAMPLE_DOCUMENTS]
+        if not sequences:
+            return reference
+        fast = build_encoder(self.spec, self.device, self.dtype)
+        tried = str(self.dtype).removeprefix("torch.")
+        budget = self.spec.max_batch_tokens
+        self.precision = check_precision(reference, fast, sequences, budget, tried)
+        self.reporter.info(f"--dtype auto: {self.precision.describe()}")
+        if self.precision.passed:
+            return fast
+        self.dtype = torch.float32
+        return reference
+
     def embed_pending(self, done: dict[str, UnitRecord]) -> RunStats:
         """Embed every unit not in `done`; mark the run complete when all are."""
+        import torch
+
         from bulkembed.devices import keep_memory_flat
         from bulkembed.encoders import build_encoder
 
         spec, reporter = self.spec, self.reporter
         keep_memory_flat()
-        encoder = build_encoder(spec, self.device, self.dtype)
+        encoder = build_encoder(
+            spec, self.device, torch.float32 if self.check_dtype else self.dtype
+        )
         budget = spec.max_batch_tokens
         reporter.info(
             f"{spec.source} on {self.device} ({self.run_info()['dtype']}): "
@@ -336,6 +369,8 @@ class _Job:
             with TokenizerPool(settings, self.workers) as pool:
                 size = window_tokens(budget, encoder.multivector_dim)
                 for window in windows(pool.map(self._chunks(done)), size):
+                    if self.check_dtype and self.precision is None:
+                        encoder = self._choose_precision(encoder, window)
                     embedded, padded = embed_window(window, encoder, budget, stats, reporter)
                     if output_format.needs_ranges and embedded.dense is not None:
                         output_format = self._calibrate(output_format, embedded.dense)
@@ -406,7 +441,7 @@ def _run(job: _Job) -> dict[str, Any]:
             job.reporter.info(f"nothing to do: {job.target.label} already holds every document")
             return summarize(done, RunStats(), run_info, previous_rows, limited)
         stats = job.embed_pending(done)
-        summary = summarize(job.run.done_units(), stats, run_info, previous_rows, limited)
+        summary = summarize(job.run.done_units(), stats, job.run_info(), previous_rows, limited)
         job.run.write_summary(summary)
         return summary
     finally:
@@ -480,11 +515,13 @@ def _prepare(config: RunConfig, reporter: Reporter) -> _Job:
     spec = resolve_model(config)
     device = resolve_device(config.devices)
     workers = config.tokenize_workers
+    dtype = resolve_dtype(config.dtype, device)
     return _Job(
         config=config,
         spec=spec,
         device=device,
-        dtype=resolve_dtype(config.dtype, device),
+        dtype=dtype,
+        check_dtype=config.dtype is DType.AUTO and str(dtype) != "torch.float32",
         shards=shards,
         reader=reader,
         output_format=OutputFormat.for_run(config, spec),

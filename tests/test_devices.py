@@ -32,9 +32,15 @@ def test_device_errors(devices, message):
         resolve_device(devices)
 
 
-def test_default_dtype_is_float32_on_cpu_and_float16_on_cuda():
+def test_auto_dtype_is_bfloat16_on_cpus_that_accelerate_it_and_float16_on_cuda(monkeypatch):
+    from bulkembed import devices
+
+    monkeypatch.setattr(devices, "cpu_accelerates_bfloat16", lambda: False)
     assert resolve_dtype(DType.AUTO, "cpu") is torch.float32
+    monkeypatch.setattr(devices, "cpu_accelerates_bfloat16", lambda: True)
+    assert resolve_dtype(DType.AUTO, "cpu") is torch.bfloat16
     assert resolve_dtype(DType.AUTO, "cuda:0") is torch.float16
+    assert resolve_dtype(DType.FLOAT32, "cpu") is torch.float32
     assert resolve_dtype(DType.BFLOAT16, "cpu") is torch.bfloat16
 
 

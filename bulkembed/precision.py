@@ -1,0 +1,88 @@
+"""The start-up parity check of a fast dtype picked by `--dtype auto`.
+
+A sample of the corpus (the first documents of the first window) is embedded in float32 and
+in the fast dtype; the fast dtype is kept only if every vector of every output stays at
+cosine `PARITY_THRESHOLD` or more to its float32 twin. Otherwise the run goes on in float32,
+and says so in the log and the summary.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from bulkembed.batching import input_order, pack_batches
+from bulkembed.encoders import Embeddings, Encoder, TokenBatch
+
+PARITY_THRESHOLD = 0.9999
+SAMPLE_DOCUMENTS = 64
+
+
+@dataclass(frozen=True, slots=True)
+class PrecisionCheck:
+    """What the check found: the dtype tried, the lowest cosine on how many documents."""
+
+    tried: str
+    lowest_cosine: float
+    documents: int
+
+    @property
+    def passed(self) -> bool:
+        return self.lowest_cosine >= PARITY_THRESHOLD
+
+    def describe(self) -> str:
+        verdict = "kept" if self.passed else f"below {PARITY_THRESHOLD}: running in float32"
+        return (
+            f"{self.tried} against float32 on {self.documents} document(s): lowest cosine "
+            f"{self.lowest_cosine:.7f}, {verdict}"
+        )
+
+
+def _row_cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    a, b = a.astype(np.float64), b.astype(np.float64)
+    norms = np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1)
+    dots = (a * b).sum(axis=1)
+    # Two zero vectors agree; one zero vector against another does not.
+    return np.where(norms > 0, dots / np.maximum(norms, 1e-30), np.where(dots == 0, 1.0, 0.0))
+
+
+def lowest_cosine(reference: Embeddings, candidate: Embeddings) -> float:
+    """The lowest cosine between matching vectors of two embeddings of the same documents:
+    dense rows, multi-vector tokens, and sparse vectors over the union of their terms."""
+    cosines = [np.ones(1)]
+    if reference.dense is not None and candidate.dense is not None:
+        cosines.append(_row_cosines(reference.dense, candidate.dense))
+    if reference.multivector is not None and candidate.multivector is not None:
+        for a, b in zip(reference.multivector, candidate.multivector, strict=True):
+            if len(a) != len(b):
+                return 0.0
+            cosines.append(_row_cosines(a, b))
+    if reference.sparse is not None and candidate.sparse is not None:
+        for a, b in zip(reference.sparse, candidate.sparse, strict=True):
+            terms = np.union1d(a.indices, b.indices)
+            dense_a, dense_b = np.zeros((1, len(terms))), np.zeros((1, len(terms)))
+            dense_a[0, np.searchsorted(terms, a.indices)] = a.values
+            dense_b[0, np.searchsorted(terms, b.indices)] = b.values
+            cosines.append(_row_cosines(dense_a, dense_b))
+    return float(min(c.min() for c in cosines if len(c)))
+
+
+def embed_sample(encoder: Encoder, sequences: list[np.ndarray], budget: int) -> Embeddings:
+    """Embeddings of a few token sequences, in their order, in token-budget batches."""
+    lengths = np.array([len(s) for s in sequences], dtype=np.int32)
+    batches = pack_batches(lengths, budget)
+    outputs = [
+        encoder.embed_within_memory(TokenBatch.from_sequences([sequences[i] for i in b.indices]))
+        for b in batches
+    ]
+    return Embeddings.concatenate(outputs).take(input_order(batches))
+
+
+def check_precision(
+    reference: Encoder, fast: Encoder, sequences: list[np.ndarray], budget: int, tried: str
+) -> PrecisionCheck:
+    """Embed `sequences` with both encoders and compare."""
+    expected = embed_sample(reference, sequences, budget)
+    found = embed_sample(fast, sequences, budget)
+    return PrecisionCheck(tried, lowest_cosine(expected, found), len(sequences))
