@@ -78,6 +78,7 @@ def measure(corpus: list[Path], out: Path, model: str) -> dict:
         "docs_per_s": summary["docs_per_s"],
         "tokens_per_s": summary["tokens_per_s"],
         "padding_efficiency": summary["padding_efficiency"],
+        "device_idle_fraction": summary["device_idle_fraction"],
     }
 
 

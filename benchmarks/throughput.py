@@ -113,6 +113,7 @@ def main() -> None:
         "peak_rss_mb": run["peak_rss_mb"],
         "padding_efficiency": run["padding_efficiency"],
         "tokens_per_s_while_embedding": run["tokens_per_s"],
+        "device_idle_fraction": run["device_idle_fraction"],
     }
 
     per_token = flops_per_token(reference[0].auto_model, tokens / len(texts))

@@ -213,6 +213,8 @@ def summarize(
         "seconds": round(stats.seconds, 3),
         "docs_per_s": round(stats.docs_per_s, 2),
         "tokens_per_s": round(stats.tokens_per_s, 1),
+        "encode_seconds": round(stats.encode_seconds, 3),
+        "device_idle_fraction": round(stats.device_idle_fraction, 3),
         **run_info,
     }
 

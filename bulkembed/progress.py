@@ -28,10 +28,12 @@ LOG_INTERVAL_SECONDS = 10.0
 @dataclass(slots=True)
 class RunStats:
     """Counters of a run, updated after every batch. `docs` went through the model;
-    `carried` were copied from a previous output (`--since`)."""
+    `carried` were copied from a previous output (`--since`); `encode_seconds` is the time
+    the model was busy (batches in, vectors back on the host)."""
 
     docs: int = 0
     carried: int = 0
+    encode_seconds: float = 0.0
     tokens: int = 0
     padded_tokens: int = 0
     batches: int = 0
@@ -48,6 +50,11 @@ class RunStats:
     @property
     def tokens_per_s(self) -> float:
         return self.tokens / max(self.seconds, 1e-9)
+
+    @property
+    def device_idle_fraction(self) -> float:
+        """The share of the run's time the model waited for input or for writing."""
+        return max(0.0, 1.0 - self.encode_seconds / max(self.seconds, 1e-9))
 
     @property
     def padding_efficiency(self) -> float:

@@ -7,6 +7,7 @@ outputs are put back in input order.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 import numpy as np
@@ -121,7 +122,9 @@ def embed_window(
         sequences = [
             token_ids[s : s + n] for s, n in zip(starts[batch.indices], batch.lengths, strict=True)
         ]
+        started = time.perf_counter()
         outputs.append(encoder.embed_within_memory(TokenBatch.from_sequences(sequences)))
+        stats.encode_seconds += time.perf_counter() - started
         _count(stats, batch)
         reporter.update(stats)
     order = input_order(batches)

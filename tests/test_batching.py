@@ -144,3 +144,13 @@ def test_carried_records_go_with_the_piece_they_precede():
     carried = [p.chunk.carried and p.chunk.carried.records.positions for p in pieces]
     assert carried == [[0, 3, 4], None, [9]]
     assert [p.chunk.carried.embeddings.num_rows for p in pieces if p.chunk.carried] == [3, 1]
+
+
+def test_device_idle_fraction_is_the_time_outside_the_model():
+    import time
+
+    from bulkembed.progress import RunStats
+
+    stats = RunStats(started=time.monotonic() - 10.0, encode_seconds=7.5)
+    assert abs(stats.device_idle_fraction - 0.25) < 0.01
+    assert RunStats(started=time.monotonic() - 1.0, encode_seconds=5.0).device_idle_fraction == 0

@@ -66,6 +66,8 @@ def test_incremental_run_embeds_only_new_and_changed_documents(tmp_path, tiny_st
     counts = {k: summary[k] for k in ("new", "changed", "unchanged", "deleted", "docs")}
     assert counts == {"new": 3, "changed": 5, "unchanged": 993, "deleted": 2, "docs": 1001}
     assert summary["docs_this_run"] == 8
+    assert 0 < summary["encode_seconds"] < summary["seconds"]
+    assert 0 < summary["device_idle_fraction"] < 1
 
     monkeypatch.undo()
     assert _run(tmp_path / "v2", model, tmp_path / "full").exit_code == 0
