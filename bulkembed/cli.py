@@ -93,7 +93,13 @@ TokenizeWorkers = Annotated[
         "all cores but two on CUDA."
     ),
 ]
-Devices = Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")]
+Devices = Annotated[
+    str,
+    typer.Option(
+        help="auto (every GPU, else the CPU), cpu, cuda, cuda:N, or a comma-separated list "
+        "(cuda:0,cuda:1; cpu,cpu): one encoder process per entry, fed from one queue."
+    ),
+]
 DTypeOption = Annotated[
     DType,
     typer.Option(

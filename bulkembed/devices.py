@@ -18,16 +18,10 @@ if TYPE_CHECKING:
 
 
 def resolve_device(devices: str) -> str:
-    """`auto`, `cpu`, `cuda` or `cuda:N` as a torch device string that exists here."""
+    """`cpu`, `cuda` or `cuda:N` as a torch device string that exists here."""
     import torch
 
     choice = devices.strip().lower()
-    if "," in choice:
-        raise BulkembedError(
-            f"--devices {devices}: this version runs on one device at a time; pass one of them"
-        )
-    if choice == "auto":
-        return "cuda:0" if torch.cuda.is_available() else "cpu"
     if choice == "cpu":
         return "cpu"
     if choice == "cuda" or choice.startswith("cuda:"):
@@ -42,6 +36,27 @@ def resolve_device(devices: str) -> str:
             )
         return f"cuda:{index_text}"
     raise BulkembedError(f"--devices {devices}: expected auto, cpu or cuda:N")
+
+
+def resolve_devices(devices: str) -> list[str]:
+    """`--devices`: `auto` (every CUDA device, else the CPU) or a comma-separated list of
+    `cpu`, `cuda` and `cuda:N`; one encoder worker per entry (`cpu,cpu`: two on the CPU)."""
+    import torch
+
+    if devices.strip().lower() == "auto":
+        if torch.cuda.is_available():
+            return [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+        return ["cpu"]
+    chosen = [resolve_device(d) for d in devices.split(",") if d.strip()]
+    if not chosen:
+        raise BulkembedError(f"--devices {devices!r}: name at least one device")
+    return chosen
+
+
+def cpu_threads_per_worker(devices: list[str]) -> int:
+    """Torch threads for each CPU worker: the cores shared out among them."""
+    workers = max(1, sum(1 for d in devices if d == "cpu"))
+    return max(1, (os.cpu_count() or 1) // workers)
 
 
 _BFLOAT16_UNITS = re.compile(r"\b(amx_bf16|avx512_bf16)\b")

@@ -225,7 +225,7 @@ class _Job:
 
     config: RunConfig
     spec: ModelSpec
-    device: str
+    devices: list[str]
     dtype: torch.dtype
     shards: list[Shard]
     reader: RecordReader
@@ -243,7 +243,7 @@ class _Job:
         return {
             "model": self.spec.source,
             "recipe": self.spec.recipe,
-            "device": self.device,
+            "device": ",".join(self.devices),
             "dtype": str(self.dtype).removeprefix("torch."),
             "outputs": ",".join(self.spec.outputs),
             "pooling": self.spec.pooling.value if self.spec.pooling else None,
@@ -310,7 +310,7 @@ class _Job:
         sequences = sequences[:SAMPLE_DOCUMENTS]
         if not sequences:
             return reference
-        fast = build_encoder(self.spec, self.device, self.dtype)
+        fast = build_encoder(self.spec, self.devices[0], self.dtype)
         tried = str(self.dtype).removeprefix("torch.")
         budget = self.spec.max_batch_tokens
         self.precision = check_precision(reference, fast, sequences, budget, tried)
@@ -324,17 +324,23 @@ class _Job:
         """Embed every unit not in `done`; mark the run complete when all are."""
         import torch
 
-        from bulkembed.devices import keep_memory_flat
+        from bulkembed.devices import cpu_threads_per_worker, keep_memory_flat
+        from bulkembed.encoder_pool import EncoderPool
         from bulkembed.encoders import build_encoder
 
         spec, reporter = self.spec, self.reporter
         keep_memory_flat()
-        encoder = build_encoder(
-            spec, self.device, torch.float32 if self.check_dtype else self.dtype
-        )
+        encoder: Encoder | EncoderPool
+        if len(self.devices) > 1:
+            dtype_name = str(self.dtype).removeprefix("torch.")
+            threads = cpu_threads_per_worker(self.devices)
+            encoder = EncoderPool(spec, self.devices, dtype_name, threads)
+        else:
+            dtype = torch.float32 if self.check_dtype else self.dtype
+            encoder = build_encoder(spec, self.devices[0], dtype)
         budget = spec.max_batch_tokens
         reporter.info(
-            f"{spec.source} on {self.device} ({self.run_info()['dtype']}): "
+            f"{spec.source} on {', '.join(self.devices)} ({self.run_info()['dtype']}): "
             f"{_describe_outputs(spec, encoder)}; max length {spec.max_length}; "
             f"batches of {budget} "
             f"tokens = {max(1, budget // spec.max_length)} docs at max length; "
@@ -391,6 +397,8 @@ class _Job:
         finally:
             writer.close()
             reporter.close()
+            if isinstance(encoder, EncoderPool):
+                encoder.close()
         self.run.mark_complete()
         return stats
 
@@ -502,7 +510,7 @@ def _run_directory(target: OutputTarget) -> RunDirectory:
 
 def _prepare(config: RunConfig, reporter: Reporter) -> _Job:
     """Find the inputs and check their columns, resolve the model and the device."""
-    from bulkembed.devices import resolve_device, resolve_dtype
+    from bulkembed.devices import resolve_devices, resolve_dtype
     from bulkembed.model_spec import resolve_model
 
     target = parse_output(config.output)
@@ -515,15 +523,21 @@ def _prepare(config: RunConfig, reporter: Reporter) -> _Job:
     )
     reader.check()
     spec = resolve_model(config)
-    device = resolve_device(config.devices)
+    devices = resolve_devices(config.devices)
     workers = config.tokenize_workers
-    dtype = resolve_dtype(config.dtype, device)
+    dtype = resolve_dtype(config.dtype, devices[0])
+    check_dtype = config.dtype is DType.AUTO and str(dtype) != "torch.float32"
+    if check_dtype and len(devices) > 1:
+        raise BulkembedError(
+            f"--devices {config.devices}: the start-up check of --dtype auto runs on one "
+            "device; with several, choose --dtype float32, float16 or bfloat16"
+        )
     return _Job(
         config=config,
         spec=spec,
-        device=device,
+        devices=devices,
         dtype=dtype,
-        check_dtype=config.dtype is DType.AUTO and str(dtype) != "torch.float32",
+        check_dtype=check_dtype,
         shards=shards,
         reader=reader,
         output_format=OutputFormat.for_run(config, spec),
@@ -531,5 +545,5 @@ def _prepare(config: RunConfig, reporter: Reporter) -> _Job:
         sink=_make_sink(config, target, spec.normalize),
         run=_run_directory(target),
         reporter=reporter,
-        workers=default_tokenize_workers(device) if workers is None else workers,
+        workers=default_tokenize_workers(devices[0]) if workers is None else workers,
     )

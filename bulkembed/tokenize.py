@@ -88,7 +88,7 @@ class TextTokenizer:
 _worker_tokenizer: TextTokenizer | None = None
 
 
-def _exit_with_parent(parent: int) -> None:
+def exit_with_parent(parent: int) -> None:
     """End this worker once its parent is gone. A parent killed outright (SIGKILL, OOM
     killer) cannot shut its pool down, and a worker would otherwise wait forever for work."""
     while os.getppid() == parent:
@@ -102,7 +102,7 @@ def _init_worker(settings: TokenizerSettings, parent: int) -> None:
     # stop, and shuts the workers down itself.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True).start()
+    threading.Thread(target=exit_with_parent, args=(parent,), daemon=True).start()
     _worker_tokenizer = TextTokenizer(settings)
 
 

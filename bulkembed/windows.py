@@ -7,8 +7,8 @@ outputs are put back in input order.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -16,6 +16,9 @@ from bulkembed.batching import Batch, input_order, pack_batches
 from bulkembed.encoders import Embeddings, Encoder, TokenBatch
 from bulkembed.progress import Reporter, RunStats
 from bulkembed.tokenize import TokenizedChunk
+
+if TYPE_CHECKING:
+    from bulkembed.encoder_pool import EncoderPool
 
 # A window holds this many full batches' worth of tokens before it is sorted and packed:
 # enough that every length finds neighbours of a similar length, small enough to stay a
@@ -104,7 +107,7 @@ def windows(chunks: Iterator[TokenizedChunk], max_tokens: int) -> Iterator[list[
 
 def embed_window(
     window: list[TokenizedChunk],
-    encoder: Encoder,
+    encoder: Encoder | EncoderPool,
     max_batch_tokens: int,
     stats: RunStats,
     reporter: Reporter,
@@ -117,16 +120,19 @@ def embed_window(
     token_ids = np.concatenate([c.token_ids for c in window])
     starts = np.cumsum(lengths) - lengths
     batches = pack_batches(lengths, max_batch_tokens)
-    outputs = []
-    for batch in batches:
-        sequences = [
-            token_ids[s : s + n] for s, n in zip(starts[batch.indices], batch.lengths, strict=True)
-        ]
-        started = time.perf_counter()
-        outputs.append(encoder.embed_within_memory(TokenBatch.from_sequences(sequences)))
-        stats.encode_seconds += time.perf_counter() - started
-        _count(stats, batch)
+    token_batches = [
+        TokenBatch.from_sequences(
+            [token_ids[s : s + n] for s, n in zip(starts[b.indices], b.lengths, strict=True)]
+        )
+        for b in batches
+    ]
+
+    def finished(number: int, seconds: float) -> None:
+        stats.encode_seconds += seconds
+        _count(stats, batches[number])
         reporter.update(stats)
+
+    outputs = encoder.embed_batches(token_batches, finished)
     order = input_order(batches)
     padded = np.concatenate([np.full(b.size, b.lengths[0], dtype=np.int64) for b in batches])
     return Embeddings.concatenate(outputs).take(order), padded[order]

@@ -4,7 +4,7 @@ import torch
 from conftest import sample_texts
 
 from bulkembed.config import DType, RunConfig
-from bulkembed.devices import resolve_device, resolve_dtype
+from bulkembed.devices import cpu_threads_per_worker, resolve_device, resolve_devices, resolve_dtype
 from bulkembed.encoders import TokenBatch, build_encoder
 from bulkembed.errors import BulkembedError
 from bulkembed.model_spec import resolve_model
@@ -15,13 +15,25 @@ CUDA = torch.cuda.is_available()
 
 def test_cpu_and_auto_without_cuda():
     assert resolve_device("cpu") == "cpu"
-    assert resolve_device("auto") == ("cuda:0" if CUDA else "cpu")
+    assert resolve_devices("auto") == (
+        [f"cuda:{i}" for i in range(torch.cuda.device_count())] if CUDA else ["cpu"]
+    )
+    assert resolve_devices("cpu, cpu") == ["cpu", "cpu"]
+
+
+def test_cpu_workers_share_the_cores(monkeypatch):
+    monkeypatch.setattr("os.cpu_count", lambda: 16)
+    assert cpu_threads_per_worker(["cpu"]) == 16
+    assert cpu_threads_per_worker(["cpu", "cpu", "cpu"]) == 5
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    assert cpu_threads_per_worker(["cpu", "cpu", "cpu"]) == 1
 
 
 @pytest.mark.parametrize(
     ("devices", "message"),
     [
-        ("cuda:0,cuda:1", "runs on one device at a time"),
+        (",", "name at least one device"),
+        ("cpu,tpu", "expected auto, cpu or cuda:N"),
         ("tpu", "expected auto, cpu or cuda:N"),
         ("cuda:x", "expected cuda:N with N a number"),
         ("cuda:99", "this machine has"),
@@ -29,7 +41,7 @@ def test_cpu_and_auto_without_cuda():
 )
 def test_device_errors(devices, message):
     with pytest.raises(BulkembedError, match=message):
-        resolve_device(devices)
+        resolve_devices(devices)
 
 
 def test_auto_dtype_is_bfloat16_on_cpus_that_accelerate_it_and_float16_on_cuda(monkeypatch):

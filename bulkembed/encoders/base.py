@@ -6,7 +6,9 @@ device and dtype, and turning a flat batch into padded tensors.
 
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -173,6 +175,17 @@ class Encoder(ABC):
         return Embeddings.concatenate(
             [self.embed_within_memory(first), self.embed_within_memory(second)]
         )
+
+    def embed_batches(
+        self, batches: list[TokenBatch], finished: Callable[[int, float], None]
+    ) -> list[Embeddings]:
+        """Embeddings of each batch, in order; `finished(i, seconds)` after each one."""
+        outputs = []
+        for number, batch in enumerate(batches):
+            started = time.perf_counter()
+            outputs.append(self.embed_within_memory(batch))
+            finished(number, time.perf_counter() - started)
+        return outputs
 
     def padded(self, batch: TokenBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """`input_ids` and `attention_mask` on the device, padded on the right to the longest."""

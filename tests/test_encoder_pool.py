@@ -1,0 +1,58 @@
+"""`--devices cpu,cpu`: one encoder process per device, output identical to one worker's."""
+
+import shutil
+
+import pyarrow.parquet as pq
+import pytest
+import torch
+from conftest import sample_texts, write_jsonl, write_parquet
+from typer.testing import CliRunner
+
+from bulkembed import devices
+from bulkembed.cli import app
+
+
+def _corpus(tmp_path):
+    records = [{"id": f"d{i}", "text": t} for i, t in enumerate(sample_texts(400))]
+    write_parquet(tmp_path / "corpus" / "a.parquet", records[:200], row_group_size=50)
+    write_jsonl(tmp_path / "corpus" / "b.jsonl", records[200:])
+    return tmp_path / "corpus"
+
+
+def _run(corpus, model, out, *extra):
+    arguments = ["run", str(corpus), "--model", str(model), "--output", str(out), "-q"]
+    return CliRunner().invoke(app, [*arguments, "--max-batch-tokens", "1024", *extra])
+
+
+@pytest.mark.slow
+def test_two_cpu_workers_write_what_one_writes(tmp_path, tiny_st, monkeypatch):
+    corpus, model = _corpus(tmp_path), tiny_st("mean")
+    monkeypatch.setattr(devices, "cpu_threads_per_worker", lambda found: 1)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as each of the two workers runs
+    try:
+        one = _run(corpus, model, tmp_path / "one", "--devices", "cpu")
+    finally:
+        torch.set_num_threads(threads)
+    assert one.exit_code == 0, one.output
+    two = _run(corpus, model, tmp_path / "two", "--devices", "cpu,cpu")
+    assert two.exit_code == 0, two.output
+    assert pq.read_table(tmp_path / "two").equals(pq.read_table(tmp_path / "one"))
+
+
+@pytest.mark.slow
+def test_a_worker_that_cannot_load_the_model_is_a_one_line_error(tmp_path, tiny_st):
+    model = tmp_path / "model"
+    shutil.copytree(tiny_st("mean"), model)
+    for weights in model.rglob("*.safetensors"):
+        weights.unlink()
+    result = _run(_corpus(tmp_path), model, tmp_path / "out", "--devices", "cpu,cpu")
+    assert result.exit_code == 1
+    assert "error: the encoder on cpu failed: ModelError:" in result.output
+
+
+def test_auto_dtype_with_several_devices_asks_for_a_dtype(tmp_path, tiny_st, monkeypatch):
+    monkeypatch.setattr(devices, "cpu_accelerates_bfloat16", lambda: True)
+    result = _run(_corpus(tmp_path), tiny_st("mean"), tmp_path / "out", "--devices", "cpu,cpu")
+    assert result.exit_code == 1
+    assert "with several, choose --dtype float32, float16 or bfloat16" in result.output
