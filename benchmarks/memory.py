@@ -49,7 +49,8 @@ def _tree_rss_mb(pid: int) -> float:
     return total_kb / 1024
 
 
-def measure(corpus: list[Path], out: Path, model: str) -> dict:
+def measure(corpus: list[Path], out: Path, model: str, *options: str) -> dict:
+    """Run `bulkembed run` (with `options`) on `corpus`; its figures and peak memory."""
     bulkembed = str(Path(sys.executable).with_name("bulkembed"))
     command = [
         bulkembed,
@@ -60,6 +61,7 @@ def measure(corpus: list[Path], out: Path, model: str) -> dict:
         "--output",
         str(out),
         "--quiet",
+        *options,
     ]
     started = time.monotonic()
     process = subprocess.Popen(command)
@@ -79,6 +81,8 @@ def measure(corpus: list[Path], out: Path, model: str) -> dict:
         "tokens_per_s": summary["tokens_per_s"],
         "padding_efficiency": summary["padding_efficiency"],
         "device_idle_fraction": summary["device_idle_fraction"],
+        "dtype": summary["dtype"],
+        "max_batch_tokens": summary["max_batch_tokens"],
     }
 
 

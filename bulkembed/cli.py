@@ -78,9 +78,19 @@ IdColumn = Annotated[
     ),
 ]
 MaxBatchTokens = Annotated[
-    int | None,
+    str | None,
     typer.Option(
-        help="Token budget per batch (longest × count). Default: the recipe's, else 16384."
+        help="Token budget per batch (longest × count), or auto: on CUDA, probe the free "
+        "memory once at start and fill 70% of it (the default elsewhere). Default: the "
+        "recipe's, else 16384."
+    ),
+]
+Compile = Annotated[
+    bool,
+    typer.Option(
+        "--compile",
+        help="Compile the model with torch.compile (any batch shape): slower start, "
+        "often faster on GPUs; measure before keeping it.",
     ),
 ]
 MaxLength = Annotated[
@@ -254,6 +264,18 @@ def _names(option: str | None) -> tuple[str, ...]:
     return tuple(n.strip() for n in (option or "").split(",") if n.strip())
 
 
+def _batch_tokens(text: str | None) -> int | None:
+    """`--max-batch-tokens` as a number; None for the default or `auto`."""
+    if text is None or text == "auto":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise BulkembedError(
+            f"--max-batch-tokens {text}: expected a number of tokens or auto"
+        ) from None
+
+
 @app.command()
 def run(
     inputs: Inputs,
@@ -268,6 +290,7 @@ def run(
     tokenize_workers: TokenizeWorkers = None,
     devices: Devices = "auto",
     dtype: DTypeOption = DType.AUTO,
+    compile_model: Compile = False,
     pooling: PoolingOption = None,
     normalize: Normalize = None,
     prompt: Prompt = None,
@@ -306,11 +329,13 @@ def run(
             revision=revision,
             text_column=text_column,
             id_column=id_column,
-            max_batch_tokens=max_batch_tokens,
+            max_batch_tokens=_batch_tokens(max_batch_tokens),
+            tune_batch_tokens=max_batch_tokens == "auto",
             max_length=max_length,
             tokenize_workers=tokenize_workers,
             devices=devices,
             dtype=dtype,
+            compile=compile_model,
             pooling=pooling,
             normalize=normalize,
             prompt=prompt,

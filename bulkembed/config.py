@@ -30,7 +30,8 @@ class Pooling(str, Enum):
 
 
 class DType(str, Enum):
-    """Compute precision of the model. `auto` is float32 on CPU and float16 on CUDA."""
+    """Compute precision of the model. `auto` is float16 on CUDA, bfloat16 on CPUs with
+    bfloat16 units, else float32 (see `bulkembed.devices.resolve_dtype`)."""
 
     AUTO = "auto"
     FLOAT32 = "float32"
@@ -95,10 +96,12 @@ class RunConfig:
     text_column: str = "text"
     id_column: str | None = None
     max_batch_tokens: int | None = None
+    tune_batch_tokens: bool = False
     max_length: int | None = None
     tokenize_workers: int | None = None
     devices: str = "auto"
     dtype: DType = DType.AUTO
+    compile: bool = False
     pooling: Pooling | None = None
     normalize: bool | None = None
     prompt: str | None = None

@@ -35,11 +35,13 @@ def _serve(
     device: str,
     dtype_name: str,
     threads: int,
+    tune: bool,
     tasks: Any,
     results: Any,
     parent: int,
 ) -> None:
-    """A worker: load the encoder, then embed batches until told to stop (None)."""
+    """A worker: load the encoder (and probe its token budget if `tune`), then embed
+    batches until told to stop (None)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     threading.Thread(target=exit_with_parent, args=(parent,), daemon=True).start()
@@ -53,10 +55,11 @@ def _serve(
     keep_memory_flat()
     try:
         encoder = build_encoder(spec, device, getattr(torch, dtype_name))
+        budget = encoder.tune_batch_tokens() if tune else None
     except Exception as e:  # reported to the parent, which raises it there
         results.put(("failed", device, f"{type(e).__name__}: {e}"))
         return
-    results.put(("ready", device, (encoder.dense_dim, encoder.multivector_dim)))
+    results.put(("ready", device, (encoder.dense_dim, encoder.multivector_dim, budget)))
     while (task := tasks.get()) is not None:
         number, batch = task
         started = time.perf_counter()
@@ -69,9 +72,13 @@ def _serve(
 
 
 class EncoderPool:
-    """One encoder process per device; `embed_batches` spreads batches over them."""
+    """One encoder process per device; `embed_batches` spreads batches over them. With
+    `tune`, each worker probes its device's token budget (`Encoder.tune_batch_tokens`) and
+    `batch_tokens` is the smallest, so that every batch fits every device."""
 
-    def __init__(self, spec: ModelSpec, devices: list[str], dtype_name: str, threads: int) -> None:
+    def __init__(
+        self, spec: ModelSpec, devices: list[str], dtype_name: str, threads: int, tune: bool
+    ) -> None:
         context = multiprocessing.get_context("spawn")
         self.devices = devices
         self._tasks = context.Queue()
@@ -79,7 +86,7 @@ class EncoderPool:
         self._workers = [
             context.Process(
                 target=_serve,
-                args=(spec, d, dtype_name, threads, self._tasks, self._results, os.getpid()),
+                args=(spec, d, dtype_name, threads, tune, self._tasks, self._results, os.getpid()),
                 name=f"bulkembed-encoder-{d}",
                 daemon=True,
             )
@@ -87,10 +94,13 @@ class EncoderPool:
         ]
         for worker in self._workers:
             worker.start()
-        dims = {self._next("ready", START_TIMEOUT_SECONDS)[2] for _ in self._workers}
+        ready = [self._next("ready", START_TIMEOUT_SECONDS)[2] for _ in self._workers]
+        dims = {(dense, multivector) for dense, multivector, _ in ready}
         if len(dims) != 1:
             raise WorkerError(f"the encoders on {', '.join(devices)} disagree on vector sizes")
         self.dense_dim, self.multivector_dim = dims.pop()
+        budgets = [budget for _, _, budget in ready if budget is not None]
+        self.batch_tokens = min(budgets) if budgets else None
 
     def _next(self, kind: str, timeout: float) -> tuple[str, Any, Any]:
         """The next message from the workers, of `kind`; a failure or a death raises."""

@@ -63,6 +63,7 @@ class ModelSpec:
     max_batch_tokens: int
     sparse_top_k: int | None
     tokenizer_json: str
+    compile: bool = False
 
 
 def _family(
@@ -282,4 +283,5 @@ def resolve_model(config: RunConfig) -> ModelSpec:
         or (recipe.max_batch_tokens if recipe else None)
         or DEFAULT_MAX_BATCH_TOKENS,
         tokenizer_json=tokenizer.backend_tokenizer.to_str(),
+        compile=config.compile,
     )

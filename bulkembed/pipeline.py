@@ -26,7 +26,7 @@ import numpy as np
 from bulkembed import __version__
 from bulkembed.checkpoint import RunDirectory, UnitRecord
 from bulkembed.config import DType, OnBadRecord, RunConfig, default_tokenize_workers
-from bulkembed.encoders import Encoder
+from bulkembed.encoders import Embeddings, Encoder
 from bulkembed.errors import BulkembedError, InputError, Interrupted, OutputError
 from bulkembed.incremental import PreviousOutput, hash_contents
 from bulkembed.outputs import OutputFormat
@@ -56,11 +56,12 @@ from bulkembed.sources import (
 )
 from bulkembed.tokenize import TokenizedChunk, TokenizerPool, TokenizerSettings
 from bulkembed.windows import embed_window, window_tokens, windows
-from bulkembed.writer import PartWriter
+from bulkembed.writer import PartWriter, WriteBehind
 
 if TYPE_CHECKING:
     import torch
 
+    from bulkembed.encoder_pool import EncoderPool
     from bulkembed.model_spec import ModelSpec
 
 # How inputs are cut into units of work: part of the fingerprint, since done markers name
@@ -238,6 +239,7 @@ class _Job:
     check_dtype: bool = False
     previous: PreviousOutput | None = None
     precision: PrecisionCheck | None = None
+    tuned: bool = False
 
     def run_info(self) -> dict[str, Any]:
         return {
@@ -295,10 +297,13 @@ class _Job:
         self.run.write_quantization_ranges(calibrated.quantize, calibrated.ranges.tolist())
         return calibrated
 
-    def _choose_precision(self, reference: Encoder, window: list[TokenizedChunk]) -> Encoder:
+    def _choose_precision(
+        self, reference: Encoder, window: list[TokenizedChunk]
+    ) -> Encoder | EncoderPool:
         """Embed the window's first documents in float32 (`reference`) and in the fast
-        dtype; keep the fast encoder only if they agree. A window with no document to embed
-        leaves the choice to the next one."""
+        dtype; keep the fast dtype only if they agree. With several devices the check runs
+        here on the first one, and the workers start afterwards in the dtype chosen. A
+        window with no document to embed leaves the choice to the next one."""
         import torch
 
         from bulkembed.encoders import build_encoder
@@ -315,29 +320,63 @@ class _Job:
         budget = self.spec.max_batch_tokens
         self.precision = check_precision(reference, fast, sequences, budget, tried)
         self.reporter.info(f"--dtype auto: {self.precision.describe()}")
-        if self.precision.passed:
-            return fast
-        self.dtype = torch.float32
-        return reference
+        if not self.precision.passed:
+            self.dtype = torch.float32
+        if len(self.devices) > 1:
+            del reference, fast
+            if self.devices[0].startswith("cuda"):
+                torch.cuda.empty_cache()
+            return self._start_pool()
+        return fast if self.precision.passed else reference
+
+    def _start_pool(self) -> EncoderPool:
+        """One encoder process per device, in the run's dtype."""
+        from bulkembed.devices import cpu_threads_per_worker
+        from bulkembed.encoder_pool import EncoderPool
+
+        dtype_name = str(self.dtype).removeprefix("torch.")
+        threads = cpu_threads_per_worker(self.devices)
+        tune = self.config.tune_batch_tokens
+        pool = EncoderPool(self.spec, self.devices, dtype_name, threads, tune)
+        if pool.batch_tokens is not None:
+            self._use_batch_tokens(pool.batch_tokens)
+        return pool
+
+    def _start_encoder(self) -> Encoder | EncoderPool:
+        """The encoder: in this process on one device, else a pool of worker processes.
+        While a `--dtype auto` choice awaits its check, a float32 encoder in this process
+        on the first device, which also gives the output's sizes."""
+        import torch
+
+        from bulkembed.encoders import build_encoder
+
+        if len(self.devices) > 1 and not self.check_dtype:
+            return self._start_pool()
+        dtype = torch.float32 if self.check_dtype else self.dtype
+        encoder = build_encoder(self.spec, self.devices[0], dtype)
+        if self.config.tune_batch_tokens:
+            tuned = encoder.tune_batch_tokens()
+            if tuned is not None:
+                self._use_batch_tokens(tuned)
+        return encoder
+
+    def _use_batch_tokens(self, budget: int) -> None:
+        """Batch by `budget` tokens from now on (`--max-batch-tokens auto`); it only ever
+        shrinks, so that batches packed before still fit."""
+        if self.tuned:
+            budget = min(budget, self.spec.max_batch_tokens)
+        self.tuned = True
+        self.spec = replace(self.spec, max_batch_tokens=budget)
+        self.reporter.info(f"--max-batch-tokens auto: {budget} tokens per batch")
 
     def embed_pending(self, done: dict[str, UnitRecord]) -> RunStats:
         """Embed every unit not in `done`; mark the run complete when all are."""
-        import torch
-
-        from bulkembed.devices import cpu_threads_per_worker, keep_memory_flat
+        from bulkembed.devices import keep_memory_flat
         from bulkembed.encoder_pool import EncoderPool
-        from bulkembed.encoders import build_encoder
 
-        spec, reporter = self.spec, self.reporter
         keep_memory_flat()
-        encoder: Encoder | EncoderPool
-        if len(self.devices) > 1:
-            dtype_name = str(self.dtype).removeprefix("torch.")
-            threads = cpu_threads_per_worker(self.devices)
-            encoder = EncoderPool(spec, self.devices, dtype_name, threads)
-        else:
-            dtype = torch.float32 if self.check_dtype else self.dtype
-            encoder = build_encoder(spec, self.devices[0], dtype)
+        encoder = self._start_encoder()
+        spec, reporter = self.spec, self.reporter
         budget = spec.max_batch_tokens
         reporter.info(
             f"{spec.source} on {', '.join(self.devices)} ({self.run_info()['dtype']}): "
@@ -370,29 +409,36 @@ class _Job:
         if "sparse" in spec.outputs:
             _write_vocabulary(self.run, spec)
         writer = PartWriter(self.run, self.sink, schema)
+
+        def write(
+            embedded_window: tuple[list[TokenizedChunk], Embeddings, np.ndarray],
+        ) -> Iterator[None]:
+            window, embedded, padded = embedded_window
+            offset = 0
+            for tokenized in window:
+                end = offset + len(tokenized.lengths)
+                writer.write(tokenized, embedded.take(slice(offset, end)), padded[offset:end])
+                offset = end
+                yield
+
         settings = self.settings()
         reporter.start(stats)
         _start_counting(self.shards, self.config.limit, reporter)
         try:
-            with TokenizerPool(settings, self.workers) as pool:
+            with TokenizerPool(settings, self.workers) as pool, WriteBehind(write) as behind:
                 size = window_tokens(budget, encoder.multivector_dim)
                 for window in windows(pool.map(self._chunks(done)), size):
                     if self.check_dtype and self.precision is None:
                         encoder = self._choose_precision(encoder, window)
+                    budget = self.spec.max_batch_tokens
                     embedded, padded = embed_window(window, encoder, budget, stats, reporter)
                     if output_format.needs_ranges and embedded.dense is not None:
                         output_format = self._calibrate(output_format, embedded.dense)
-                    embedded = output_format.apply(embedded)
-                    offset = 0
-                    for tokenized in window:
-                        end = offset + len(tokenized.lengths)
-                        rows = slice(offset, end)
-                        writer.write(tokenized, embedded.take(rows), padded[rows])
-                        offset = end
-                        carried = tokenized.chunk.carried
-                        if carried is not None:
-                            stats.carried += len(carried.records.positions)
-                            reporter.update(stats)
+                    behind.submit((window, output_format.apply(embedded), padded))
+                    carried = [c.chunk.carried for c in window if c.chunk.carried is not None]
+                    stats.carried += sum(len(c.records.positions) for c in carried)
+                    reporter.update(stats)
+                behind.finish()
             self.sink.finish()
         finally:
             writer.close()
@@ -527,11 +573,6 @@ def _prepare(config: RunConfig, reporter: Reporter) -> _Job:
     workers = config.tokenize_workers
     dtype = resolve_dtype(config.dtype, devices[0])
     check_dtype = config.dtype is DType.AUTO and str(dtype) != "torch.float32"
-    if check_dtype and len(devices) > 1:
-        raise BulkembedError(
-            f"--devices {config.devices}: the start-up check of --dtype auto runs on one "
-            "device; with several, choose --dtype float32, float16 or bfloat16"
-        )
     return _Job(
         config=config,
         spec=spec,

@@ -27,8 +27,9 @@ WINDOW_BATCHES = 32
 
 
 # Multi-vector outputs keep one float32 vector per token until the window is written: the
-# window then holds at most this many bytes of them.
-MULTIVECTOR_WINDOW_BYTES = 512 * 1024 * 1024
+# window then holds at most this many bytes of them (twice over while one window is written
+# and the next embedded).
+MULTIVECTOR_WINDOW_BYTES = 256 * 1024 * 1024
 
 
 # A window also closes once it holds this many bytes of vectors carried over from a
@@ -40,7 +41,7 @@ def window_tokens(max_batch_tokens: int, multivector_dim: int | None) -> int:
     """Tokens per window: `WINDOW_BATCHES` budgets, fewer when every token keeps a vector.
 
     >>> window_tokens(16384, None), window_tokens(16384, 1024)
-    (524288, 131072)
+    (524288, 65536)
     """
     tokens = WINDOW_BATCHES * max_batch_tokens
     if multivector_dim is not None:

@@ -8,7 +8,11 @@ done-marker, with the unit's counts, is written to the ledger.
 
 from __future__ import annotations
 
+import queue
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
+from typing import Generic, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -19,6 +23,8 @@ from bulkembed.schema import CONTENT_HASH, record_batch
 from bulkembed.sinks import Sink
 from bulkembed.sources.records import Carried
 from bulkembed.tokenize import TokenizedChunk
+
+Item = TypeVar("Item")
 
 
 @dataclass(slots=True)
@@ -94,3 +100,57 @@ class PartWriter:
 
     def close(self) -> None:
         self.sink.close()
+
+
+class WriteBehind(Generic[Item]):
+    """Runs `write` on a thread, item after item in the order given, while the caller goes
+    on: the next window is embedded while the last one is written.
+
+    `write(item)` yields between its steps (chunks). At most one item is in hand at a time,
+    so memory holds two windows (one being written, one being embedded). An error in `write`
+    is raised in the caller at the next `submit` or at `finish`. Leaving the `with` block on
+    an error stops the thread at the next step: items not written yet are dropped, as they
+    would be by a crash, and rerunning the command embeds them again."""
+
+    def __init__(self, write: Callable[[Item], Iterator[None]]) -> None:
+        self._write = write
+        self._items: queue.Queue[tuple[Item] | None] = queue.Queue()
+        self._error: BaseException | None = None
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._drain, name="bulkembed-writer", daemon=True)
+
+    def __enter__(self) -> WriteBehind[Item]:
+        self._thread.start()
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
+        if kind is not None:
+            self._stopping.set()
+        self._items.put(None)
+        self._thread.join()
+
+    def _drain(self) -> None:
+        while (item := self._items.get()) is not None:
+            try:
+                for _ in self._write(item[0]):
+                    if self._stopping.is_set() or self._error is not None:
+                        break
+            except BaseException as e:  # handed to the caller's thread
+                self._error = e
+            finally:
+                self._items.task_done()
+
+    def _raise(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    def submit(self, item: Item) -> None:
+        """Write `item` once the item before it is written."""
+        self._items.join()
+        self._raise()
+        self._items.put((item,))
+
+    def finish(self) -> None:
+        """Wait until every item is written; raise the error of one that failed."""
+        self._items.join()
+        self._raise()

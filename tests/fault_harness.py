@@ -11,6 +11,8 @@ place but its unit not yet marked done), marked (just after a unit is marked don
 import os
 import signal
 import sys
+import threading
+import time
 
 from bulkembed import cli
 from bulkembed.checkpoint import RunDirectory
@@ -42,6 +44,10 @@ def signal_at(stage: str, n: int, signal_number: int) -> None:
         result = original(*args, **kwargs)
         if calls == n and after:
             os.kill(os.getpid(), signal_number)
+            if threading.current_thread() is not threading.main_thread():
+                # Python handles signals on the main thread: let it, before this thread
+                # goes on, as it would in the time a real write takes.
+                time.sleep(1)
         return result
 
     setattr(owner, name, wrapper)

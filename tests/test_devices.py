@@ -1,11 +1,16 @@
+import json
+
 import numpy as np
 import pytest
 import torch
-from conftest import sample_texts
+from conftest import embed_texts, sample_texts, write_jsonl
+from typer.testing import CliRunner
 
-from bulkembed.config import DType, RunConfig
+from bulkembed.cli import app
+from bulkembed.config import DEFAULT_MAX_BATCH_TOKENS, DType, RunConfig
 from bulkembed.devices import cpu_threads_per_worker, resolve_device, resolve_devices, resolve_dtype
 from bulkembed.encoders import TokenBatch, build_encoder
+from bulkembed.encoders.base import attention_implementation, tuned_batch_tokens
 from bulkembed.errors import BulkembedError
 from bulkembed.model_spec import resolve_model
 from bulkembed.tokenize import TextTokenizer, TokenizerSettings
@@ -74,13 +79,84 @@ def test_cuda_half_precision_matches_cpu_float32(tiny_st, dtype):
 def test_a_run_turns_off_the_onednn_primitive_cache(tmp_path, tiny_st, monkeypatch):
     import os
 
-    from conftest import write_jsonl
-    from typer.testing import CliRunner
-
-    from bulkembed.cli import app
-
     monkeypatch.delenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", raising=False)
     corpus = write_jsonl(tmp_path / "c.jsonl", [{"text": "memory stays flat"}])
     args = ["run", str(corpus), "--model", str(tiny_st("mean")), "--output", str(tmp_path / "o")]
     assert CliRunner().invoke(app, [*args, "--quiet", "--tokenize-workers", "0"]).exit_code == 0
     assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "0"
+
+
+def test_tuned_batch_tokens_fill_a_share_of_free_memory_in_whole_documents():
+    # 10 GiB free at 100 kB a token: 70% is 75,161 tokens, 146 documents of 512.
+    assert tuned_batch_tokens(10 * 2**30, 100_000, 512) == 146 * 512
+    assert tuned_batch_tokens(2**20, 100_000, 512) == 512  # one document at least
+    assert tuned_batch_tokens(2**40, 1.0, 512) == 2**20  # capped
+
+
+def test_max_batch_tokens_auto_keeps_the_default_on_cpu(tmp_path, tiny_st):
+    model = tiny_st("mean")
+    tuned, out = embed_texts(tmp_path / "a", model, sample_texts(20), "--max-batch-tokens", "auto")
+    fixed, _ = embed_texts(tmp_path / "f", model, sample_texts(20))
+    assert tuned.equals(fixed)
+    summary = json.loads((out / "_bulkembed" / "summary.json").read_text())
+    assert summary["max_batch_tokens"] == DEFAULT_MAX_BATCH_TOKENS
+
+
+def test_max_batch_tokens_must_be_a_number_or_auto(tmp_path, tiny_st):
+    corpus = write_jsonl(tmp_path / "c.jsonl", [{"text": "one"}])
+    args = ["run", str(corpus), "--model", str(tiny_st("mean")), "--output", str(tmp_path / "o")]
+    result = CliRunner().invoke(app, [*args, "--max-batch-tokens", "lots"])
+    assert result.exit_code == 1
+    assert (
+        result.output.strip()
+        == "error: --max-batch-tokens lots: expected a number of tokens or auto"
+    )
+
+
+@pytest.mark.slow
+def test_compiled_model_writes_the_vectors_of_the_eager_one(tmp_path, tiny_st):
+    model = tiny_st("mean")
+    texts = sample_texts(40)
+    compiled, _ = embed_texts(tmp_path / "c", model, texts, "--compile")
+    eager, _ = embed_texts(tmp_path / "e", model, texts)
+    assert compiled.column("id").equals(eager.column("id"))
+    a = np.stack(compiled.column("dense").to_numpy(zero_copy_only=False))
+    b = np.stack(eager.column("dense").to_numpy(zero_copy_only=False))
+    np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+def test_cpu_attention_is_sdpa():
+    assert attention_implementation("cpu", torch.float32) == "sdpa"
+    assert attention_implementation("cpu", torch.bfloat16) == "sdpa"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+def test_cuda_budget_probe_fits_the_free_memory(tiny_st):
+    spec = resolve_model(RunConfig(inputs=("x",), output="o", model=str(tiny_st("mean"))))
+    encoder = build_encoder(spec, "cuda:0", torch.float16)
+    budget = encoder.tune_batch_tokens()
+    assert budget is not None and budget % spec.max_length == 0
+    # The tuned budget runs without running out of memory.
+    documents = budget // spec.max_length
+    batch = TokenBatch(
+        np.full(budget, spec.pad_token_id, dtype=np.int32),
+        np.full(documents, spec.max_length, dtype=np.int32),
+    )
+    assert encoder.embed(batch).dense.shape[0] == documents
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+def test_cuda_run_with_tuned_budget_and_auto_dtype_matches_cpu(tmp_path, tiny_st):
+    model = tiny_st("mean")
+    texts = sample_texts(200)
+    gpu, out = embed_texts(
+        tmp_path / "g", model, texts, "--devices", "cuda:0", "--max-batch-tokens", "auto"
+    )
+    cpu, _ = embed_texts(tmp_path / "c", model, texts, "--devices", "cpu", "--dtype", "float32")
+    summary = json.loads((out / "_bulkembed" / "summary.json").read_text())
+    assert summary["dtype"] in ("float16", "float32") and summary["dtype_check"]
+    a = np.stack(gpu.column("dense").to_numpy(zero_copy_only=False))
+    b = np.stack(cpu.column("dense").to_numpy(zero_copy_only=False))
+    assert (a * b).sum(axis=1).min() >= 0.999

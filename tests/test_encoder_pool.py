@@ -1,5 +1,6 @@
 """`--devices cpu,cpu`: one encoder process per device, output identical to one worker's."""
 
+import json
 import shutil
 
 import pyarrow.parquet as pq
@@ -8,7 +9,7 @@ import torch
 from conftest import sample_texts, write_jsonl, write_parquet
 from typer.testing import CliRunner
 
-from bulkembed import devices
+from bulkembed import devices, precision
 from bulkembed.cli import app
 
 
@@ -51,8 +52,21 @@ def test_a_worker_that_cannot_load_the_model_is_a_one_line_error(tmp_path, tiny_
     assert "error: the encoder on cpu failed: ModelError:" in result.output
 
 
-def test_auto_dtype_with_several_devices_asks_for_a_dtype(tmp_path, tiny_st, monkeypatch):
+@pytest.mark.slow
+@pytest.mark.parametrize(("threshold", "chosen"), [(1.5, "float32"), (0.9, "bfloat16")])
+def test_auto_dtype_with_several_devices_is_checked_before_the_workers_start(
+    tmp_path, tiny_st, monkeypatch, threshold, chosen
+):
     monkeypatch.setattr(devices, "cpu_accelerates_bfloat16", lambda: True)
-    result = _run(_corpus(tmp_path), tiny_st("mean"), tmp_path / "out", "--devices", "cpu,cpu")
-    assert result.exit_code == 1
-    assert "with several, choose --dtype float32, float16 or bfloat16" in result.output
+    monkeypatch.setattr(precision, "PARITY_THRESHOLD", threshold)
+    corpus, model = _corpus(tmp_path), tiny_st("mean")
+    result = _run(corpus, model, tmp_path / "auto", "--devices", "cpu,cpu")
+    assert result.exit_code == 0, result.output
+    summary = json.loads((tmp_path / "auto" / "_bulkembed" / "summary.json").read_text())
+    assert summary["device"] == "cpu,cpu"
+    assert summary["dtype"] == chosen
+    assert summary["dtype_check"].startswith("bfloat16 against float32 on 64 document(s)")
+    # The workers ran in the dtype chosen: the same table as a run told that dtype.
+    told = _run(corpus, model, tmp_path / "told", "--devices", "cpu,cpu", "--dtype", chosen)
+    assert told.exit_code == 0, told.output
+    assert pq.read_table(tmp_path / "auto").equals(pq.read_table(tmp_path / "told"))

@@ -96,23 +96,63 @@ class Embeddings:
         return Embeddings(dense, pick(self.sparse), pick(self.multivector))
 
 
+# `tune_batch_tokens` probes with about this many tokens, and fills this share of the
+# memory free after it, leaving room for fragmentation and the outputs.
+PROBE_TOKENS = 8192
+TUNED_MEMORY_SHARE = 0.7
+MAX_TUNED_BATCH_TOKENS = 1 << 20
+
+
+def tuned_batch_tokens(free_bytes: int, bytes_per_token: float, max_length: int) -> int:
+    """The budget whose activations fill `TUNED_MEMORY_SHARE` of `free_bytes`, in whole
+    documents at `max_length`, between one such document and `MAX_TUNED_BATCH_TOKENS`.
+
+    >>> tuned_batch_tokens(10 * 2**30, 100_000, 512)
+    74752
+    """
+    tokens = int(free_bytes * TUNED_MEMORY_SHARE / max(bytes_per_token, 1.0))
+    tokens = min(tokens, MAX_TUNED_BATCH_TOKENS)
+    return max(max_length, tokens // max_length * max_length)
+
+
 # Weights a checkpoint may lack without harm: the pooler, which no encoder uses.
 _UNUSED_WEIGHTS = ("pooler.",)
 
 
-def load_model(spec: ModelSpec, dtype: torch.dtype, masked_lm: bool = False) -> Any:
-    """The transformer of `spec` in eval mode, quietly; an error if weights it needs are
-    missing from the checkpoint (they would otherwise be random)."""
+def attention_implementation(device: str, dtype: torch.dtype) -> str:
+    """flash-attention 2 on CUDA in half precision when the `flash_attn` package is
+    installed (it skips the padding), else PyTorch's fused scaled-dot-product attention."""
+    import importlib.util
+
+    import torch
+
+    half = dtype in (torch.float16, torch.bfloat16)
+    if device.startswith("cuda") and half and importlib.util.find_spec("flash_attn"):
+        return "flash_attention_2"
+    return "sdpa"
+
+
+def load_model(spec: ModelSpec, device: str, dtype: torch.dtype, masked_lm: bool = False) -> Any:
+    """The transformer of `spec` on `device` in eval mode, quietly, compiled with
+    `torch.compile` if `spec.compile`; an error if weights it needs are missing from the
+    checkpoint (they would otherwise be random)."""
+    import torch
     from transformers import AutoModel, AutoModelForMaskedLM
     from transformers.utils import logging as transformers_logging
 
     transformers_logging.disable_progress_bar()
     transformers_logging.set_verbosity_error()
     kind = AutoModelForMaskedLM if masked_lm else AutoModel
+    options = {"revision": spec.revision, "dtype": dtype, "output_loading_info": True}
+    attention = attention_implementation(device, dtype)
     try:
-        model, info = kind.from_pretrained(
-            spec.source, revision=spec.revision, dtype=dtype, output_loading_info=True
-        )
+        try:
+            model, info = kind.from_pretrained(
+                spec.source, attn_implementation=attention, **options
+            )
+        except ValueError:
+            # An architecture without that attention: take its own default.
+            model, info = kind.from_pretrained(spec.source, **options)
     except (OSError, ValueError) as e:
         raise ModelError(f"cannot load the model {spec.source}: {e}") from e
     missing = [k for k in info.get("missing_keys", ()) if not k.startswith(_UNUSED_WEIGHTS)]
@@ -123,7 +163,11 @@ def load_model(spec: ModelSpec, dtype: torch.dtype, masked_lm: bool = False) -> 
             f"{spec.source} lacks {what} ({len(missing)} missing, e.g. {shown}): "
             "is it the right kind of model for these outputs?"
         )
-    return model.eval()
+    model = model.eval().to(device)
+    if spec.compile:
+        # Batch sizes and lengths change from batch to batch: compile for any shape once.
+        model = torch.compile(model, dynamic=True)
+    return model
 
 
 class Encoder(ABC):
@@ -197,4 +241,32 @@ class Encoder(ABC):
         mask = positions.unsqueeze(0) < lengths.unsqueeze(1)
         input_ids = torch.full((len(lengths), longest), self.spec.pad_token_id, dtype=torch.long)
         input_ids[mask] = torch.from_numpy(batch.token_ids.astype(np.int64))
-        return input_ids.to(self.device), mask.to(self.device, torch.long)
+        mask = mask.long()
+        if self.device.startswith("cuda"):
+            # From pinned memory the copies run asynchronously, queued before the forward.
+            input_ids, mask = input_ids.pin_memory(), mask.pin_memory()
+        return input_ids.to(self.device, non_blocking=True), mask.to(self.device, non_blocking=True)
+
+    def tune_batch_tokens(self) -> int | None:
+        """A token budget that fills this GPU's free memory, from one probe: a batch of
+        documents at the maximum length is embedded, and the peak memory it took per token
+        scales to the memory free. None on the CPU, where memory does not bound batches."""
+        import torch
+
+        if not self.device.startswith("cuda"):
+            return None
+        length = self.spec.max_length
+        documents = max(1, PROBE_TOKENS // length)
+        probe = TokenBatch(
+            np.full(documents * length, self.spec.pad_token_id, dtype=np.int32),
+            np.full(documents, length, dtype=np.int32),
+        )
+        torch.cuda.synchronize(self.device)
+        torch.cuda.empty_cache()
+        before = torch.cuda.memory_allocated(self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+        self.embed(probe)
+        peak = torch.cuda.max_memory_allocated(self.device) - before
+        torch.cuda.empty_cache()
+        free, _ = torch.cuda.mem_get_info(self.device)
+        return tuned_batch_tokens(free, peak / (documents * length), length)

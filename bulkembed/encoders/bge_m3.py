@@ -49,8 +49,7 @@ class BGEM3Encoder(Encoder):
 
     def __init__(self, spec: ModelSpec, device: str, dtype: torch.dtype) -> None:
         super().__init__(spec, device, dtype)
-        model = load_model(spec, dtype)
-        self.model = model.to(device)
+        self.model = model = load_model(spec, device, dtype)
         hidden = int(model.config.hidden_size)
         self.sparse_head = None
         self.colbert_head = None

@@ -55,8 +55,7 @@ class ColbertEncoder(Encoder):
 
     def __init__(self, spec: ModelSpec, device: str, dtype: torch.dtype) -> None:
         super().__init__(spec, device, dtype)
-        model = load_model(spec, dtype)
-        self.model = model.to(device)
+        self.model = load_model(spec, device, dtype)
         self.projection = _load_projection(spec, dtype).to(device)
         self.skipped = np.array(spec.skip_token_ids, dtype=np.int64)
 

@@ -19,8 +19,7 @@ class DenseEncoder(Encoder):
 
     def __init__(self, spec: ModelSpec, device: str, dtype: torch.dtype) -> None:
         super().__init__(spec, device, dtype)
-        model = load_model(spec, dtype)
-        self.model = model.to(device)
+        self.model = load_model(spec, device, dtype)
 
     @property
     def dense_dim(self) -> int:

@@ -27,8 +27,7 @@ class SpladeEncoder(Encoder):
 
     def __init__(self, spec: ModelSpec, device: str, dtype: torch.dtype) -> None:
         super().__init__(spec, device, dtype)
-        model = load_model(spec, dtype, masked_lm=True)
-        self.model = model.to(device)
+        self.model = model = load_model(spec, device, dtype, masked_lm=True)
         self.vocabulary = int(model.config.vocab_size)
 
     @torch.inference_mode()
