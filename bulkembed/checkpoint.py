@@ -20,6 +20,7 @@ import os
 import shutil
 import socket
 import time
+from collections.abc import Collection
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
@@ -28,6 +29,7 @@ from bulkembed.errors import BulkembedError, OutputError
 from bulkembed.sources import BadRecord
 
 if TYPE_CHECKING:
+    from bulkembed.config import ShardSpec
     from bulkembed.sinks import Sink
 
 RUN_DIRECTORY = "_bulkembed"
@@ -121,28 +123,44 @@ class RunDirectory:
 
     `label` names the output in messages (default: `output`)."""
 
-    def __init__(self, output: Path, meta: Path | None = None, label: str | None = None) -> None:
+    def __init__(
+        self,
+        output: Path,
+        meta: Path | None = None,
+        label: str | None = None,
+        shard: ShardSpec | None = None,
+    ) -> None:
         self.output = output
         self.label = label or str(output)
         self.meta = meta or output / RUN_DIRECTORY
+        self.shard = shard
         self.done_dir = self.meta / "done"
         self.config_path = self.meta / CONFIG_FILE
         self.summary_path = self.meta / "summary.json"
-        self.bad_records_path = self.meta / "bad_records.jsonl"
         self.lock_path = self.meta / "lock"
         self.complete_path = self.meta / "complete"
-        self._lock_file: IO[str] | None = None
+        self.bad_records_path = self.meta / "bad_records.jsonl"
+        if shard is not None:
+            name = f"shard-{shard.index}-of-{shard.count}"
+            self.bad_records_path = self.meta / f"bad_records.{name}.jsonl"
+            self.shard_lock_path = self.meta / f"lock.{name}"
+        self._locks: list[IO[str]] = []
 
     # Opening, locking, starting over.
 
     def open(
-        self, fingerprint: dict[str, Any], overwrite: bool, sink: Sink
+        self,
+        fingerprint: dict[str, Any],
+        overwrite: bool,
+        sink: Sink,
+        parts: Collection[str] | None = None,
     ) -> dict[str, UnitRecord]:
         """Lock the directory and make it and `sink` ready to run `fingerprint`; return the
-        done units.
+        done units (of every run that shares the output).
 
         A directory holding a run with another fingerprint is refused unless `overwrite`,
-        which empties it and the sink instead.
+        which empties it and the sink instead. With `parts` (the units of a `--shard` run)
+        only what those units left half-done is cleaned up: other shards may be running.
         """
         if not self.config_path.exists():
             foreign = sink.foreign_data()
@@ -162,7 +180,7 @@ class RunDirectory:
             elif self.config_path.exists():
                 self._check_fingerprint(fingerprint)
             self.done_dir.mkdir(exist_ok=True)
-            return self.reconcile(sink)
+            return self.reconcile(sink, parts)
         except BaseException:
             self.release_lock()
             raise
@@ -177,15 +195,24 @@ class RunDirectory:
             )
 
     def acquire_lock(self) -> None:
-        """Hold an exclusive lock on the directory for as long as this process lives.
+        """Hold the directory for as long as this process lives: a whole run holds `lock`
+        exclusively; a `--shard` run holds it shared, and its own `lock.shard-I-of-N`
+        exclusively, so that shards run side by side but each only once.
 
-        The lock is a `flock` on `_bulkembed/lock`: the kernel drops it when its holder dies,
-        however it dies, so a stale lock is simply taken over.
+        Locks are `flock`s: the kernel drops them when their holder dies, however it dies, so
+        a stale lock is simply taken over.
         """
-        lock = open(self.lock_path, "a+", encoding="utf-8")  # noqa: SIM115 (held until release)
+        if self.shard is None:
+            self._locks.append(self._lock(self.lock_path, fcntl.LOCK_EX))
+            return
+        self._locks.append(self._lock(self.lock_path, fcntl.LOCK_SH))
+        self._locks.append(self._lock(self.shard_lock_path, fcntl.LOCK_EX))
+
+    def _lock(self, path: Path, mode: int) -> IO[str]:
+        lock = open(path, "a+", encoding="utf-8")  # noqa: SIM115 (held until release)
         for attempt in range(LOCK_ATTEMPTS):
             try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                fcntl.flock(lock, mode | fcntl.LOCK_NB)
                 break
             except BlockingIOError:
                 # A run that is just starting, or `bulkembed status` looking, holds it briefly.
@@ -193,33 +220,39 @@ class RunDirectory:
                     time.sleep(LOCK_RETRY_SECONDS)
                     continue
                 lock.seek(0)
-                holder = lock.read().strip() or "another process"
+                holder = lock.read().strip() or "runs with --shard"
                 lock.close()
+                which = "" if path == self.lock_path else f"shard {self.shard.label} of "
                 raise LockedError(
-                    f"{self.label} is in use by a running bulkembed ({holder}); "
+                    f"{which}{self.label} is in use by a running bulkembed ({holder}); "
                     "wait for it to finish or stop it, or choose another --output"
                 ) from None
-        lock.seek(0)
-        lock.truncate()
-        lock.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
-        lock.flush()
-        self._lock_file = lock
+        if mode == fcntl.LOCK_EX:
+            lock.seek(0)
+            lock.truncate()
+            lock.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
+            lock.flush()
+        return lock
 
     def release_lock(self) -> None:
-        if self._lock_file is not None:
-            fcntl.flock(self._lock_file, fcntl.LOCK_UN)
-            self._lock_file.close()
-            self._lock_file = None
+        """Drop the locks; an exclusive holder first erases its name from the file."""
+        for lock in reversed(self._locks):
+            if lock.name != str(self.lock_path) or self.shard is None:
+                lock.truncate(0)
+            fcntl.flock(lock, fcntl.LOCK_UN)
+            lock.close()
+        self._locks.clear()
 
     def lock_holder(self) -> str | None:
-        """Who holds the lock now (`pid N on HOST`), or None if no live run does."""
+        """Who holds the lock now (`pid N on HOST`, or shard runs), or None if no live run
+        does."""
         if not self.lock_path.exists():
             return None
         with open(self.lock_path, encoding="utf-8") as lock:
             try:
-                fcntl.flock(lock, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                return lock.read().strip() or "another process"
+                return lock.read().strip() or "runs with --shard"
             fcntl.flock(lock, fcntl.LOCK_UN)
         return None
 
@@ -252,12 +285,17 @@ class RunDirectory:
             done[record.part] = record
         return done
 
-    def reconcile(self, sink: Sink) -> dict[str, UnitRecord]:
-        """Drop what a crash left half-done, here and in the sink; return the done units."""
-        for path in [*self.done_dir.glob(".*.tmp"), *self.meta.glob(".*.tmp")]:
-            path.unlink()
+    def reconcile(self, sink: Sink, parts: Collection[str] | None = None) -> dict[str, UnitRecord]:
+        """Drop what a crash left half-done, here and in the sink (only in `parts`, when
+        given); return the done units."""
+        temporaries = list(self.done_dir.glob(".*.tmp"))
+        if parts is None:
+            temporaries += self.meta.glob(".*.tmp")
+        for path in temporaries:
+            if parts is None or path.name[1:].split(".")[0] in parts:
+                path.unlink(missing_ok=True)
         done = self.done_units()
-        sink.reconcile(done)
+        sink.reconcile(done, parts)
         self._keep_bad_records_of(done)
         return done
 

@@ -5,6 +5,7 @@ Importing this module must stay cheap: `bulkembed --help` never imports torch.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable
 from typing import Annotated, Any
@@ -14,10 +15,12 @@ import typer
 from bulkembed.config import (
     DType,
     DTypeOut,
+    Engine,
     OnBadRecord,
     Pooling,
     Quantize,
     RunConfig,
+    ShardSpec,
     find_recipe,
     list_recipes,
 )
@@ -232,6 +235,30 @@ Since = Annotated[
     ),
 ]
 
+ShardOption = Annotated[
+    str | None,
+    typer.Option(
+        "--shard",
+        help="I/N: take only the units of work whose index is I modulo N, so that N runs (a "
+        "job array) share one output directory; together they write what one run would.",
+        metavar="I/N",
+    ),
+]
+EngineOption = Annotated[
+    Engine,
+    typer.Option(
+        help="local (this machine's processes) or ray (Ray Data tasks and actors on a "
+        "cluster; needs bulkembed[ray])."
+    ),
+]
+RayAddress = Annotated[
+    str | None,
+    typer.Option(
+        help="The Ray cluster to join. Default: auto (RAY_ADDRESS or a running local "
+        "cluster), else a new local instance."
+    ),
+]
+
 
 def _guarded(action: Callable[[], Any]) -> Any:
     """Run `action`, turning known errors into one line on stderr and a non-zero exit."""
@@ -311,6 +338,9 @@ def run(
     index_partitions: IndexPartitions = None,
     fts: Fts = False,
     since: Since = None,
+    shard: ShardOption = None,
+    engine: EngineOption = Engine.LOCAL,
+    ray_address: RayAddress = None,
 ) -> None:
     """Embed INPUTS with a model into Parquet parts, a LanceDB table or stdout.
 
@@ -356,6 +386,9 @@ def run(
             index_partitions=index_partitions,
             fts=fts,
             since=since,
+            shard=None if shard is None else ShardSpec.parse(shard),
+            engine=engine,
+            ray_address=ray_address,
         )
         embed_corpus(config, reporter=make_reporter(quiet))
 
@@ -371,6 +404,9 @@ def status(
             metavar="OUT",
         ),
     ],
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print one JSON object instead of a table.")
+    ] = False,
 ) -> None:
     """Progress of a run: units done and pending, documents, bad records, lock."""
 
@@ -383,7 +419,11 @@ def status(
         if target.path is None or target.run_directory is None:
             raise BulkembedError("a stream (--output -) keeps no run directory to report on")
         run = RunDirectory(target.path, meta=target.run_directory, label=target.label)
-        print_status(run_status(run))
+        figures = run_status(run)
+        if as_json:
+            typer.echo(json.dumps(figures))
+        else:
+            print_status(figures)
 
     _guarded(action)
 

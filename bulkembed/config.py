@@ -55,6 +55,36 @@ class Quantize(str, Enum):
     UBINARY = "ubinary"
 
 
+class Engine(str, Enum):
+    """Where the work runs: this machine's processes, or a Ray cluster's tasks and actors."""
+
+    LOCAL = "local"
+    RAY = "ray"
+
+
+@dataclass(frozen=True, slots=True)
+class ShardSpec:
+    """`--shard I/N`: this run takes the units of work whose index is I modulo N."""
+
+    index: int
+    count: int
+
+    @classmethod
+    def parse(cls, text: str) -> ShardSpec:
+        index, slash, count = text.partition("/")
+        if slash and index.strip().isdigit() and count.strip().isdigit():
+            shard = cls(int(index), int(count))
+            if shard.index < shard.count:
+                return shard
+        raise BulkembedError(
+            f"--shard {text}: expected I/N with 0 <= I < N, e.g. 0/4 for the first of four runs"
+        )
+
+    @property
+    def label(self) -> str:
+        return f"{self.index}/{self.count}"
+
+
 class OnBadRecord(str, Enum):
     """What to do with a record that cannot be embedded."""
 
@@ -122,6 +152,9 @@ class RunConfig:
     index_partitions: int | None = None
     fts: bool = False
     since: str | None = None
+    shard: ShardSpec | None = None
+    engine: Engine = Engine.LOCAL
+    ray_address: str | None = None
 
     def __post_init__(self) -> None:
         if not self.inputs:
@@ -145,6 +178,34 @@ class RunConfig:
         if self.tokenize_workers is not None and self.tokenize_workers < 0:
             raise BulkembedError("--tokenize-workers must be 0 (tokenize in-process) or more")
         self._check_output_options()
+        self._check_distribution()
+
+    def _check_distribution(self) -> None:
+        """`--shard` and `--engine ray` commit units from several processes at once into one
+        Parquet directory: what needs the whole corpus in one process is refused."""
+        if self.ray_address is not None and self.engine is not Engine.RAY:
+            raise BulkembedError("--ray-address applies to --engine ray only")
+        if self.shard is None and self.engine is Engine.LOCAL:
+            return
+        what = "--shard" if self.engine is Engine.LOCAL else "--engine ray"
+        if self.output == "-" or self.output.startswith("lancedb://"):
+            raise BulkembedError(
+                f"{what} writes Parquet parts: pass a directory as --output (load it into "
+                "LanceDB afterwards)"
+            )
+        refused = {
+            "--limit": self.limit is not None,
+            "--since": self.since is not None,
+            "--overwrite": self.overwrite and self.shard is not None,
+            f"--quantize {getattr(self.quantize, 'value', '')}": self.quantize
+            in (Quantize.INT8, Quantize.UINT8),
+        }
+        for option, given in refused.items():
+            if given:
+                raise BulkembedError(
+                    f"{what} cannot be combined with {option}: it needs the whole corpus in "
+                    "one run (run without it, or remove the output by hand to start over)"
+                )
 
     def _check_output_options(self) -> None:
         reserved = sorted(set(self.keep_columns) & set(RESERVED_COLUMNS))

@@ -16,7 +16,7 @@ import signal
 import sys
 import tempfile
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Container, Iterable, Iterator
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -25,7 +25,7 @@ import numpy as np
 
 from bulkembed import __version__
 from bulkembed.checkpoint import RunDirectory, UnitRecord
-from bulkembed.config import DType, OnBadRecord, RunConfig, default_tokenize_workers
+from bulkembed.config import DType, OnBadRecord, RunConfig, ShardSpec, default_tokenize_workers
 from bulkembed.encoders import Embeddings, Encoder
 from bulkembed.errors import BulkembedError, InputError, Interrupted, OutputError
 from bulkembed.incremental import PreviousOutput, hash_contents
@@ -53,6 +53,7 @@ from bulkembed.sources import (
     drop_duplicate_ids,
     list_shards,
     take,
+    unit_names,
 )
 from bulkembed.tokenize import TokenizedChunk, TokenizerPool, TokenizerSettings
 from bulkembed.windows import embed_window, window_tokens, windows
@@ -165,6 +166,27 @@ def fingerprint(config: RunConfig, spec: ModelSpec, shards: list[Shard]) -> dict
     }
 
 
+@dataclass(frozen=True, slots=True)
+class _Skipped:
+    """The units the reader passes over: those done, and with `--shard` other shards'."""
+
+    done: Container[str]
+    mine: Container[str] | None
+
+    def __contains__(self, part: object) -> bool:
+        return part in self.done or (self.mine is not None and part not in self.mine)
+
+
+def shard_parts(shards: list[Shard], shard: ShardSpec) -> frozenset[str]:
+    """The units of `--shard I/N`: every Nth unit of the inputs, from the Ith."""
+    if any(s.format == "hf" for s in shards):
+        raise InputError(
+            "--shard and --engine ray need inputs whose units can be counted up front: "
+            "files, not hf:// datasets (save the dataset to Parquet first)"
+        )
+    return frozenset(unit_names(shards)[shard.index :: shard.count])
+
+
 def _committed_ids(sink: Sink, done: dict[str, UnitRecord]) -> SeenIds:
     seen = SeenIds()
     for doc_id in sink.committed_ids(done):
@@ -240,6 +262,7 @@ class _Job:
     previous: PreviousOutput | None = None
     precision: PrecisionCheck | None = None
     tuned: bool = False
+    parts: frozenset[str] | None = None
 
     def run_info(self) -> dict[str, Any]:
         return {
@@ -255,6 +278,7 @@ class _Job:
             "tokenize_workers": self.workers,
             "output": self.target.label,
             "dtype_check": None if self.precision is None else self.precision.describe(),
+            "shard": None if self.config.shard is None else self.config.shard.label,
         }
 
     def settings(self) -> TokenizerSettings:
@@ -266,9 +290,10 @@ class _Job:
     def _chunks(self, done: dict[str, UnitRecord]) -> Iterator[Chunk]:
         """The records still to embed: pending units, first id wins, up to the limit."""
         config = self.config
-        self.reader.done = done
+        self.reader.done = _Skipped(done, self.parts)
         chunks: Iterator[Chunk] = iter(self.reader)
-        chunks = drop_duplicate_ids(chunks, _committed_ids(self.sink, done), self.shards)
+        mine = {k: v for k, v in done.items() if self.parts is None or k in self.parts}
+        chunks = drop_duplicate_ids(chunks, _committed_ids(self.sink, mine), self.shards)
         if config.limit is not None:
             chunks = take(chunks, config.limit - sum(r.rows for r in done.values()))
         if config.on_bad_record is OnBadRecord.FAIL:
@@ -423,7 +448,8 @@ class _Job:
 
         settings = self.settings()
         reporter.start(stats)
-        _start_counting(self.shards, self.config.limit, reporter)
+        if self.parts is None:
+            _start_counting(self.shards, self.config.limit, reporter)
         try:
             with TokenizerPool(settings, self.workers) as pool, WriteBehind(write) as behind:
                 size = window_tokens(budget, encoder.multivector_dim)
@@ -445,8 +471,22 @@ class _Job:
             reporter.close()
             if isinstance(encoder, EncoderPool):
                 encoder.close()
-        self.run.mark_complete()
+        self.mark_complete_if_whole()
         return stats
+
+    def mark_complete_if_whole(self) -> None:
+        """Mark the output complete once every unit is done: at once for a whole run; for
+        a `--shard` run, when the other shards' units are done too."""
+        if self.parts is not None:
+            done = self.run.done_units()
+            pending = [u for u in unit_names(self.shards) if u not in done]
+            if pending:
+                self.reporter.info(
+                    f"shard {self.config.shard.label} is done; {len(pending)} unit(s) of other "
+                    "shards are pending"
+                )
+                return
+        self.run.mark_complete()
 
 
 def embed_corpus(config: RunConfig, reporter: Reporter | None = None) -> dict[str, Any]:
@@ -470,7 +510,7 @@ def _run(job: _Job) -> dict[str, Any]:
     config = job.config
     settings = fingerprint(config, job.spec, job.shards)
     run_info = job.run_info()
-    done = job.run.open(settings, config.overwrite, job.sink)
+    done = job.run.open(settings, config.overwrite, job.sink, job.parts)
     try:
         complete = job.run.is_complete()
         previous_rows = None
@@ -546,12 +586,12 @@ def _make_sink(config: RunConfig, target: OutputTarget, normalize: bool) -> Sink
     return ParquetSink(target.path)
 
 
-def _run_directory(target: OutputTarget) -> RunDirectory:
+def _run_directory(target: OutputTarget, shard: ShardSpec | None) -> RunDirectory:
     """The run's bookkeeping; a stream's lives in a temporary directory, removed at the end."""
     meta = target.run_directory
     if meta is None:
         meta = Path(tempfile.mkdtemp(prefix="bulkembed-stream-"))
-    return RunDirectory(target.path or meta, meta=meta, label=target.label)
+    return RunDirectory(target.path or meta, meta=meta, label=target.label, shard=shard)
 
 
 def _prepare(config: RunConfig, reporter: Reporter) -> _Job:
@@ -584,7 +624,8 @@ def _prepare(config: RunConfig, reporter: Reporter) -> _Job:
         output_format=OutputFormat.for_run(config, spec),
         target=target,
         sink=_make_sink(config, target, spec.normalize),
-        run=_run_directory(target),
+        run=_run_directory(target, config.shard),
         reporter=reporter,
         workers=default_tokenize_workers(devices[0]) if workers is None else workers,
+        parts=None if config.shard is None else shard_parts(shards, config.shard),
     )

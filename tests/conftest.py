@@ -6,6 +6,7 @@ import json
 import os
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -18,6 +19,15 @@ SAMPLE = ROOT / "samples" / "python-docs.jsonl"
 
 # Training text for the tiny tokenizer: a few sentences of the bundled real-text sample.
 _TRAINING_LINES = 60
+
+
+def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Row-wise cosine similarity of two matrices of vectors."""
+    a = np.asarray(a, dtype=np.float64)
+    b = np.asarray(b, dtype=np.float64)
+    a = a / np.linalg.norm(a, axis=1, keepdims=True)
+    b = b / np.linalg.norm(b, axis=1, keepdims=True)
+    return (a * b).sum(axis=1)
 
 
 def sample_texts(n: int | None = None) -> list[str]:

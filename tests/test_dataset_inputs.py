@@ -3,11 +3,10 @@
 import json
 
 import datasets
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import fill_the_disk_at_commit, sample_texts, write_jsonl, write_parquet
+from conftest import cosines, fill_the_disk_at_commit, sample_texts, write_jsonl, write_parquet
 from typer.testing import CliRunner
 
 from bulkembed.cli import app
@@ -194,7 +193,7 @@ def test_a_dataset_run_resumes_after_its_done_units(tmp_path, tiny_st, monkeypat
     assert resumed["id"] == reference["id"] == sorted(r["id"] for r in records)
     assert resumed["content_hash"] == reference["content_hash"]
     # Batches after the resume hold other neighbours: float rounding differs a little.
-    np.testing.assert_allclose(resumed["dense"], reference["dense"], atol=1e-5)
+    assert cosines(resumed["dense"], reference["dense"]).min() >= 0.99999
 
 
 def test_arrow_ipc_files_and_streams_both_read(tmp_path):

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 import torch
-from conftest import sample_texts
+from conftest import cosines, sample_texts
 
 from bulkembed.config import RunConfig
 from bulkembed.encoders import Embeddings, Encoder, TokenBatch, build_encoder, register_encoder
@@ -19,12 +19,6 @@ def _embed(folder, texts, **options) -> np.ndarray:
     return encoder.embed(TokenBatch(flat, lengths)).dense
 
 
-def _cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    a = a / np.linalg.norm(a, axis=1, keepdims=True)
-    b = b / np.linalg.norm(b, axis=1, keepdims=True)
-    return (a * b).sum(axis=1)
-
-
 @pytest.mark.parametrize("mode", ["cls", "mean", "lasttoken"])
 def test_tiny_model_matches_sentence_transformers(tiny_st, mode):
     from sentence_transformers import SentenceTransformer
@@ -36,7 +30,7 @@ def test_tiny_model_matches_sentence_transformers(tiny_st, mode):
         texts, batch_size=8, convert_to_numpy=True
     )
     assert ours.shape == reference.shape == (40, 32)
-    assert _cosines(ours, reference).min() >= 0.9999
+    assert cosines(ours, reference).min() >= 0.9999
     np.testing.assert_allclose(np.linalg.norm(ours, axis=1), 1.0, rtol=1e-5)
 
 
@@ -53,7 +47,7 @@ def test_padding_does_not_change_a_vector(tiny_st):
     texts = sample_texts(12)
     together = _embed(tiny_st("mean"), texts)
     alone = np.stack([_embed(tiny_st("mean"), [t])[0] for t in texts])
-    assert _cosines(together, alone).min() >= 0.99999
+    assert cosines(together, alone).min() >= 0.99999
 
 
 def test_pooling_functions_against_hand_computed_values():

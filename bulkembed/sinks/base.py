@@ -8,7 +8,7 @@ one invisible, or be able to take it back in `reconcile`.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -38,8 +38,11 @@ class Sink(ABC):
     def remove(self) -> None:  # noqa: B027 (a sink that keeps nothing has nothing to do)
         """Delete every row bulkembed wrote here (`--overwrite`)."""
 
-    def reconcile(self, done: dict[str, UnitRecord]) -> None:  # noqa: B027 (as for remove)
-        """Drop rows of units not in `done`; fail if rows of a done unit are missing."""
+    def reconcile(  # noqa: B027 (as for remove)
+        self, done: dict[str, UnitRecord], parts: Collection[str] | None = None
+    ) -> None:
+        """Drop rows of units not in `done` (of those in `parts` only, when given: other
+        runs write the rest); fail if rows of a done unit are missing."""
 
     def committed_ids(self, done: dict[str, UnitRecord]) -> Iterator[Any]:
         """The ids of the rows of the units in `done`."""

@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import math
 import warnings
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -131,7 +131,7 @@ class LanceSink(Sink):
         if self.path.is_dir():
             self.db.drop_table(self.table_name, ignore_missing=True)
 
-    def reconcile(self, done: dict[str, UnitRecord]) -> None:
+    def reconcile(self, done: dict[str, UnitRecord], parts: Collection[str] | None = None) -> None:
         versions = [r.version for r in done.values() if r.version is not None]
         table = self._existing_table() if self.path.is_dir() else None
         if not versions:

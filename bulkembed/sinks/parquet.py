@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -59,9 +59,10 @@ class ParquetSink(Sink):
         for path in [*self._our_parts(), *self._temporaries()]:
             path.unlink()
 
-    def reconcile(self, done: dict[str, UnitRecord]) -> None:
+    def reconcile(self, done: dict[str, UnitRecord], parts: Collection[str] | None = None) -> None:
         for path in self._temporaries():
-            path.unlink()
+            if parts is None or path.name[1:].removesuffix(TEMPORARY_SUFFIX) in parts:
+                path.unlink(missing_ok=True)
         for record in done.values():
             if record.rows and not self.part_path(record.part).exists():
                 raise OutputError(
@@ -69,8 +70,8 @@ class ParquetSink(Sink):
                     "restore the file, or use --overwrite"
                 )
         for path in self._our_parts():
-            if path.stem not in done:
-                path.unlink()
+            if path.stem not in done and (parts is None or path.stem in parts):
+                path.unlink(missing_ok=True)
 
     def committed_ids(self, done: dict[str, UnitRecord]) -> Iterator[Any]:
         for record in done.values():

@@ -1,0 +1,136 @@
+"""`--shard I/N`: N runs side by side into one output write what one run writes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from conftest import ROOT, cosines, read_output, sample_texts, write_jsonl, write_parquet
+from typer.testing import CliRunner
+
+from bulkembed.cli import app
+
+pytestmark = pytest.mark.slow
+
+
+def _corpus(folder):
+    """Nine units: two JSONL files of 5,000 lines (two units each), a Parquet file of five
+    row groups; integer-like ids given as strings, so no id repeats."""
+    texts = sample_texts(1000)
+    for n in range(2):
+        records = [{"id": f"j{n}-{i}", "text": texts[i % 1000][:80]} for i in range(5000)]
+        write_jsonl(folder / f"lines-{n}.jsonl", records)
+    records = [{"id": f"p{i}", "text": texts[(7 * i) % 1000][:80]} for i in range(1000)]
+    write_parquet(folder / "table.parquet", records, row_group_size=200)
+    return folder
+
+
+def _command(corpus, model, out, *extra):
+    return [
+        sys.executable,
+        "-m",
+        "bulkembed",
+        "run",
+        str(corpus),
+        "--model",
+        str(model),
+        "--output",
+        str(out),
+        "--quiet",
+        "--tokenize-workers",
+        "0",
+        *extra,
+    ]
+
+
+def test_three_shards_side_by_side_write_what_one_run_writes(tmp_path, tiny_st):
+    corpus = _corpus(tmp_path / "corpus")
+    model = tiny_st("mean")
+    whole = subprocess.run(_command(corpus, model, tmp_path / "whole"), capture_output=True)
+    assert whole.returncode == 0, whole.stderr.decode()
+
+    out = tmp_path / "sharded"
+    environment = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    runs = [
+        subprocess.Popen(
+            _command(corpus, model, out, "--shard", f"{i}/3"),
+            stderr=subprocess.PIPE,
+            env=environment,
+        )
+        for i in range(3)
+    ]
+    for run in runs:
+        assert run.wait() == 0, run.stderr.read().decode()
+
+    expected, got = read_output(tmp_path / "whole"), read_output(out)
+    assert sorted(got) == sorted(expected) and len(got) == 11000
+    ids = sorted(expected)
+    assert cosines([got[i] for i in ids], [expected[i] for i in ids]).min() >= 0.99999
+    parts = sorted(p.name for p in out.glob("*.parquet"))
+    assert parts == sorted(p.name for p in (tmp_path / "whole").glob("*.parquet"))
+    assert len(parts) == 9
+    assert (out / "_bulkembed" / "complete").exists()
+    status = CliRunner().invoke(app, ["status", str(out), "--json"])
+    figures = json.loads(status.output)
+    assert (figures["state"], figures["units_done"], figures["units_pending"]) == ("complete", 9, 0)
+    assert figures["docs"] == 11000
+
+
+def test_a_shard_takes_every_nth_unit_and_leaves_the_output_incomplete(tmp_path, tiny_st):
+    corpus = _corpus(tmp_path / "corpus")
+    out = tmp_path / "out"
+    args = ["run", str(corpus), "--model", str(tiny_st("mean")), "--output", str(out)]
+    result = CliRunner().invoke(app, [*args, "--tokenize-workers", "0", "--shard", "1/3"])
+    assert result.exit_code == 0, result.output
+    assert "shard 1/3 is done; 6 unit(s) of other shards are pending" in result.output
+    # Units in input order: lines-0 (0, 1), lines-1 (2, 3), table (4 to 8); 1/3 takes 1, 4, 7.
+    parts = sorted(p.stem for p in out.glob("*.parquet"))
+    assert parts == ["part-00000-000001", "part-00002-000000", "part-00002-000003"]
+    assert not (out / "_bulkembed" / "complete").exists()
+    status = json.loads(CliRunner().invoke(app, ["status", str(out), "--json"]).output)
+    assert (status["units_done"], status["units_pending"]) == (3, 6)
+    assert status["state"].startswith("stopped")
+    summary = json.loads((out / "_bulkembed" / "summary.json").read_text())
+    assert (summary["shard"], summary["docs"]) == ("1/3", 904 + 200 + 200)
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--shard", "3/3"], "--shard 3/3: expected I/N with 0 <= I < N"),
+        (["--shard", "1-3"], "--shard 1-3: expected I/N"),
+        (["--shard", "0/2", "--limit", "5"], "--shard cannot be combined with --limit"),
+        (["--shard", "0/2", "--overwrite"], "--shard cannot be combined with --overwrite"),
+        (["--shard", "0/2", "--output", "-"], "--shard writes Parquet parts"),
+    ],
+)
+def test_shard_options_that_cannot_work_are_refused(tmp_path, tiny_st, extra, message):
+    corpus = write_jsonl(tmp_path / "c.jsonl", [{"text": "a"}])
+    args = ["run", str(corpus), "--model", str(tiny_st("mean")), "--output", str(tmp_path / "o")]
+    result = CliRunner().invoke(app, [*args, *extra])
+    assert result.exit_code == 1
+    assert message in result.output
+    assert "Traceback" not in result.output
+
+
+def test_the_same_shard_cannot_run_twice_at_once(tmp_path):
+    from bulkembed.checkpoint import LockedError, RunDirectory
+    from bulkembed.config import ShardSpec
+
+    (tmp_path / "_bulkembed").mkdir()
+    first = RunDirectory(tmp_path, shard=ShardSpec(0, 2))
+    other = RunDirectory(tmp_path, shard=ShardSpec(1, 2))
+    first.acquire_lock()
+    other.acquire_lock()
+    with pytest.raises(LockedError, match=r"shard 0/2 of .* is in use by a running bulkembed"):
+        RunDirectory(tmp_path, shard=ShardSpec(0, 2)).acquire_lock()
+    with pytest.raises(LockedError, match="in use by a running bulkembed .runs with --shard."):
+        RunDirectory(tmp_path).acquire_lock()
+    assert first.lock_holder() == "runs with --shard"
+    first.release_lock()
+    other.release_lock()
+    assert first.lock_holder() is None
+    RunDirectory(tmp_path).acquire_lock()
