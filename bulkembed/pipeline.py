@@ -25,12 +25,19 @@ import numpy as np
 
 from bulkembed import __version__
 from bulkembed.checkpoint import RunDirectory, UnitRecord
-from bulkembed.config import DType, OnBadRecord, RunConfig, ShardSpec, default_tokenize_workers
+from bulkembed.config import (
+    DType,
+    Engine,
+    OnBadRecord,
+    RunConfig,
+    ShardSpec,
+    default_tokenize_workers,
+)
 from bulkembed.encoders import Embeddings, Encoder
 from bulkembed.errors import BulkembedError, InputError, Interrupted, OutputError
 from bulkembed.incremental import PreviousOutput, hash_contents
 from bulkembed.outputs import OutputFormat
-from bulkembed.precision import SAMPLE_DOCUMENTS, PrecisionCheck, check_precision
+from bulkembed.precision import PrecisionCheck, check_precision, sample_sequences
 from bulkembed.progress import Reporter, RunStats
 from bulkembed.schema import output_schema
 from bulkembed.sinks import (
@@ -57,9 +64,10 @@ from bulkembed.sources import (
 )
 from bulkembed.tokenize import TokenizedChunk, TokenizerPool, TokenizerSettings
 from bulkembed.windows import embed_window, window_tokens, windows
-from bulkembed.writer import PartWriter, WriteBehind
+from bulkembed.writer import PartWriter, WriteBehind, write_window
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     import torch
 
     from bulkembed.encoder_pool import EncoderPool
@@ -82,7 +90,26 @@ def _describe_outputs(spec: ModelSpec, encoder: Encoder) -> str:
     return ", ".join(parts)
 
 
-def _write_vocabulary(run: RunDirectory, spec: ModelSpec) -> None:
+def run_schema(
+    reader: RecordReader,
+    spec: ModelSpec,
+    encoder: Encoder | EncoderPool,
+    output_format: OutputFormat,
+) -> pa.Schema:
+    """The output's schema: the id type and passthrough columns that `reader` found, and
+    the columns of what `encoder` produces, in `output_format`."""
+    assert reader.id_type is not None
+    dense, multivector = encoder.dense_dim, encoder.multivector_dim
+    return output_schema(
+        reader.id_type,
+        dense=None if dense is None else output_format.dense_type(dense),
+        sparse="sparse" in spec.outputs,
+        multivector=None if multivector is None else output_format.multivector_type(multivector),
+        passthrough=reader.column_types,
+    )
+
+
+def write_vocabulary(run: RunDirectory, spec: ModelSpec) -> None:
     """`vocab.json`, id -> token, so that loaders can turn sparse indices into terms."""
     from tokenizers import Tokenizer
 
@@ -92,7 +119,7 @@ def _write_vocabulary(run: RunDirectory, spec: ModelSpec) -> None:
     )
 
 
-def _fail_on_bad_records(chunks: Iterable[Chunk]) -> Iterator[Chunk]:
+def fail_on_bad_records(chunks: Iterable[Chunk]) -> Iterator[Chunk]:
     for chunk in chunks:
         if chunk.bad:
             bad = chunk.bad[0]
@@ -177,14 +204,19 @@ class _Skipped:
         return part in self.done or (self.mine is not None and part not in self.mine)
 
 
-def shard_parts(shards: list[Shard], shard: ShardSpec) -> frozenset[str]:
-    """The units of `--shard I/N`: every Nth unit of the inputs, from the Ith."""
+def counted_units(shards: list[Shard]) -> list[str]:
+    """Every unit of the inputs, in order, for runs that share them out up front."""
     if any(s.format == "hf" for s in shards):
         raise InputError(
             "--shard and --engine ray need inputs whose units can be counted up front: "
             "files, not hf:// datasets (save the dataset to Parquet first)"
         )
-    return frozenset(unit_names(shards)[shard.index :: shard.count])
+    return unit_names(shards)
+
+
+def shard_parts(shards: list[Shard], shard: ShardSpec) -> frozenset[str]:
+    """The units of `--shard I/N`: every Nth unit of the inputs, from the Ith."""
+    return frozenset(counted_units(shards)[shard.index :: shard.count])
 
 
 def _committed_ids(sink: Sink, done: dict[str, UnitRecord]) -> SeenIds:
@@ -297,7 +329,7 @@ class _Job:
         if config.limit is not None:
             chunks = take(chunks, config.limit - sum(r.rows for r in done.values()))
         if config.on_bad_record is OnBadRecord.FAIL:
-            chunks = _fail_on_bad_records(chunks)
+            chunks = fail_on_bad_records(chunks)
         chunks = hash_contents(chunks, self.settings())
         if self.previous is not None:
             chunks = self.previous.carry_over(chunks)
@@ -333,11 +365,7 @@ class _Job:
 
         from bulkembed.encoders import build_encoder
 
-        sequences = []
-        for tokenized in window:
-            ends = np.cumsum(tokenized.lengths)
-            sequences += np.split(tokenized.token_ids, ends[:-1]) if len(ends) else []
-        sequences = sequences[:SAMPLE_DOCUMENTS]
+        sequences = sample_sequences(window)
         if not sequences:
             return reference
         fast = build_encoder(self.spec, self.devices[0], self.dtype)
@@ -420,31 +448,15 @@ class _Job:
         stats = RunStats()
         assert self.reader.id_type is not None
         output_format = self._output_format(done)
-        schema = output_schema(
-            self.reader.id_type,
-            dense=None
-            if encoder.dense_dim is None
-            else output_format.dense_type(encoder.dense_dim),
-            sparse="sparse" in spec.outputs,
-            multivector=None
-            if encoder.multivector_dim is None
-            else output_format.multivector_type(encoder.multivector_dim),
-            passthrough=self.reader.column_types,
-        )
+        schema = run_schema(self.reader, spec, encoder, output_format)
         if "sparse" in spec.outputs:
-            _write_vocabulary(self.run, spec)
+            write_vocabulary(self.run, spec)
         writer = PartWriter(self.run, self.sink, schema)
 
         def write(
             embedded_window: tuple[list[TokenizedChunk], Embeddings, np.ndarray],
         ) -> Iterator[None]:
-            window, embedded, padded = embedded_window
-            offset = 0
-            for tokenized in window:
-                end = offset + len(tokenized.lengths)
-                writer.write(tokenized, embedded.take(slice(offset, end)), padded[offset:end])
-                offset = end
-                yield
+            return write_window(writer, *embedded_window)
 
         settings = self.settings()
         reporter.start(stats)
@@ -536,7 +548,12 @@ def _run(job: _Job) -> dict[str, Any]:
         if complete:
             job.reporter.info(f"nothing to do: {job.target.label} already holds every document")
             return summarize(done, RunStats(), run_info, previous_rows, limited)
-        stats = job.embed_pending(done)
+        if config.engine is Engine.RAY:
+            from bulkembed.ray_engine import embed_on_ray
+
+            stats = embed_on_ray(job, done)
+        else:
+            stats = job.embed_pending(done)
         summary = summarize(job.run.done_units(), stats, job.run_info(), previous_rows, limited)
         job.run.write_summary(summary)
         return summary
@@ -609,10 +626,14 @@ def _prepare(config: RunConfig, reporter: Reporter) -> _Job:
     )
     reader.check()
     spec = resolve_model(config)
-    devices = resolve_devices(config.devices)
     workers = config.tokenize_workers
-    dtype = resolve_dtype(config.dtype, devices[0])
-    check_dtype = config.dtype is DType.AUTO and str(dtype) != "torch.float32"
+    if config.engine is Engine.RAY:
+        # The cluster's devices, not this machine's: the Ray engine resolves both there.
+        devices, dtype, check_dtype = [config.devices], resolve_dtype(DType.FLOAT32, "cpu"), False
+    else:
+        devices = resolve_devices(config.devices)
+        dtype = resolve_dtype(config.dtype, devices[0])
+        check_dtype = config.dtype is DType.AUTO and str(dtype) != "torch.float32"
     return _Job(
         config=config,
         spec=spec,

@@ -9,14 +9,29 @@ and says so in the log and the summary.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from bulkembed.batching import input_order, pack_batches
 from bulkembed.encoders import Embeddings, Encoder, TokenBatch
 
+if TYPE_CHECKING:
+    from bulkembed.tokenize import TokenizedChunk
+
 PARITY_THRESHOLD = 0.9999
 SAMPLE_DOCUMENTS = 64
+
+
+def sample_sequences(window: list[TokenizedChunk]) -> list[np.ndarray]:
+    """The token ids of the window's first `SAMPLE_DOCUMENTS` documents, one array each."""
+    sequences: list[np.ndarray] = []
+    for tokenized in window:
+        ends = np.cumsum(tokenized.lengths)
+        sequences += np.split(tokenized.token_ids, ends[:-1]) if len(ends) else []
+        if len(sequences) >= SAMPLE_DOCUMENTS:
+            break
+    return sequences[:SAMPLE_DOCUMENTS]
 
 
 @dataclass(frozen=True, slots=True)

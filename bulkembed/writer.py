@@ -102,6 +102,19 @@ class PartWriter:
         self.sink.close()
 
 
+def write_window(
+    writer: PartWriter, window: list[TokenizedChunk], embedded: Embeddings, padded: np.ndarray
+) -> Iterator[None]:
+    """Write an embedded window chunk by chunk (its vectors in input order), yielding after
+    each: `WriteBehind` may stop between them."""
+    offset = 0
+    for tokenized in window:
+        end = offset + len(tokenized.lengths)
+        writer.write(tokenized, embedded.take(slice(offset, end)), padded[offset:end])
+        offset = end
+        yield
+
+
 class WriteBehind(Generic[Item]):
     """Runs `write` on a thread, item after item in the order given, while the caller goes
     on: the next window is embedded while the last one is written.

@@ -116,9 +116,16 @@ class RecordReader:
     def __iter__(self) -> Iterator[Chunk]:
         if self.id_type is None:
             self.check()
+        for index in range(len(self.shards)):
+            yield from self.read_shard(index)
+
+    def read_shard(self, index: int) -> Iterator[Chunk]:
+        """The chunks of the shard at `index` alone, skipping its units in `done`."""
+        if self.id_type is None:
+            self.check()
         readers = {"parquet": self._parquet, "arrow": self._arrow, "hf": self._dataset}
-        for index, shard in enumerate(self.shards):
-            yield from readers.get(shard.format, self._jsonl)(index, shard)
+        shard = self.shards[index]
+        yield from readers.get(shard.format, self._jsonl)(index, shard)
 
     def _scan_json_type(self, name: str) -> pa.DataType:
         """The type of a JSON field that the first lines of every file lack: from its first

@@ -1,0 +1,368 @@
+"""`--engine ray`: the same run on a Ray cluster, through Ray Data.
+
+This process (the driver) opens the run directory as a local run does, lists the units of
+work still pending and hands them to Ray Data, one row per unit. CPU tasks read a unit and
+tokenize it; an actor pool, one actor per GPU (or CPU actors with a thread count each),
+packs the unit's documents into token-budget batches, embeds them and commits the unit into
+the shared output exactly as a local run's writer does: the part under a temporary name,
+renamed, then its done-marker. The driver counts what comes back and writes the summary.
+
+A unit is committed by one rename and one marker, and its part's name is fixed by the
+inputs, so a run killed at any point resumes like a local one, and a unit that Ray runs
+again after an actor died is written whole again under the same name.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import pickle
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from bulkembed.checkpoint import RunDirectory, UnitRecord
+from bulkembed.config import DType, OnBadRecord, ShardSpec
+from bulkembed.errors import BulkembedError
+from bulkembed.incremental import hash_contents
+from bulkembed.outputs import OutputFormat
+from bulkembed.precision import PrecisionCheck
+from bulkembed.progress import Reporter, RunStats
+from bulkembed.sinks import ParquetSink
+from bulkembed.sources import Chunk, RecordReader, SeenIds, drop_duplicate_ids
+from bulkembed.tokenize import TokenizedChunk, TokenizerPool, TokenizerSettings
+from bulkembed.windows import embed_window, window_tokens, windows
+from bulkembed.writer import PartWriter, write_window
+
+if TYPE_CHECKING:
+    from bulkembed.model_spec import ModelSpec
+    from bulkembed.pipeline import _Job
+
+# The columns Ray Data hands back, one row per unit: counts add up into the run's.
+_COUNTS = ("docs", "tokens", "padded_tokens", "batches")
+# Memory a tokenizing task declares: a unit's records and token ids. Declaring it also
+# keeps Ray Data from fusing these tasks into the embedding actors (it fuses stages whose
+# resource requests are equal), so reading and tokenizing run beside the model.
+TOKENIZE_TASK_MEMORY = 256 * 2**20
+# A unit's error travels pickled in its row; none is an empty value (a column of Nones
+# would reach the actors as floats).
+_NO_ERROR = b""
+_RESULTS = ("part", "error", *_COUNTS, "encode_seconds", "dtype", "precision")
+
+
+@dataclass(frozen=True)
+class _Work:
+    """What the tasks and actors need, pickled once with the functions Ray ships."""
+
+    reader: RecordReader
+    settings: TokenizerSettings
+    fail_on_bad_records: bool
+    spec: ModelSpec
+    dtype: DType
+    output: str
+    shard: ShardSpec | None
+    output_format: OutputFormat
+    device: str
+    threads: int
+
+
+class _Only:
+    """A `done` for the reader that passes over every unit but one."""
+
+    def __init__(self, part: str) -> None:
+        self.part = part
+
+    def __contains__(self, part: object) -> bool:
+        return part != self.part
+
+
+def _unit(part: str) -> tuple[int, int]:
+    """(shard index, unit number) of a part name `part-<shard>-<unit>`."""
+    _, shard, unit = part.split("-")
+    return int(shard), int(unit)
+
+
+def _one_unit(chunks: Iterator[Chunk]) -> Iterator[Chunk]:
+    """The chunks up to the unit's last: the rest of the file is not read."""
+    for chunk in chunks:
+        yield chunk
+        if chunk.last_in_unit:
+            return
+
+
+def _tokenize_unit(part: str, work: _Work) -> list[TokenizedChunk]:
+    """Read one unit and tokenize it in this process."""
+    from bulkembed.pipeline import fail_on_bad_records
+
+    reader = copy.copy(work.reader)
+    reader.done = _Only(part)
+    chunks = _one_unit(reader.read_shard(_unit(part)[0]))
+    # Repeated ids are found within the unit: the units of a cluster run side by side.
+    chunks = drop_duplicate_ids(chunks, SeenIds(), reader.shards)
+    if work.fail_on_bad_records:
+        chunks = fail_on_bad_records(chunks)
+    with TokenizerPool(work.settings, 0) as pool:
+        return list(pool.map(hash_contents(chunks, work.settings)))
+
+
+def _tokenize_units(batch: dict[str, np.ndarray], work: _Work) -> dict[str, list[Any]]:
+    """Ray task: the units named in `batch`, tokenized and pickled for an embedding actor.
+    A bulkembed error (a bad record under --on-bad-record fail, an unreadable input) travels
+    with its unit, pickled, so that the driver raises it as it is."""
+    payloads, errors = [], []
+    for part in batch["part"]:
+        try:
+            tokenized = _tokenize_unit(str(part), work)
+            payloads.append(pickle.dumps(tokenized, protocol=pickle.HIGHEST_PROTOCOL))
+            errors.append(_NO_ERROR)
+        except BulkembedError as e:
+            payloads.append(b"")
+            errors.append(pickle.dumps(e))
+    return {"part": list(batch["part"]), "payload": payloads, "error": errors}
+
+
+class _UnitEmbedder:
+    """Ray actor: the model on one device; embeds and commits whole units."""
+
+    def __init__(self, work: _Work) -> None:
+        import torch
+
+        from bulkembed.devices import keep_memory_flat, resolve_dtype
+        from bulkembed.encoders import build_encoder
+        from bulkembed.pipeline import run_schema
+
+        if work.device == "cpu":
+            torch.set_num_threads(work.threads)
+        keep_memory_flat()
+        self.work = work
+        self.fast = resolve_dtype(work.dtype, work.device)
+        self.check = work.dtype is DType.AUTO and self.fast != torch.float32
+        self.encoder = build_encoder(
+            work.spec, work.device, torch.float32 if self.check else self.fast
+        )
+        self.dtype = "float32" if self.check else str(self.fast).removeprefix("torch.")
+        self.precision: PrecisionCheck | None = None
+        output = Path(work.output)
+        schema = run_schema(work.reader, work.spec, self.encoder, work.output_format)
+        self.writer = PartWriter(
+            RunDirectory(output, shard=work.shard), ParquetSink(output), schema
+        )
+
+    def _choose_precision(self, window: list) -> None:
+        """`--dtype auto` with a half-precision choice: the start-up check, on this actor's
+        first documents, as a local run makes it."""
+        from bulkembed.encoders import build_encoder
+        from bulkembed.precision import check_precision, sample_sequences
+
+        sequences = sample_sequences(window)
+        if not sequences:
+            return
+        self.check = False
+        fast = build_encoder(self.work.spec, self.work.device, self.fast)
+        tried = str(self.fast).removeprefix("torch.")
+        budget = self.work.spec.max_batch_tokens
+        self.precision = check_precision(self.encoder, fast, sequences, budget, tried)
+        if self.precision.passed:
+            self.encoder, self.dtype = fast, tried
+
+    def _embed_unit(self, tokenized: list[TokenizedChunk]) -> RunStats:
+        """Embed and commit one unit (the writer commits it with its last chunk)."""
+        stats = RunStats()
+        budget = self.work.spec.max_batch_tokens
+        for window in windows(iter(tokenized), window_tokens(budget, self.encoder.multivector_dim)):
+            if self.check:
+                self._choose_precision(window)
+            embedded, padded = embed_window(window, self.encoder, budget, stats, Reporter())
+            vectors = self.work.output_format.apply(embedded)
+            for _ in write_window(self.writer, window, vectors, padded):
+                continue
+        return stats
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, list[Any]]:
+        rows: dict[str, list[Any]] = {key: [] for key in _RESULTS}
+        for part, payload, error in zip(
+            batch["part"], batch["payload"], batch["error"], strict=True
+        ):
+            stats = RunStats()
+            if error == _NO_ERROR:
+                try:
+                    stats = self._embed_unit(pickle.loads(payload))
+                except BulkembedError as e:
+                    error = pickle.dumps(e)
+            rows["part"].append(part)
+            rows["error"].append(error)
+            for key in _COUNTS:
+                rows[key].append(getattr(stats, key))
+            rows["encode_seconds"].append(stats.encode_seconds)
+            rows["dtype"].append(self.dtype)
+            rows["precision"].append(pickle.dumps(self.precision))
+        return rows
+
+
+def _bound(work: _Work) -> type[_UnitEmbedder]:
+    """`_UnitEmbedder` with `work` built in: the class travels with what it needs, so that
+    an actor Ray restarts after a failure needs nothing from the object store."""
+
+    class Embedder(_UnitEmbedder):
+        def __init__(self) -> None:
+            super().__init__(work)
+
+    return Embedder
+
+
+def _connect(address: str | None) -> bool:
+    """Join the cluster at `address` (default: `auto`, a running one), or the one this
+    process is already connected to; without one, start a local instance. True when this
+    process started it (and must stop it)."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    options = {"logging_level": logging.ERROR, "log_to_driver": False}
+    if address is not None:
+        try:
+            ray.init(address=address, **options)
+        except (ConnectionError, ValueError) as e:
+            raise BulkembedError(f"--ray-address {address}: cannot join the cluster: {e}") from e
+        return False
+    try:
+        ray.init(address="auto", **options)
+        return False
+    except ConnectionError:
+        ray.init(include_dashboard=False, **options)
+        return True
+
+
+def _actors(devices: str) -> tuple[str, int, int]:
+    """(device, actors, threads per actor) on the cluster: `auto` takes every GPU, else one
+    CPU actor; `cpu,cpu` or `cuda:0,cuda:1` ask for that many actors of the kind."""
+    import ray
+
+    resources = ray.cluster_resources()
+    gpus, cpus = int(resources.get("GPU", 0)), int(resources.get("CPU", 1))
+    entries = [d.strip() for d in devices.split(",") if d.strip()]
+    if entries == ["auto"]:
+        entries = ["cuda"] * gpus or ["cpu"]
+    kinds = {"cpu" if d == "cpu" else "cuda" if d.startswith("cuda") else d for d in entries}
+    if len(kinds) != 1 or not kinds <= {"cpu", "cuda"}:
+        raise BulkembedError(
+            f"--devices {devices} with --engine ray: pass auto, or a list of cpu or of cuda "
+            "entries (one actor each)"
+        )
+    device = kinds.pop()
+    if device == "cuda" and gpus < len(entries):
+        raise BulkembedError(
+            f"--devices {devices}: the Ray cluster has {gpus} GPU(s); pass --devices auto"
+        )
+    # CPU actors leave one core to the tokenizing tasks.
+    threads = max(1, (cpus - 1) // len(entries)) if device == "cpu" else 1
+    return device, len(entries), threads
+
+
+def _pending(job: _Job, done: dict[str, UnitRecord]) -> list[str]:
+    from bulkembed.pipeline import counted_units
+
+    units = counted_units(job.shards)
+    return [u for u in units if u not in done and (job.parts is None or u in job.parts)]
+
+
+def embed_on_ray(job: _Job, done: dict[str, UnitRecord]) -> RunStats:
+    """Embed every pending unit on a Ray cluster; mark the run complete when all are."""
+    try:
+        import ray
+        import ray.data
+    except ImportError as e:
+        raise BulkembedError("--engine ray needs Ray Data: pip install 'bulkembed[ray]'") from e
+    from bulkembed.pipeline import write_vocabulary
+
+    pending = _pending(job, done)
+    started = _connect(job.config.ray_address)
+    try:
+        device, actors, threads = _actors(job.config.devices)
+        job.devices = [f"{device} x{actors} on Ray"]
+        job.reporter.info(
+            f"{job.spec.source} on Ray: {actors} {device} actor(s)"
+            + (f" of {threads} thread(s)" if device == "cpu" else "")
+            + f"; {len(pending)} unit(s) to embed"
+            + (f", {len(done)} done before" if done else "")
+        )
+        if "sparse" in job.spec.outputs:
+            write_vocabulary(job.run, job.spec)
+        stats = RunStats()
+        if pending:
+            _run_dataset(job, pending, device, actors, threads, stats)
+    finally:
+        if started:
+            ray.shutdown()
+    job.mark_complete_if_whole()
+    return stats
+
+
+def _run_dataset(
+    job: _Job, pending: list[str], device: str, actors: int, threads: int, stats: RunStats
+) -> None:
+    """Read, tokenize, embed and commit `pending` units through Ray Data; count in `stats`."""
+    import ray.data
+    import torch
+
+    work = _Work(
+        reader=job.reader,
+        settings=job.settings(),
+        fail_on_bad_records=job.config.on_bad_record is OnBadRecord.FAIL,
+        spec=job.spec,
+        dtype=job.config.dtype,
+        output=str(job.run.output.resolve()),
+        shard=job.config.shard,
+        output_format=job.output_format,
+        device=device,
+        threads=threads,
+    )
+    context = ray.data.DataContext.get_current()
+    context.enable_progress_bars = False
+    context.print_on_execution_start = False
+    # Failures reach the user as one line from the CLI, not as Ray Data's log of them.
+    logging.getLogger("ray.data").setLevel(logging.CRITICAL)
+    units = ray.data.from_items([{"part": p} for p in pending], override_num_blocks=len(pending))
+    tokenized = units.map_batches(
+        _tokenize_units,
+        batch_size=1,
+        fn_kwargs={"work": work},
+        num_cpus=1,
+        memory=TOKENIZE_TASK_MEMORY,
+    )
+    resources = {"num_gpus": 1} if device == "cuda" else {"num_cpus": threads}
+    embedded = tokenized.map_batches(_bound(work), batch_size=1, concurrency=actors, **resources)
+    job.reporter.start(stats)
+    dtypes: set[str] = set()
+    checks: list[PrecisionCheck] = []
+    busy = 0.0
+    try:
+        for row in embedded.iter_rows():
+            if row["error"] != _NO_ERROR:
+                raise pickle.loads(row["error"])
+            for key in _COUNTS:
+                setattr(stats, key, getattr(stats, key) + int(row[key]))
+            # Each actor's busy time; the run's figure is the mean device's.
+            busy += float(row["encode_seconds"])
+            stats.encode_seconds = busy / actors
+            dtypes.add(row["dtype"])
+            precision = pickle.loads(row["precision"])
+            if precision is not None:
+                checks.append(precision)
+            job.reporter.update(stats)
+    except BulkembedError:
+        raise
+    except Exception as e:  # Ray's own failures: an actor or a node lost, the object store full
+        first_line = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise BulkembedError(
+            f"the Ray run failed ({type(e).__name__}: {first_line}); committed units are "
+            "kept: run the same command again to resume"
+        ) from e
+    finally:
+        job.reporter.close()
+    if len(dtypes) == 1:
+        job.dtype = getattr(torch, dtypes.pop())
+    job.precision = min(checks, key=lambda c: c.lowest_cosine, default=None)

@@ -1,0 +1,158 @@
+"""`--engine ray` on a local Ray instance: the local engine's output, resumable after a kill."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from conftest import ROOT, cosines, read_output, sample_texts, write_jsonl, write_parquet
+from typer.testing import CliRunner
+
+from bulkembed.cli import app
+
+pytest.importorskip("ray.data")
+pytestmark = pytest.mark.slow
+
+# Units: two JSONL files (one unit each) and 30 Parquet row groups of 100 rows.
+ROW_GROUPS = 30
+DOCS = 2 * 700 + ROW_GROUPS * 100
+
+
+def _corpus(folder):
+    texts = sample_texts(1000)
+    for n in range(2):
+        records = [{"id": f"j{n}-{i}", "text": texts[(3 * i + n) % 1000]} for i in range(700)]
+        write_jsonl(folder / f"lines-{n}.jsonl", records)
+    records = [{"id": f"p{i}", "text": texts[(7 * i) % 1000]} for i in range(ROW_GROUPS * 100)]
+    write_parquet(folder / "table.parquet", records, row_group_size=100)
+    return folder
+
+
+def _arguments(corpus, model, out, *extra):
+    return [
+        "run",
+        str(corpus),
+        "--model",
+        str(model),
+        "--output",
+        str(out),
+        "--dtype",
+        "float32",
+        "--tokenize-workers",
+        "0",
+        *extra,
+    ]
+
+
+def _environment():
+    """Ray workers import bulkembed from this checkout; no cluster address is given, so each
+    run starts a local instance (2 CPUs on the test machine)."""
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+    environment = {**os.environ, "PYTHONPATH": path}
+    environment.pop("RAY_ADDRESS", None)
+    return environment
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, tiny_st):
+    """The corpus and the local engine's output for it."""
+    folder = tmp_path_factory.mktemp("ray")
+    corpus = _corpus(folder / "corpus")
+    model = tiny_st("mean")
+    result = CliRunner().invoke(app, _arguments(corpus, model, folder / "local", "-q"))
+    assert result.exit_code == 0, result.output
+    return corpus, model, read_output(folder / "local")
+
+
+def _ray_run(corpus, model, out):
+    command = [
+        sys.executable,
+        "-m",
+        "bulkembed",
+        *_arguments(corpus, model, out, "--engine", "ray"),
+    ]
+    return subprocess.Popen(
+        command, env=_environment(), stderr=subprocess.PIPE, start_new_session=True
+    )
+
+
+def _same_as(expected, out):
+    got = read_output(out)  # fails on an id written twice
+    assert sorted(got) == sorted(expected) and len(got) == DOCS
+    ids = sorted(expected)
+    assert cosines([got[i] for i in ids], [expected[i] for i in ids]).min() >= 0.9999
+
+
+def test_the_ray_engine_writes_what_the_local_engine_writes(tmp_path, reference):
+    corpus, model, expected = reference
+    run = _ray_run(corpus, model, tmp_path / "out")
+    _, stderr = run.communicate(timeout=300)
+    assert run.returncode == 0, stderr.decode()
+    assert "1 cpu actor(s)" in stderr.decode()
+    _same_as(expected, tmp_path / "out")
+    status = json.loads(CliRunner().invoke(app, ["status", str(tmp_path / "out"), "--json"]).output)
+    units = 2 + ROW_GROUPS
+    assert (status["state"], status["units_done"], status["units_pending"]) == (
+        "complete",
+        units,
+        0,
+    )
+    summary = json.loads((tmp_path / "out" / "_bulkembed" / "summary.json").read_text())
+    assert (summary["docs"], summary["docs_this_run"], summary["units"]) == (DOCS, DOCS, units)
+    assert summary["device"] == "cpu x1 on Ray"
+
+
+def test_a_killed_ray_run_resumes_with_each_id_once(tmp_path, reference):
+    corpus, model, expected = reference
+    out = tmp_path / "out"
+    run = _ray_run(corpus, model, out)
+    markers = out / "_bulkembed" / "done"
+    deadline = time.monotonic() + 240
+    while len(list(markers.glob("part-*.json"))) < 3:
+        assert run.poll() is None, run.stderr.read().decode()
+        assert time.monotonic() < deadline, "no unit was committed in time"
+        time.sleep(0.02)
+    os.killpg(run.pid, signal.SIGKILL)
+    run.wait()
+    committed = len(list(markers.glob("part-*.json")))
+    assert 3 <= committed < 2 + ROW_GROUPS, "the run should be cut off midway"
+
+    rerun = _ray_run(corpus, model, out)
+    _, stderr = rerun.communicate(timeout=300)
+    assert rerun.returncode == 0, stderr.decode()
+    assert f"{2 + ROW_GROUPS - committed} unit(s) to embed, {committed} done before" in (
+        stderr.decode()
+    )
+    _same_as(expected, out)
+    summary = json.loads((out / "_bulkembed" / "summary.json").read_text())
+    assert summary["docs"] == DOCS and summary["docs_this_run"] < DOCS
+
+
+def test_ray_options_that_cannot_work_are_refused(tmp_path, reference):
+    corpus, model, _ = reference
+    arguments = _arguments(corpus, model, "-", "--engine", "ray")
+    result = CliRunner().invoke(app, arguments)
+    assert result.exit_code == 1
+    assert "--engine ray writes Parquet parts: pass a directory as --output" in result.output
+    result = CliRunner().invoke(
+        app, [*_arguments(corpus, model, tmp_path / "o"), "--ray-address", "x"]
+    )
+    assert result.exit_code == 1
+    assert "--ray-address applies to --engine ray only" in result.output
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_ray_puts_one_actor_on_each_gpu(tmp_path, reference):
+    corpus, model, expected = reference
+    run = _ray_run(corpus, model, tmp_path / "out", "--devices", "auto")
+    _, stderr = run.communicate(timeout=300)
+    assert run.returncode == 0, stderr.decode()
+    assert f"{torch.cuda.device_count()} cuda actor(s)" in stderr.decode()
+    _same_as(expected, tmp_path / "out")
