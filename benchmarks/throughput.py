@@ -8,9 +8,12 @@ run, this measures:
 - sentence_transformers: `encode(batch_size=32)` in float32 over the whole corpus (and under
   bfloat16 autocast with `--bf16`);
 - bulkembed: the `bulkembed run` command end to end (start-up, reading and writing
-  included), at default settings;
+  included), with `--dtype float32` and with `--dtype auto` (bfloat16 where the CPU has
+  bfloat16 units), each with the lowest cosine of its vectors to sentence-transformers'
+  float32 ones;
 - ceiling: a float32 (and bfloat16) matrix multiply's FLOP/s on this machine, and the
-  model's FLOPs per token, so that tokens/s becomes a fraction of the ceiling.
+  model's FLOPs per token, so that tokens/s becomes a fraction of the ceiling of the dtype
+  a run computed in.
 
 Every figure uses the same token count: the model's tokenizer, truncated at its maximum
 length. Prints one JSON object.
@@ -26,6 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
+import pyarrow.parquet as pq
 import torch
 from corpus import build, write
 from memory import measure
@@ -54,10 +59,21 @@ def flops_per_token(model: torch.nn.Module, mean_tokens: float) -> float:
     return 2 * weights + attention
 
 
-def timed_encode(model: object, texts: list[str], **options: object) -> float:
+def timed_encode(model: object, texts: list[str], **options: object) -> tuple[float, object]:
+    """Seconds to encode `texts`, and the vectors."""
     started = time.perf_counter()
-    model.encode(texts, **options)
-    return time.perf_counter() - started
+    vectors = model.encode(texts, **options)
+    return time.perf_counter() - started, vectors
+
+
+def lowest_cosine(out: Path, ids: list[str], reference: np.ndarray) -> float:
+    """The lowest cosine between the output's vectors and `reference` (rows in `ids` order;
+    both normalized)."""
+    table = pq.read_table(out, columns=["id", "dense"])
+    row = {doc_id: i for i, doc_id in enumerate(table.column("id").to_pylist())}
+    dense = np.asarray(table.column("dense").to_pylist(), dtype=np.float64)
+    ours = dense[[row[doc_id] for doc_id in ids]]
+    return float((ours * reference.astype(np.float64)).sum(axis=1).min())
 
 
 def main() -> None:
@@ -92,34 +108,53 @@ def main() -> None:
         reference.encode([text], batch_size=1, normalize_embeddings=True)
     naive = rates(time.perf_counter() - started, len(naive_texts), sum(lengths[: len(naive_texts)]))
 
-    batched = rates(
-        timed_encode(reference, texts, batch_size=32, normalize_embeddings=True),
-        len(texts),
-        tokens,
-    )
+    seconds, vectors = timed_encode(reference, texts, batch_size=32, normalize_embeddings=True)
+    batched = rates(seconds, len(texts), tokens)
     results = {"naive": naive, "sentence_transformers_float32": batched}
     if args.bf16:
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            seconds = timed_encode(reference, texts, batch_size=32, normalize_embeddings=True)
-        results["sentence_transformers_bf16_autocast"] = rates(seconds, len(texts), tokens)
+            seconds, _ = timed_encode(reference, texts, batch_size=32, normalize_embeddings=True)
+        autocast = {**rates(seconds, len(texts), tokens), "dtype": "bfloat16"}
+        results["sentence_transformers_bf16_autocast"] = autocast
 
+    ids = [r["id"] for r in records]
+    runs = {"bulkembed_float32": ("--dtype", "float32"), "bulkembed_auto": ("--dtype", "auto")}
     with tempfile.TemporaryDirectory() as tmp:
         corpus = write(records, Path(tmp) / "corpus", shards=4, fmt="jsonl")
-        run = measure(corpus, Path(tmp) / "out", model_dir)
-    assert run["tokens"] == tokens, (run["tokens"], tokens)
-    ours = rates(run["wall_seconds"], run["docs"], run["tokens"])
-    results["bulkembed"] = {
-        **ours,
-        "peak_rss_mb": run["peak_rss_mb"],
-        "padding_efficiency": run["padding_efficiency"],
-        "tokens_per_s_while_embedding": run["tokens_per_s"],
-        "device_idle_fraction": run["device_idle_fraction"],
-    }
+        for name, options in runs.items():
+            out = Path(tmp) / name
+            run = measure(corpus, out, model_dir, *options)
+            assert run["tokens"] == tokens, (run["tokens"], tokens)
+            results[name] = {
+                **rates(run["wall_seconds"], run["docs"], run["tokens"]),
+                "dtype": run["dtype"],
+                "lowest_cosine_to_sentence_transformers_float32": round(
+                    lowest_cosine(out, ids, vectors), 7
+                ),
+                "peak_rss_mb": run["peak_rss_mb"],
+                "padding_efficiency": run["padding_efficiency"],
+                "tokens_per_s_while_embedding": run["tokens_per_s"],
+                "device_idle_fraction": run["device_idle_fraction"],
+            }
 
     per_token = flops_per_token(reference[0].auto_model, tokens / len(texts))
     ceiling = {"float32": matmul_flops(torch.float32)}
     if args.bf16:
         ceiling["bfloat16"] = matmul_flops(torch.bfloat16)
+    baselines = [k for k in results if k.startswith("sentence_transformers")]
+    ratios = {
+        f"{ours} / {theirs}": round(
+            results[ours]["tokens_per_s"] / results[theirs]["tokens_per_s"], 2
+        )
+        for ours in runs
+        for theirs in baselines
+    }
+
+    def fraction(run: dict) -> float:
+        """Of the ceiling of the dtype the run computed in."""
+        peak = ceiling.get(run.get("dtype", "float32"), ceiling["float32"])
+        return round(per_token * run["tokens_per_s"] / peak, 3)
+
     print(
         json.dumps(
             {
@@ -128,15 +163,10 @@ def main() -> None:
                 "mean_tokens": round(tokens / len(texts), 1),
                 "threads": torch.get_num_threads(),
                 **results,
-                "bulkembed_vs_sentence_transformers": round(
-                    ours["tokens_per_s"] / batched["tokens_per_s"], 2
-                ),
+                "ratios": ratios,
                 "model_gflops_per_token": round(per_token / 1e9, 4),
                 "matmul_tflops": {k: round(v / 1e12, 3) for k, v in ceiling.items()},
-                "fraction_of_float32_ceiling": {
-                    name: round(per_token * r["tokens_per_s"] / ceiling["float32"], 3)
-                    for name, r in results.items()
-                },
+                "fraction_of_ceiling": {name: fraction(r) for name, r in results.items()},
             },
             indent=2,
         )

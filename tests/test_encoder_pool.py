@@ -47,7 +47,8 @@ def test_a_worker_that_cannot_load_the_model_is_a_one_line_error(tmp_path, tiny_
     shutil.copytree(tiny_st("mean"), model)
     for weights in model.rglob("*.safetensors"):
         weights.unlink()
-    result = _run(_corpus(tmp_path), model, tmp_path / "out", "--devices", "cpu,cpu")
+    options = ("--devices", "cpu,cpu", "--dtype", "float32")
+    result = _run(_corpus(tmp_path), model, tmp_path / "out", *options)
     assert result.exit_code == 1
     assert "error: the encoder on cpu failed: ModelError:" in result.output
 

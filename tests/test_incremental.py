@@ -15,7 +15,9 @@ from bulkembed.incremental import content_hash
 
 def _run(corpus, model, out, *extra):
     arguments = ["run", str(corpus), "--model", str(model), "--output", str(out), "--quiet"]
-    return CliRunner().invoke(app, [*arguments, "--tokenize-workers", "0", *map(str, extra)])
+    # float32 on every CPU, so that vectors compare at float32 precision across runs.
+    arguments += ["--dtype", "float32", "--tokenize-workers", "0"]
+    return CliRunner().invoke(app, [*arguments, *map(str, extra)])
 
 
 def _summary(out):

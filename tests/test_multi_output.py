@@ -14,7 +14,9 @@ runner = CliRunner()
 
 
 def _embed(tmp_path, model, texts, *extra):
-    return embed_texts(tmp_path, model, texts, "--max-batch-tokens", "512", *extra)
+    # float32 on every CPU: the references compute in float32.
+    options = ("--max-batch-tokens", "512", "--dtype", "float32")
+    return embed_texts(tmp_path, model, texts, *options, *extra)
 
 
 @pytest.mark.slow

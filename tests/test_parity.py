@@ -5,7 +5,7 @@ import pytest
 from conftest import SAMPLE, read_output
 
 from bulkembed import embed_corpus
-from bulkembed.config import RunConfig
+from bulkembed.config import DType, RunConfig
 
 PARITY_DOCS = 300
 
@@ -25,6 +25,7 @@ def test_minilm_matches_sentence_transformers_on_real_text(tmp_path, minilm):
             model=str(minilm),
             limit=PARITY_DOCS,
             tokenize_workers=1,
+            dtype=DType.FLOAT32,
             quiet=True,
         )
     )
