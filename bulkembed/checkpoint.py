@@ -17,6 +17,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import secrets
 import shutil
 import socket
 import time
@@ -85,14 +86,26 @@ class UnitRecord:
     version: int | None = field(default=None)
 
 
-def _write_json_atomically(path: Path, data: dict[str, Any]) -> None:
-    temporary = path.with_name(f".{path.name}.tmp")
+def _write_json_atomically(path: Path, data: dict[str, Any], exclusive: bool = False) -> bool:
+    """Write `path` whole or not at all, through a temporary file of this writer's own (runs
+    with `--shard` write the same files side by side). With `exclusive`, only if `path`
+    does not exist yet: False if it did."""
+    temporary = path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
     try:
         with open(temporary, "w", encoding="utf-8") as f:
             f.write(json.dumps(data, indent=2, default=str) + "\n")
             f.flush()
             os.fsync(f.fileno())
-        os.replace(temporary, path)
+        if not exclusive:
+            os.replace(temporary, path)
+            return True
+        try:
+            os.link(temporary, path)
+            return True
+        except FileExistsError:
+            return False
+        finally:
+            temporary.unlink()
     except OSError as e:
         temporary.unlink(missing_ok=True)
         raise OutputError(f"cannot write {path}: {e}") from e
@@ -140,6 +153,7 @@ class RunDirectory:
         self.lock_path = self.meta / "lock"
         self.complete_path = self.meta / "complete"
         self.bad_records_path = self.meta / "bad_records.jsonl"
+        self.shards_path = self.meta / "shards.json"
         if shard is not None:
             name = f"shard-{shard.index}-of-{shard.count}"
             self.bad_records_path = self.meta / f"bad_records.{name}.jsonl"
@@ -177,6 +191,8 @@ class RunDirectory:
             if overwrite:
                 sink.remove()
                 self._remove_previous()
+            elif self.shard is not None:
+                self._join_shards(fingerprint)
             elif self.config_path.exists():
                 self._check_fingerprint(fingerprint)
             self.done_dir.mkdir(exist_ok=True)
@@ -184,6 +200,21 @@ class RunDirectory:
         except BaseException:
             self.release_lock()
             raise
+
+    def _join_shards(self, fingerprint: dict[str, Any]) -> None:
+        """The first `--shard` run to start fixes the settings and N, atomically; the others
+        must match both."""
+        assert self.shard is not None
+        if not _write_json_atomically(self.config_path, {"fingerprint": fingerprint}, True):
+            self._check_fingerprint(fingerprint)
+        count = {"count": self.shard.count}
+        if not _write_json_atomically(self.shards_path, count, exclusive=True):
+            before = _read_json(self.shards_path).get("count")
+            if before != self.shard.count:
+                raise OutputError(
+                    f"{self.label} is shared out among runs with --shard I/{before}: pass the "
+                    "same N, or remove the output to start over with another"
+                )
 
     def _check_fingerprint(self, fingerprint: dict[str, Any]) -> None:
         before = _read_json(self.config_path).get("fingerprint", {})
@@ -206,7 +237,11 @@ class RunDirectory:
             self._locks.append(self._lock(self.lock_path, fcntl.LOCK_EX))
             return
         self._locks.append(self._lock(self.lock_path, fcntl.LOCK_SH))
-        self._locks.append(self._lock(self.shard_lock_path, fcntl.LOCK_EX))
+        try:
+            self._locks.append(self._lock(self.shard_lock_path, fcntl.LOCK_EX))
+        except BaseException:
+            self.release_lock()
+            raise
 
     def _lock(self, path: Path, mode: int) -> IO[str]:
         lock = open(path, "a+", encoding="utf-8")  # noqa: SIM115 (held until release)
@@ -227,9 +262,10 @@ class RunDirectory:
                     f"{which}{self.label} is in use by a running bulkembed ({holder}); "
                     "wait for it to finish or stop it, or choose another --output"
                 ) from None
+        # No exclusive holder is alive now: a name in the file is a dead run's.
+        lock.seek(0)
+        lock.truncate()
         if mode == fcntl.LOCK_EX:
-            lock.seek(0)
-            lock.truncate()
             lock.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
             lock.flush()
         return lock
@@ -248,7 +284,9 @@ class RunDirectory:
         does."""
         if not self.lock_path.exists():
             return None
-        with open(self.lock_path, encoding="utf-8") as lock:
+        # Opened for writing: on NFS an exclusive lock needs it.
+        with open(self.lock_path, "a+", encoding="utf-8") as lock:
+            lock.seek(0)
             try:
                 fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -326,7 +364,7 @@ class RunDirectory:
     def _keep_bad_records_of(self, done: dict[str, UnitRecord]) -> None:
         if not self.bad_records_path.exists():
             return
-        temporary = self.bad_records_path.with_name(".bad_records.jsonl.tmp")
+        temporary = self.bad_records_path.with_name(f".{self.bad_records_path.name}.tmp")
         with (
             open(self.bad_records_path, encoding="utf-8") as source,
             open(temporary, "w", encoding="utf-8") as kept,

@@ -37,7 +37,7 @@ from bulkembed.encoders import Embeddings, Encoder
 from bulkembed.errors import BulkembedError, InputError, Interrupted, OutputError
 from bulkembed.incremental import PreviousOutput, hash_contents
 from bulkembed.outputs import OutputFormat
-from bulkembed.precision import PrecisionCheck, check_precision, sample_sequences
+from bulkembed.precision import PrecisionCheck, check_on_window
 from bulkembed.progress import Reporter, RunStats
 from bulkembed.schema import output_schema
 from bulkembed.sinks import (
@@ -194,7 +194,7 @@ def fingerprint(config: RunConfig, spec: ModelSpec, shards: list[Shard]) -> dict
 
 
 @dataclass(frozen=True, slots=True)
-class _Skipped:
+class SkippedUnits:
     """The units the reader passes over: those done, and with `--shard` other shards'."""
 
     done: Container[str]
@@ -295,13 +295,15 @@ class _Job:
     precision: PrecisionCheck | None = None
     tuned: bool = False
     parts: frozenset[str] | None = None
+    # The dtypes a Ray run's actors computed in (each checks `--dtype auto` for itself).
+    computed_in: list[str] | None = None
 
     def run_info(self) -> dict[str, Any]:
         return {
             "model": self.spec.source,
             "recipe": self.spec.recipe,
             "device": ",".join(self.devices),
-            "dtype": str(self.dtype).removeprefix("torch."),
+            "dtype": ",".join(self.computed_in or [str(self.dtype).removeprefix("torch.")]),
             "outputs": ",".join(self.spec.outputs),
             "pooling": self.spec.pooling.value if self.spec.pooling else None,
             "normalize": self.spec.normalize,
@@ -322,7 +324,7 @@ class _Job:
     def _chunks(self, done: dict[str, UnitRecord]) -> Iterator[Chunk]:
         """The records still to embed: pending units, first id wins, up to the limit."""
         config = self.config
-        self.reader.done = _Skipped(done, self.parts)
+        self.reader.done = SkippedUnits(done, self.parts)
         chunks: Iterator[Chunk] = iter(self.reader)
         mine = {k: v for k, v in done.items() if self.parts is None or k in self.parts}
         chunks = drop_duplicate_ids(chunks, _committed_ids(self.sink, mine), self.shards)
@@ -363,24 +365,19 @@ class _Job:
         window with no document to embed leaves the choice to the next one."""
         import torch
 
-        from bulkembed.encoders import build_encoder
-
-        sequences = sample_sequences(window)
-        if not sequences:
+        checked = check_on_window(reference, window, self.dtype, self.spec.max_batch_tokens)
+        if checked is None:
             return reference
-        fast = build_encoder(self.spec, self.devices[0], self.dtype)
-        tried = str(self.dtype).removeprefix("torch.")
-        budget = self.spec.max_batch_tokens
-        self.precision = check_precision(reference, fast, sequences, budget, tried)
+        encoder, self.precision = checked
         self.reporter.info(f"--dtype auto: {self.precision.describe()}")
         if not self.precision.passed:
             self.dtype = torch.float32
         if len(self.devices) > 1:
-            del reference, fast
+            del reference, encoder, checked
             if self.devices[0].startswith("cuda"):
                 torch.cuda.empty_cache()
             return self._start_pool()
-        return fast if self.precision.passed else reference
+        return encoder
 
     def _start_pool(self) -> EncoderPool:
         """One encoder process per device, in the run's dtype."""

@@ -17,6 +17,8 @@ from bulkembed.batching import input_order, pack_batches
 from bulkembed.encoders import Embeddings, Encoder, TokenBatch
 
 if TYPE_CHECKING:
+    import torch
+
     from bulkembed.tokenize import TokenizedChunk
 
 PARITY_THRESHOLD = 0.9999
@@ -94,10 +96,21 @@ def embed_sample(encoder: Encoder, sequences: list[np.ndarray], budget: int) -> 
     return Embeddings.concatenate(outputs).take(input_order(batches))
 
 
-def check_precision(
-    reference: Encoder, fast: Encoder, sequences: list[np.ndarray], budget: int, tried: str
-) -> PrecisionCheck:
-    """Embed `sequences` with both encoders and compare."""
+def check_on_window(
+    reference: Encoder, window: list[TokenizedChunk], dtype: torch.dtype, budget: int
+) -> tuple[Encoder, PrecisionCheck] | None:
+    """Embed the window's first documents with `reference` (float32) and with a new
+    encoder in `dtype` on the same device; return the encoder to go on with (the new one
+    if every vector agrees, else `reference`) and what was found. None when the window
+    holds no document to embed: the next one decides."""
+    from bulkembed.encoders import build_encoder
+
+    sequences = sample_sequences(window)
+    if not sequences:
+        return None
+    fast = build_encoder(reference.spec, reference.device, dtype)
     expected = embed_sample(reference, sequences, budget)
     found = embed_sample(fast, sequences, budget)
-    return PrecisionCheck(tried, lowest_cosine(expected, found), len(sequences))
+    tried = str(dtype).removeprefix("torch.")
+    check = PrecisionCheck(tried, lowest_cosine(expected, found), len(sequences))
+    return (fast if check.passed else reference), check

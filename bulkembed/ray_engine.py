@@ -14,6 +14,7 @@ again after an actor died is written whole again under the same name.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import pickle
@@ -53,7 +54,7 @@ _NO_ERROR = b""
 _RESULTS = ("part", "error", *_COUNTS, "encode_seconds", "dtype", "precision")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class _Work:
     """What the tasks and actors need, pickled once with the functions Ray ships."""
 
@@ -67,16 +68,7 @@ class _Work:
     output_format: OutputFormat
     device: str
     threads: int
-
-
-class _Only:
-    """A `done` for the reader that passes over every unit but one."""
-
-    def __init__(self, part: str) -> None:
-        self.part = part
-
-    def __contains__(self, part: object) -> bool:
-        return part != self.part
+    tune_batch_tokens: bool
 
 
 def _unit(part: str) -> tuple[int, int]:
@@ -95,10 +87,10 @@ def _one_unit(chunks: Iterator[Chunk]) -> Iterator[Chunk]:
 
 def _tokenize_unit(part: str, work: _Work) -> list[TokenizedChunk]:
     """Read one unit and tokenize it in this process."""
-    from bulkembed.pipeline import fail_on_bad_records
+    from bulkembed.pipeline import SkippedUnits, fail_on_bad_records
 
     reader = copy.copy(work.reader)
-    reader.done = _Only(part)
+    reader.done = SkippedUnits(done=(), mine=frozenset([part]))
     chunks = _one_unit(reader.read_shard(_unit(part)[0]))
     # Repeated ids are found within the unit: the units of a cluster run side by side.
     chunks = drop_duplicate_ids(chunks, SeenIds(), reader.shards)
@@ -143,6 +135,10 @@ class _UnitEmbedder:
         self.encoder = build_encoder(
             work.spec, work.device, torch.float32 if self.check else self.fast
         )
+        self.budget = work.spec.max_batch_tokens
+        if work.tune_batch_tokens:
+            self.budget = self.encoder.tune_batch_tokens() or self.budget
+        self.reporter = Reporter()
         self.dtype = "float32" if self.check else str(self.fast).removeprefix("torch.")
         self.precision: PrecisionCheck | None = None
         output = Path(work.output)
@@ -151,31 +147,26 @@ class _UnitEmbedder:
             RunDirectory(output, shard=work.shard), ParquetSink(output), schema
         )
 
-    def _choose_precision(self, window: list) -> None:
+    def _choose_precision(self, window: list[TokenizedChunk]) -> None:
         """`--dtype auto` with a half-precision choice: the start-up check, on this actor's
         first documents, as a local run makes it."""
-        from bulkembed.encoders import build_encoder
-        from bulkembed.precision import check_precision, sample_sequences
+        from bulkembed.precision import check_on_window
 
-        sequences = sample_sequences(window)
-        if not sequences:
-            return
-        self.check = False
-        fast = build_encoder(self.work.spec, self.work.device, self.fast)
-        tried = str(self.fast).removeprefix("torch.")
-        budget = self.work.spec.max_batch_tokens
-        self.precision = check_precision(self.encoder, fast, sequences, budget, tried)
-        if self.precision.passed:
-            self.encoder, self.dtype = fast, tried
+        checked = check_on_window(self.encoder, window, self.fast, self.budget)
+        if checked is not None:
+            self.check = False
+            self.encoder, self.precision = checked
+            if self.precision.passed:
+                self.dtype = self.precision.tried
 
     def _embed_unit(self, tokenized: list[TokenizedChunk]) -> RunStats:
         """Embed and commit one unit (the writer commits it with its last chunk)."""
         stats = RunStats()
-        budget = self.work.spec.max_batch_tokens
-        for window in windows(iter(tokenized), window_tokens(budget, self.encoder.multivector_dim)):
+        size = window_tokens(self.budget, self.encoder.multivector_dim)
+        for window in windows(iter(tokenized), size):
             if self.check:
                 self._choose_precision(window)
-            embedded, padded = embed_window(window, self.encoder, budget, stats, Reporter())
+            embedded, padded = embed_window(window, self.encoder, self.budget, stats, self.reporter)
             vectors = self.work.output_format.apply(embedded)
             for _ in write_window(self.writer, window, vectors, padded):
                 continue
@@ -200,17 +191,6 @@ class _UnitEmbedder:
             rows["dtype"].append(self.dtype)
             rows["precision"].append(pickle.dumps(self.precision))
         return rows
-
-
-def _bound(work: _Work) -> type[_UnitEmbedder]:
-    """`_UnitEmbedder` with `work` built in: the class travels with what it needs, so that
-    an actor Ray restarts after a failure needs nothing from the object store."""
-
-    class Embedder(_UnitEmbedder):
-        def __init__(self) -> None:
-            super().__init__(work)
-
-    return Embedder
 
 
 def _connect(address: str | None) -> bool:
@@ -238,11 +218,15 @@ def _connect(address: str | None) -> bool:
 
 def _actors(devices: str) -> tuple[str, int, int]:
     """(device, actors, threads per actor) on the cluster: `auto` takes every GPU, else one
-    CPU actor; `cpu,cpu` or `cuda:0,cuda:1` ask for that many actors of the kind."""
+    CPU actor; `cpu,cpu` or `cuda:0,cuda:1` ask for that many actors of the kind. A CPU
+    actor takes the CPUs of the largest node but one, shared among the actors, so that the
+    tokenizing tasks always have a CPU."""
     import ray
 
-    resources = ray.cluster_resources()
-    gpus, cpus = int(resources.get("GPU", 0)), int(resources.get("CPU", 1))
+    gpus = int(ray.cluster_resources().get("GPU", 0))
+    node_cpus = max(
+        (int(n["Resources"].get("CPU", 0)) for n in ray.nodes() if n.get("Alive")), default=1
+    )
     entries = [d.strip() for d in devices.split(",") if d.strip()]
     if entries == ["auto"]:
         entries = ["cuda"] * gpus or ["cpu"]
@@ -257,8 +241,12 @@ def _actors(devices: str) -> tuple[str, int, int]:
         raise BulkembedError(
             f"--devices {devices}: the Ray cluster has {gpus} GPU(s); pass --devices auto"
         )
-    # CPU actors leave one core to the tokenizing tasks.
-    threads = max(1, (cpus - 1) // len(entries)) if device == "cpu" else 1
+    if device == "cpu" and len(entries) > max(1, node_cpus - 1):
+        raise BulkembedError(
+            f"--devices {devices}: {len(entries)} CPU actors need {len(entries) + 1} CPUs on "
+            f"one node (one for the tokenizing tasks), and the largest has {node_cpus}"
+        )
+    threads = max(1, (node_cpus - 1) // len(entries)) if device == "cpu" else 1
     return device, len(entries), threads
 
 
@@ -301,12 +289,29 @@ def embed_on_ray(job: _Job, done: dict[str, UnitRecord]) -> RunStats:
     return stats
 
 
+@contextlib.contextmanager
+def _quiet_ray_data() -> Iterator[None]:
+    """No progress bars or failure logs from Ray Data while a run executes: the reporter
+    shows progress, and a failure reaches the user as one line."""
+    import ray.data
+
+    context = ray.data.DataContext.get_current()
+    logger = logging.getLogger("ray.data")
+    saved = (context.enable_progress_bars, context.print_on_execution_start, logger.level)
+    context.enable_progress_bars = context.print_on_execution_start = False
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        context.enable_progress_bars, context.print_on_execution_start = saved[:2]
+        logger.setLevel(saved[2])
+
+
 def _run_dataset(
     job: _Job, pending: list[str], device: str, actors: int, threads: int, stats: RunStats
 ) -> None:
     """Read, tokenize, embed and commit `pending` units through Ray Data; count in `stats`."""
     import ray.data
-    import torch
 
     work = _Work(
         reader=job.reader,
@@ -319,12 +324,8 @@ def _run_dataset(
         output_format=job.output_format,
         device=device,
         threads=threads,
+        tune_batch_tokens=job.config.tune_batch_tokens,
     )
-    context = ray.data.DataContext.get_current()
-    context.enable_progress_bars = False
-    context.print_on_execution_start = False
-    # Failures reach the user as one line from the CLI, not as Ray Data's log of them.
-    logging.getLogger("ray.data").setLevel(logging.CRITICAL)
     units = ray.data.from_items([{"part": p} for p in pending], override_num_blocks=len(pending))
     tokenized = units.map_batches(
         _tokenize_units,
@@ -334,35 +335,42 @@ def _run_dataset(
         memory=TOKENIZE_TASK_MEMORY,
     )
     resources = {"num_gpus": 1} if device == "cuda" else {"num_cpus": threads}
-    embedded = tokenized.map_batches(_bound(work), batch_size=1, concurrency=actors, **resources)
+    embedded = tokenized.map_batches(
+        _UnitEmbedder,
+        batch_size=1,
+        fn_constructor_kwargs={"work": work},
+        compute=ray.data.ActorPoolStrategy(size=actors),
+        **resources,
+    )
     job.reporter.start(stats)
     dtypes: set[str] = set()
     checks: list[PrecisionCheck] = []
     busy = 0.0
     try:
-        for row in embedded.iter_rows():
-            if row["error"] != _NO_ERROR:
-                raise pickle.loads(row["error"])
-            for key in _COUNTS:
-                setattr(stats, key, getattr(stats, key) + int(row[key]))
-            # Each actor's busy time; the run's figure is the mean device's.
-            busy += float(row["encode_seconds"])
-            stats.encode_seconds = busy / actors
-            dtypes.add(row["dtype"])
-            precision = pickle.loads(row["precision"])
-            if precision is not None:
-                checks.append(precision)
-            job.reporter.update(stats)
+        with _quiet_ray_data():
+            for row in embedded.iter_rows():
+                if row["error"] != _NO_ERROR:
+                    raise pickle.loads(row["error"])
+                for key in _COUNTS:
+                    setattr(stats, key, getattr(stats, key) + int(row[key]))
+                # Each actor's busy time; the run's figure is the mean device's.
+                busy += float(row["encode_seconds"])
+                stats.encode_seconds = busy / actors
+                dtypes.add(row["dtype"])
+                precision = pickle.loads(row["precision"])
+                if precision is not None:
+                    checks.append(precision)
+                job.reporter.update(stats)
     except BulkembedError:
         raise
     except Exception as e:  # Ray's own failures: an actor or a node lost, the object store full
-        first_line = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        lines = [line for line in str(e).splitlines() if line.strip()]
         raise BulkembedError(
-            f"the Ray run failed ({type(e).__name__}: {first_line}); committed units are "
-            "kept: run the same command again to resume"
+            f"the Ray run failed ({lines[-1].strip() if lines else type(e).__name__}); "
+            "committed units are kept: run the same command again to resume "
+            "(BULKEMBED_DEBUG=1 shows Ray's report)"
         ) from e
     finally:
         job.reporter.close()
-    if len(dtypes) == 1:
-        job.dtype = getattr(torch, dtypes.pop())
+    job.computed_in = sorted(dtypes)
     job.precision = min(checks, key=lambda c: c.lowest_cosine, default=None)

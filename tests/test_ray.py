@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -70,13 +71,9 @@ def reference(tmp_path_factory, tiny_st):
     return corpus, model, read_output(folder / "local")
 
 
-def _ray_run(corpus, model, out):
-    command = [
-        sys.executable,
-        "-m",
-        "bulkembed",
-        *_arguments(corpus, model, out, "--engine", "ray"),
-    ]
+def _ray_run(corpus, model, out, *extra):
+    arguments = _arguments(corpus, model, out, "--engine", "ray", *extra)
+    command = [sys.executable, "-m", "bulkembed", *arguments]
     return subprocess.Popen(
         command, env=_environment(), stderr=subprocess.PIPE, start_new_session=True
     )
@@ -126,9 +123,11 @@ def test_a_killed_ray_run_resumes_with_each_id_once(tmp_path, reference):
     rerun = _ray_run(corpus, model, out)
     _, stderr = rerun.communicate(timeout=300)
     assert rerun.returncode == 0, stderr.decode()
-    assert f"{2 + ROW_GROUPS - committed} unit(s) to embed, {committed} done before" in (
-        stderr.decode()
-    )
+    # Ray's workers may commit a unit or two more before they notice the driver is gone.
+    pending, done = re.search(
+        r"(\d+) unit\(s\) to embed, (\d+) done before", stderr.decode()
+    ).groups()
+    assert int(pending) + int(done) == 2 + ROW_GROUPS and int(done) >= committed
     _same_as(expected, out)
     summary = json.loads((out / "_bulkembed" / "summary.json").read_text())
     assert summary["docs"] == DOCS and summary["docs_this_run"] < DOCS

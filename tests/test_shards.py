@@ -134,3 +134,28 @@ def test_the_same_shard_cannot_run_twice_at_once(tmp_path):
     other.release_lock()
     assert first.lock_holder() is None
     RunDirectory(tmp_path).acquire_lock()
+
+
+def test_the_first_shard_fixes_the_settings_and_n_for_the_others(tmp_path):
+    from bulkembed.checkpoint import RunDirectory
+    from bulkembed.config import ShardSpec
+    from bulkembed.errors import OutputError
+    from bulkembed.sinks import ParquetSink
+
+    def open_shard(index, count, fingerprint):
+        run = RunDirectory(tmp_path, shard=ShardSpec(index, count))
+        run.open(fingerprint, False, ParquetSink(tmp_path), parts=())
+        return run
+
+    first = open_shard(0, 3, {"max_length": 256})
+    with pytest.raises(OutputError, match=r"other settings \(--max-length: 256 -> 128\)"):
+        open_shard(1, 3, {"max_length": 128})
+    with pytest.raises(
+        OutputError, match="shared out among runs with --shard I/3: pass the same N"
+    ):
+        open_shard(1, 2, {"max_length": 256})
+    second = open_shard(1, 3, {"max_length": 256})
+    assert json.loads((tmp_path / "_bulkembed" / "shards.json").read_text()) == {"count": 3}
+    assert not list((tmp_path / "_bulkembed").glob(".*.tmp"))
+    first.release_lock()
+    second.release_lock()

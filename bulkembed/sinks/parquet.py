@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import secrets
 from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -27,6 +28,9 @@ class ParquetSink(Sink):
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
+        # Temporary files carry their writer's own tag: a worker of a killed Ray run may
+        # still be writing the unit that the rerun writes too.
+        self._tag = f"{os.getpid()}-{secrets.token_hex(3)}"
         self.schema: pa.Schema | None = None
         self._open: dict[str, pq.ParquetWriter] = {}
 
@@ -38,7 +42,7 @@ class ParquetSink(Sink):
         return self.directory / f"{part}.parquet"
 
     def _temporary(self, part: str) -> Path:
-        return self.directory / f".{part}{TEMPORARY_SUFFIX}"
+        return self.directory / f".{part}.{self._tag}{TEMPORARY_SUFFIX}"
 
     def _our_parts(self) -> list[Path]:
         return [p for p in self.directory.glob("part-*.parquet") if _PART.fullmatch(p.stem)]
@@ -61,7 +65,7 @@ class ParquetSink(Sink):
 
     def reconcile(self, done: dict[str, UnitRecord], parts: Collection[str] | None = None) -> None:
         for path in self._temporaries():
-            if parts is None or path.name[1:].removesuffix(TEMPORARY_SUFFIX) in parts:
+            if parts is None or path.name[1:].split(".")[0] in parts:
                 path.unlink(missing_ok=True)
         for record in done.values():
             if record.rows and not self.part_path(record.part).exists():
