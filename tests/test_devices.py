@@ -3,7 +3,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from conftest import embed_texts, sample_texts, write_jsonl
+from conftest import cosines, embed_texts, sample_texts, write_jsonl
 from typer.testing import CliRunner
 
 from bulkembed.cli import app
@@ -160,3 +160,16 @@ def test_cuda_run_with_tuned_budget_and_auto_dtype_matches_cpu(tmp_path, tiny_st
     a = np.stack(gpu.column("dense").to_numpy(zero_copy_only=False))
     b = np.stack(cpu.column("dense").to_numpy(zero_copy_only=False))
     assert (a * b).sum(axis=1).min() >= 0.999
+
+
+def test_cpu_half_precision_is_autocast_over_float32_weights(tiny_st):
+    spec = resolve_model(RunConfig(inputs=("x",), output="o", model=str(tiny_st("mean"))))
+    full = build_encoder(spec, "cpu", torch.float32)
+    half = build_encoder(spec, "cpu", torch.bfloat16)
+    assert {p.dtype for p in half.model.parameters()} == {torch.float32}
+    tokens, lengths, _ = TextTokenizer(TokenizerSettings(spec.tokenizer_json, 64))(sample_texts(20))
+    batch = TokenBatch(tokens, lengths)
+    a = full.embed_within_memory(batch).dense
+    b = half.embed_within_memory(batch).dense
+    assert not np.array_equal(a, b)  # the multiplies ran in bfloat16
+    assert cosines(a, b).min() >= 0.999

@@ -6,6 +6,7 @@ device and dtype, and turning a flat batch into padded tensors.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
@@ -174,9 +175,25 @@ class Encoder(ABC):
     """Embeds token batches on one device."""
 
     def __init__(self, spec: ModelSpec, device: str, dtype: torch.dtype) -> None:
+        import torch
+
         self.spec = spec
         self.device = device
         self.dtype = dtype
+        # On a CPU, half precision runs as autocast over float32 weights: matrix multiplies
+        # in the half dtype, layer norms, softmax and residual sums in float32. Casting the
+        # weights instead ran no faster and lost parity (all-MiniLM-L6-v2 in bfloat16:
+        # lowest cosine to float32 0.99988 cast, 0.99996 under autocast, on 1,000 documents).
+        self.autocast = device == "cpu" and dtype != torch.float32
+        self.weights_dtype = torch.float32 if self.autocast else dtype
+
+    def compute(self) -> contextlib.AbstractContextManager:
+        """The context a forward pass runs in: autocast for half precision on a CPU."""
+        import torch
+
+        if self.autocast:
+            return torch.autocast("cpu", dtype=self.dtype)
+        return contextlib.nullcontext()
 
     @property
     def outputs(self) -> tuple[str, ...]:
@@ -205,7 +222,8 @@ class Encoder(ABC):
         import torch
 
         try:
-            return self.embed(batch)
+            with self.compute():
+                return self.embed(batch)
         except torch.cuda.OutOfMemoryError as e:
             # Keep only the message: the exception holds the frames and their tensors.
             message = str(e).splitlines()[0]

@@ -49,14 +49,18 @@ class BGEM3Encoder(Encoder):
 
     def __init__(self, spec: ModelSpec, device: str, dtype: torch.dtype) -> None:
         super().__init__(spec, device, dtype)
-        self.model = model = load_model(spec, device, dtype)
+        self.model = model = load_model(spec, device, self.weights_dtype)
         hidden = int(model.config.hidden_size)
         self.sparse_head = None
         self.colbert_head = None
         if "sparse" in self.outputs:
-            self.sparse_head = _load_head(spec, "sparse_linear.pt", hidden, dtype).to(device)
+            self.sparse_head = _load_head(spec, "sparse_linear.pt", hidden, self.weights_dtype).to(
+                device
+            )
         if "multivector" in self.outputs:
-            self.colbert_head = _load_head(spec, "colbert_linear.pt", hidden, dtype).to(device)
+            self.colbert_head = _load_head(
+                spec, "colbert_linear.pt", hidden, self.weights_dtype
+            ).to(device)
         self.excluded = np.array(spec.special_token_ids, dtype=np.int64)
 
     @property

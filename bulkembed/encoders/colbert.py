@@ -55,8 +55,8 @@ class ColbertEncoder(Encoder):
 
     def __init__(self, spec: ModelSpec, device: str, dtype: torch.dtype) -> None:
         super().__init__(spec, device, dtype)
-        self.model = load_model(spec, device, dtype)
-        self.projection = _load_projection(spec, dtype).to(device)
+        self.model = load_model(spec, device, self.weights_dtype)
+        self.projection = _load_projection(spec, self.weights_dtype).to(device)
         self.skipped = np.array(spec.skip_token_ids, dtype=np.int64)
 
     @property

@@ -19,7 +19,7 @@ class DenseEncoder(Encoder):
 
     def __init__(self, spec: ModelSpec, device: str, dtype: torch.dtype) -> None:
         super().__init__(spec, device, dtype)
-        self.model = load_model(spec, device, dtype)
+        self.model = load_model(spec, device, self.weights_dtype)
 
     @property
     def dense_dim(self) -> int:

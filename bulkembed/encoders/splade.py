@@ -27,7 +27,7 @@ class SpladeEncoder(Encoder):
 
     def __init__(self, spec: ModelSpec, device: str, dtype: torch.dtype) -> None:
         super().__init__(spec, device, dtype)
-        self.model = model = load_model(spec, device, dtype, masked_lm=True)
+        self.model = model = load_model(spec, device, self.weights_dtype, masked_lm=True)
         self.vocabulary = int(model.config.vocab_size)
 
     @torch.inference_mode()
