@@ -352,12 +352,18 @@ class RunDirectory:
 
     # Quarantine.
 
-    def quarantine(self, record: BadRecord, part: str) -> None:
-        """Append a record that cannot be embedded to `bad_records.jsonl`."""
-        fields = {k: v for k, v in asdict(record).items() if v is not None}
+    def quarantine(self, records: list[BadRecord], part: str) -> None:
+        """Append the records of unit `part` that cannot be embedded to `bad_records.jsonl`,
+        in one write (processes that share the file append whole lines)."""
+        lines = []
+        for record in records:
+            fields = {k: v for k, v in asdict(record).items() if v is not None}
+            lines.append(json.dumps({**fields, "part": part}, default=str) + "\n")
+        if not lines:
+            return
         try:
             with open(self.bad_records_path, "a", encoding="utf-8") as f:
-                f.write(json.dumps({**fields, "part": part}, default=str) + "\n")
+                f.write("".join(lines))
         except OSError as e:
             raise OutputError(f"cannot write {self.bad_records_path}: {e}") from e
 

@@ -1,9 +1,9 @@
 """Write embedded chunks into their units' parts, and commit each finished unit.
 
-Chunks arrive in input order. Bad records go to the quarantine as they come; rows go into
-their unit's part, with rows carried over from a previous output put back among them in
-input order; when a unit's last chunk is written, its part is committed and then its
-done-marker, with the unit's counts, is written to the ledger.
+Chunks arrive in input order. Rows go into their unit's part, with rows carried over from a
+previous output put back among them in input order; when a unit's last chunk is written,
+its part is committed, its bad records go to the quarantine, and then its done-marker,
+with the unit's counts, is written to the ledger.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from bulkembed.checkpoint import RunDirectory, UnitRecord
 from bulkembed.encoders import Embeddings
 from bulkembed.schema import CONTENT_HASH, record_batch
 from bulkembed.sinks import Sink
-from bulkembed.sources.records import Carried
+from bulkembed.sources.records import BadRecord, Carried
 from bulkembed.tokenize import TokenizedChunk
 
 Item = TypeVar("Item")
@@ -65,13 +65,15 @@ class PartWriter:
         self.schema = schema
         self.sink = sink
         self.tallies: dict[str, _Tally] = {}
+        # Bad records go to the quarantine with their unit's commit, so that a unit written
+        # twice (a Ray actor lost halfway) does not report them twice.
+        self.bad: dict[str, list[BadRecord]] = {}
         sink.start(schema)
 
     def write(self, tokenized: TokenizedChunk, embeddings: Embeddings, padded: np.ndarray) -> None:
         chunk = tokenized.chunk
         tally = self.tallies.setdefault(chunk.part, _Tally())
-        for bad in chunk.bad:
-            self.run.quarantine(bad, chunk.part)
+        self.bad.setdefault(chunk.part, []).extend(chunk.bad)
         batches = []
         if len(chunk.ids):
             batches.append(
@@ -95,6 +97,7 @@ class PartWriter:
         tally.padded_tokens += int(padded.sum())
         if chunk.last_in_unit:
             found = self.sink.commit(chunk.part)
+            self.run.quarantine(self.bad.pop(chunk.part), chunk.part)
             counts = asdict(self.tallies.pop(chunk.part))
             self.run.mark_done(UnitRecord(chunk.part, **counts, **found))
 
