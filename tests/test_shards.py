@@ -8,7 +8,15 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT, cosines, read_output, sample_texts, write_jsonl, write_parquet
+from conftest import (
+    ROOT,
+    cosines,
+    read_output,
+    run_arguments,
+    sample_texts,
+    write_jsonl,
+    write_parquet,
+)
 from typer.testing import CliRunner
 
 from bulkembed.cli import app
@@ -29,21 +37,7 @@ def _corpus(folder):
 
 
 def _command(corpus, model, out, *extra):
-    return [
-        sys.executable,
-        "-m",
-        "bulkembed",
-        "run",
-        str(corpus),
-        "--model",
-        str(model),
-        "--output",
-        str(out),
-        "--quiet",
-        "--tokenize-workers",
-        "0",
-        *extra,
-    ]
+    return [sys.executable, "-m", "bulkembed", *run_arguments(corpus, model, out, "-q", *extra)]
 
 
 def test_three_shards_side_by_side_write_what_one_run_writes(tmp_path, tiny_st):
