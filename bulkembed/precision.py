@@ -99,16 +99,14 @@ def embed_sample(encoder: Encoder, sequences: list[np.ndarray], budget: int) -> 
 def check_on_window(
     reference: Encoder, window: list[TokenizedChunk], dtype: torch.dtype, budget: int
 ) -> tuple[Encoder, PrecisionCheck] | None:
-    """Embed the window's first documents with `reference` (float32) and with a new
-    encoder in `dtype` on the same device; return the encoder to go on with (the new one
+    """Embed the window's first documents with `reference` (float32) and with it in
+    `dtype` (`Encoder.in_dtype`); return the encoder to go on with (the new one
     if every vector agrees, else `reference`) and what was found. None when the window
     holds no document to embed: the next one decides."""
-    from bulkembed.encoders import build_encoder
-
     sequences = sample_sequences(window)
     if not sequences:
         return None
-    fast = build_encoder(reference.spec, reference.device, dtype)
+    fast = reference.in_dtype(dtype)
     expected = embed_sample(reference, sequences, budget)
     found = embed_sample(fast, sequences, budget)
     tried = str(dtype).removeprefix("torch.")

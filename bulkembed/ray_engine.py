@@ -33,7 +33,7 @@ from bulkembed.outputs import OutputFormat
 from bulkembed.precision import PrecisionCheck
 from bulkembed.progress import Reporter, RunStats
 from bulkembed.sinks import ParquetSink
-from bulkembed.sources import Chunk, RecordReader, SeenIds, drop_duplicate_ids
+from bulkembed.sources import Chunk, RecordReader, SeenIds, drop_duplicate_ids, unit_offsets
 from bulkembed.tokenize import TokenizedChunk, TokenizerPool, TokenizerSettings
 from bulkembed.windows import embed_window, window_tokens, windows
 from bulkembed.writer import PartWriter, write_window
@@ -85,13 +85,15 @@ def _one_unit(chunks: Iterator[Chunk]) -> Iterator[Chunk]:
             return
 
 
-def _tokenize_unit(part: str, work: _Work) -> list[TokenizedChunk]:
-    """Read one unit and tokenize it in this process."""
+def _tokenize_unit(part: str, offset: int, work: _Work) -> list[TokenizedChunk]:
+    """Read one unit (a JSONL unit from byte `offset`, when not negative) and tokenize it
+    in this process."""
     from bulkembed.pipeline import SkippedUnits, fail_on_bad_records
 
     reader = copy.copy(work.reader)
     reader.done = SkippedUnits(done=(), mine=frozenset([part]))
-    chunks = _one_unit(reader.read_shard(_unit(part)[0]))
+    shard, unit = _unit(part)
+    chunks = _one_unit(reader.read_unit(shard, unit, offset if offset >= 0 else None))
     # Repeated ids are found within the unit: the units of a cluster run side by side.
     chunks = drop_duplicate_ids(chunks, SeenIds(), reader.shards)
     if work.fail_on_bad_records:
@@ -105,9 +107,9 @@ def _tokenize_units(batch: dict[str, np.ndarray], work: _Work) -> dict[str, list
     A bulkembed error (a bad record under --on-bad-record fail, an unreadable input) travels
     with its unit, pickled, so that the driver raises it as it is."""
     payloads, errors = [], []
-    for part in batch["part"]:
+    for part, offset in zip(batch["part"], batch["offset"], strict=True):
         try:
-            tokenized = _tokenize_unit(str(part), work)
+            tokenized = _tokenize_unit(str(part), int(offset), work)
             payloads.append(pickle.dumps(tokenized, protocol=pickle.HIGHEST_PROTOCOL))
             errors.append(_NO_ERROR)
         except BulkembedError as e:
@@ -250,11 +252,25 @@ def _actors(devices: str) -> tuple[str, int, int]:
     return device, len(entries), threads
 
 
-def _pending(job: _Job, done: dict[str, UnitRecord]) -> list[str]:
+def _pending(job: _Job, done: dict[str, UnitRecord]) -> list[dict[str, Any]]:
+    """The units to embed, each with the byte offset where it starts in an uncompressed
+    JSONL file (-1 elsewhere), so that its task reads only its own lines."""
     from bulkembed.pipeline import counted_units
 
     units = counted_units(job.shards)
-    return [u for u in units if u not in done and (job.parts is None or u in job.parts)]
+    pending = [u for u in units if u not in done and (job.parts is None or u in job.parts)]
+    offsets: dict[int, list[int]] = {}
+    items = []
+    for part in pending:
+        index, unit = _unit(part)
+        shard = job.shards[index]
+        offset = -1
+        if shard.format == "jsonl" and not shard.path.name.lower().endswith(".gz"):
+            if index not in offsets:
+                offsets[index] = unit_offsets(shard.path, job.reader.lines_per_unit)
+            offset = offsets[index][unit]
+        items.append({"part": part, "offset": offset})
+    return items
 
 
 def embed_on_ray(job: _Job, done: dict[str, UnitRecord]) -> RunStats:
@@ -308,7 +324,12 @@ def _quiet_ray_data() -> Iterator[None]:
 
 
 def _run_dataset(
-    job: _Job, pending: list[str], device: str, actors: int, threads: int, stats: RunStats
+    job: _Job,
+    pending: list[dict[str, Any]],
+    device: str,
+    actors: int,
+    threads: int,
+    stats: RunStats,
 ) -> None:
     """Read, tokenize, embed and commit `pending` units through Ray Data; count in `stats`."""
     import ray.data
@@ -326,7 +347,7 @@ def _run_dataset(
         threads=threads,
         tune_batch_tokens=job.config.tune_batch_tokens,
     )
-    units = ray.data.from_items([{"part": p} for p in pending], override_num_blocks=len(pending))
+    units = ray.data.from_items(pending, override_num_blocks=len(pending))
     tokenized = units.map_batches(
         _tokenize_units,
         batch_size=1,

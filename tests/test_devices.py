@@ -173,3 +173,7 @@ def test_cpu_half_precision_is_autocast_over_float32_weights(tiny_st):
     b = half.embed_within_memory(batch).dense
     assert not np.array_equal(a, b)  # the multiplies ran in bfloat16
     assert cosines(a, b).min() >= 0.999
+    # The start-up check's bfloat16 twin shares the float32 weights.
+    twin = full.in_dtype(torch.bfloat16)
+    assert twin.model is full.model and twin.autocast and not full.autocast
+    np.testing.assert_array_equal(twin.embed_within_memory(batch).dense, b)

@@ -28,15 +28,18 @@ from bulkembed.cli import app
 pytest.importorskip("ray.data")
 pytestmark = pytest.mark.slow
 
-# Units: two JSONL files (one unit each) and 30 Parquet row groups of 100 rows.
+# Units: JSONL files of 700 lines (one unit) and 4,500 lines (two: 4,096 and 404), and 30
+# Parquet row groups of 100 rows.
 ROW_GROUPS = 30
-DOCS = 2 * 700 + ROW_GROUPS * 100
+LINES = (700, 4500)
+DOCS = sum(LINES) + ROW_GROUPS * 100
+UNITS = 3 + ROW_GROUPS
 
 
 def _corpus(folder):
     texts = sample_texts(1000)
-    for n in range(2):
-        records = [{"id": f"j{n}-{i}", "text": texts[(3 * i + n) % 1000]} for i in range(700)]
+    for n, lines in enumerate(LINES):
+        records = [{"id": f"j{n}-{i}", "text": texts[(3 * i + n) % 1000]} for i in range(lines)]
         write_jsonl(folder / f"lines-{n}.jsonl", records)
     records = [{"id": f"p{i}", "text": texts[(7 * i) % 1000]} for i in range(ROW_GROUPS * 100)]
     write_parquet(folder / "table.parquet", records, row_group_size=100)
@@ -86,7 +89,7 @@ def test_the_ray_engine_writes_what_the_local_engine_writes(tmp_path, reference)
     assert "1 cpu actor(s)" in stderr.decode()
     _same_as(expected, tmp_path / "out")
     status = json.loads(CliRunner().invoke(app, ["status", str(tmp_path / "out"), "--json"]).output)
-    units = 2 + ROW_GROUPS
+    units = UNITS
     assert (status["state"], status["units_done"], status["units_pending"]) == (
         "complete",
         units,
@@ -110,7 +113,7 @@ def test_a_killed_ray_run_resumes_with_each_id_once(tmp_path, reference):
     os.killpg(run.pid, signal.SIGKILL)
     run.wait()
     committed = len(list(markers.glob("part-*.json")))
-    assert 3 <= committed < 2 + ROW_GROUPS, "the run should be cut off midway"
+    assert 3 <= committed < UNITS, "the run should be cut off midway"
 
     rerun = _ray_run(corpus, model, out)
     _, stderr = rerun.communicate(timeout=300)
@@ -119,7 +122,7 @@ def test_a_killed_ray_run_resumes_with_each_id_once(tmp_path, reference):
     pending, done = re.search(
         r"(\d+) unit\(s\) to embed, (\d+) done before", stderr.decode()
     ).groups()
-    assert int(pending) + int(done) == 2 + ROW_GROUPS and int(done) >= committed
+    assert int(pending) + int(done) == UNITS and int(done) >= committed
     _same_as(expected, out)
     summary = json.loads((out / "_bulkembed" / "summary.json").read_text())
     assert summary["docs"] == DOCS and summary["docs_this_run"] < DOCS

@@ -241,3 +241,41 @@ def test_seen_ids_survive_the_merge_into_the_sorted_array(monkeypatch):
     assert all(seen.add(f"id-{i}") for i in range(50))
     assert not any(seen.add(f"id-{i}") for i in range(50))
     assert seen.add(7) and not seen.add("7")
+
+
+def _chunk_records(chunks):
+    """(part, ids, positions, bad records) of each chunk, for comparing two reads."""
+    return [
+        (c.part, c.ids.to_pylist(), list(c.positions), [(b.line, b.reason) for b in c.bad])
+        for c in chunks
+    ]
+
+
+@pytest.mark.parametrize("lines", [25, 30, 31])
+def test_a_jsonl_unit_read_from_its_offset_equals_the_unit_read_from_the_start(tmp_path, lines):
+    """Units of 10 lines, with blank, malformed and multi-byte lines among them; 30 lines
+    end exactly at a unit boundary."""
+    from bulkembed.pipeline import SkippedUnits
+    from bulkembed.sources import unit_offsets
+
+    path = tmp_path / "c.jsonl"
+    with open(path, "w", encoding="utf-8") as f:
+        for i in range(lines):
+            if i % 7 == 3:
+                f.write("\n")
+            elif i % 11 == 5:
+                f.write('{"text": \n')
+            else:
+                f.write(json.dumps({"id": f"d{i}", "text": f"é{i}"}, ensure_ascii=False) + "\n")
+    shards = list_shards([str(path)])
+    offsets = unit_offsets(path, 10)
+    assert offsets[:2] == [0, len(b"".join(path.read_bytes().splitlines(True)[:10]))]
+    units = unit_names(shards, 10)
+    assert len(offsets) == len(units) + (lines % 10 == 0)
+    for unit, part in enumerate(units):
+        only = SkippedUnits(done=(), mine=frozenset([part]))
+        whole = RecordReader(shards, chunk_size=4, lines_per_unit=10, done=only)
+        direct = RecordReader(shards, chunk_size=4, lines_per_unit=10, done=only)
+        expected = _chunk_records(whole.read_shard(0))
+        assert expected and expected[-1][0] == part
+        assert _chunk_records(direct.read_unit(0, unit, offsets[unit])) == expected

@@ -7,6 +7,7 @@ device and dtype, and turning a flat batch into padded tensors.
 from __future__ import annotations
 
 import contextlib
+import copy
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
@@ -186,6 +187,18 @@ class Encoder(ABC):
         # lowest cosine to float32 0.99988 cast, 0.99996 under autocast, on 1,000 documents).
         self.autocast = device == "cpu" and dtype != torch.float32
         self.weights_dtype = torch.float32 if self.autocast else dtype
+
+    def in_dtype(self, dtype: torch.dtype) -> Encoder:
+        """This encoder computing in `dtype`: on a CPU the same float32 weights under
+        autocast (no second copy of the model in memory), elsewhere a new encoder."""
+        if self.device != "cpu":
+            from bulkembed.encoders import build_encoder
+
+            return build_encoder(self.spec, self.device, dtype)
+        twin = copy.copy(self)
+        twin.dtype = dtype
+        twin.autocast = str(dtype) != "torch.float32"
+        return twin
 
     def compute(self) -> contextlib.AbstractContextManager:
         """The context a forward pass runs in: autocast for half precision on a CPU."""

@@ -9,6 +9,7 @@ from bulkembed.sources.files import (
     count_records,
     list_shards,
     unit_names,
+    unit_offsets,
 )
 from bulkembed.sources.filters import SeenIds, drop_duplicate_ids, take
 from bulkembed.sources.reader import RecordReader
@@ -27,4 +28,5 @@ __all__ = [
     "part_name",
     "take",
     "unit_names",
+    "unit_offsets",
 ]

@@ -146,6 +146,26 @@ def count_lines(path: Path) -> int:
     return lines + (last != b"\n")
 
 
+def unit_offsets(path: Path, lines_per_unit: int = DEFAULT_LINES_PER_UNIT) -> list[int]:
+    """Where each unit of an uncompressed JSON-lines file starts: the byte offset of lines
+    0, `lines_per_unit`, 2 × `lines_per_unit`, ... (a file that ends at a unit boundary
+    gets one more offset, its size). Counts newlines a megabyte at a time."""
+    offsets = [0]
+    newlines = base = 0
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            count = block.count(b"\n")
+            at, passed = -1, 0
+            while newlines + count >= len(offsets) * lines_per_unit:
+                while passed < len(offsets) * lines_per_unit - newlines:
+                    at = block.find(b"\n", at + 1)
+                    passed += 1
+                offsets.append(base + at + 1)
+            newlines += count
+            base += len(block)
+    return offsets
+
+
 def open_arrow(path: Path) -> pa.RecordBatchReader:
     """An Arrow IPC file or stream (what `datasets` writes), memory-mapped."""
     source = pa.memory_map(str(path))

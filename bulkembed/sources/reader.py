@@ -119,6 +119,27 @@ class RecordReader:
         for index in range(len(self.shards)):
             yield from self.read_shard(index)
 
+    def read_unit(self, index: int, unit: int, offset: int | None) -> Iterator[Chunk]:
+        """The chunks of the shard at `index`, from unit `unit` on, skipping units in
+        `done`. An uncompressed JSONL shard is read from byte `offset` (where the unit
+        starts, from `unit_offsets`), other shards from their start."""
+        shard = self.shards[index]
+        if shard.format != "jsonl" or offset is None or shard.path.name.lower().endswith(".gz"):
+            yield from self.read_shard(index)
+            return
+        if self.id_type is None:
+            self.check()
+
+        def lines() -> Iterator[bytes]:
+            with open(shard.path, "rb") as f:
+                f.seek(offset)
+                yield from f
+
+        first = unit * self.lines_per_unit
+        yield from self._record_units(
+            index, shard, lines(), _parse_json_line, READ_ERRORS, first=first
+        )
+
     def read_shard(self, index: int) -> Iterator[Chunk]:
         """The chunks of the shard at `index` alone, skipping its units in `done`."""
         if self.id_type is None:
@@ -379,18 +400,20 @@ class RecordReader:
         items: Iterable[Any],
         parse: Callable[[Any], tuple[dict[str, Any] | None, str | None]],
         read_errors: tuple[type[BaseException], ...],
+        first: int = 0,
     ) -> Iterator[Chunk]:
-        """Chunks of records parsed from `items` (lines, or dataset records), unit by unit.
-        Records of done units are skipped unparsed; blank lines are no record. A read error
-        in `read_errors` sets the rest of the shard aside."""
+        """Chunks of records parsed from `items` (lines, or dataset records; the first is
+        number `first`), unit by unit. Records of done units are skipped unparsed; blank
+        lines are no record. A read error in `read_errors` sets the rest of the shard
+        aside."""
         id_column = self._id_columns.get(index)
         rows = Rows()
-        unit = 0
-        read = 0
+        unit = first // self.lines_per_unit
+        read = first
         lines = shard.format != "hf"
         source = str(shard.path) if lines else shard.name
         try:
-            for number, item in enumerate(items):
+            for number, item in enumerate(items, start=first):
                 read = number + 1
                 if number // self.lines_per_unit != unit:
                     if part_name(index, unit) not in self.done:
