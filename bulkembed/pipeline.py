@@ -16,7 +16,7 @@ import signal
 import sys
 import tempfile
 import threading
-from collections.abc import Container, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -51,7 +51,6 @@ from bulkembed.sinks import (
     parse_output,
 )
 from bulkembed.sources import (
-    DEFAULT_LINES_PER_UNIT,
     Chunk,
     RecordReader,
     SeenIds,
@@ -62,7 +61,9 @@ from bulkembed.sources import (
     take,
     unit_names,
 )
+from bulkembed.summary import fingerprint, summarize
 from bulkembed.tokenize import TokenizedChunk, TokenizerPool, TokenizerSettings
+from bulkembed.units import SkippedUnits, shard_parts
 from bulkembed.windows import embed_window, window_tokens, windows
 from bulkembed.writer import PartWriter, WriteBehind, write_window
 
@@ -72,10 +73,6 @@ if TYPE_CHECKING:
 
     from bulkembed.encoder_pool import EncoderPool
     from bulkembed.model_spec import ModelSpec
-
-# How inputs are cut into units of work: part of the fingerprint, since done markers name
-# units by number.
-UNITS = f"parquet row groups; {DEFAULT_LINES_PER_UNIT} jsonl lines"
 
 
 def _describe_outputs(spec: ModelSpec, encoder: Encoder) -> str:
@@ -162,116 +159,11 @@ def _stop_on_signals() -> Iterator[None]:
             signal.signal(number, handler)
 
 
-def fingerprint(config: RunConfig, spec: ModelSpec, shards: list[Shard]) -> dict[str, Any]:
-    """The settings that decide what the output holds. A run resumes only if they match.
-
-    Inputs count by name and size, and a local model by its folder's name and content, so a
-    corpus or a model folder that moved still resumes. `--dtype` counts as given: with
-    `auto` a run may resume on another kind of device."""
-    return {
-        "units": UNITS,
-        "model": Path(spec.source).name if spec.local else spec.source,
-        "model_version": spec.version,
-        "family": spec.family,
-        "outputs": list(spec.outputs),
-        "sparse_top_k": spec.sparse_top_k,
-        "dim": config.dim,
-        "dtype_out": config.dtype_out.value,
-        "quantize": None if config.quantize is None else config.quantize.value,
-        "pooling": spec.pooling.value if spec.pooling else None,
-        "normalize": spec.normalize,
-        "max_length": spec.max_length,
-        "prompt": spec.prompt,
-        "lowercase": spec.lowercase,
-        "dtype": config.dtype.value,
-        "text_column": config.text_column,
-        "id_column": config.id_column,
-        "limit": config.limit,
-        "inputs": [{"name": s.name, "size": s.size} for s in shards],
-        "keep_columns": list(config.keep_columns),
-        "since": str(Path(config.since).resolve()) if config.since else None,
-    }
-
-
-@dataclass(frozen=True, slots=True)
-class SkippedUnits:
-    """The units the reader passes over: those done, and with `--shard` other shards'."""
-
-    done: Container[str]
-    mine: Container[str] | None
-
-    def __contains__(self, part: object) -> bool:
-        return part in self.done or (self.mine is not None and part not in self.mine)
-
-
-def counted_units(shards: list[Shard]) -> list[str]:
-    """Every unit of the inputs, in order, for runs that share them out up front."""
-    if any(s.format == "hf" for s in shards):
-        raise InputError(
-            "--shard and --engine ray need inputs whose units can be counted up front: "
-            "files, not hf:// datasets (save the dataset to Parquet first)"
-        )
-    return unit_names(shards)
-
-
-def shard_parts(shards: list[Shard], shard: ShardSpec) -> frozenset[str]:
-    """The units of `--shard I/N`: every Nth unit of the inputs, from the Ith."""
-    return frozenset(counted_units(shards)[shard.index :: shard.count])
-
-
 def _committed_ids(sink: Sink, done: dict[str, UnitRecord]) -> SeenIds:
     seen = SeenIds()
     for doc_id in sink.committed_ids(done):
         seen.add(doc_id)
     return seen
-
-
-def _incremental_counts(
-    done: dict[str, UnitRecord], previous_rows: int, limited: bool
-) -> dict[str, int | None]:
-    """New, changed, unchanged and deleted documents against the `--since` output. With
-    `--limit` the documents past it are not read: how many were deleted is unknown."""
-    rows = sum(r.rows for r in done.values())
-    carried = sum(r.carried for r in done.values())
-    changed = sum(r.changed for r in done.values())
-    return {
-        "new": rows - carried - changed,
-        "changed": changed,
-        "unchanged": carried,
-        "deleted": None if limited else previous_rows - carried - changed,
-    }
-
-
-def summarize(
-    done: dict[str, UnitRecord],
-    stats: RunStats,
-    run_info: dict[str, Any],
-    previous_rows: int | None = None,
-    limited: bool = False,
-) -> dict:
-    """The whole output's figures (over every run that wrote it) and this run's speed;
-    with `previous_rows` (`--since`), the counts against the previous output."""
-    tokens = sum(r.tokens for r in done.values())
-    padded = sum(r.padded_tokens for r in done.values())
-    incremental = {} if previous_rows is None else _incremental_counts(done, previous_rows, limited)
-    return {
-        "docs": sum(r.rows for r in done.values()),
-        **incremental,
-        "tokens": tokens,
-        "padding_efficiency": round(tokens / padded, 4) if padded else 1.0,
-        "bad_records": sum(r.bad_records for r in done.values()),
-        "truncated": sum(r.truncated for r in done.values()),
-        "units": len(done),
-        "parts": sum(1 for r in done.values() if r.rows),
-        "docs_this_run": stats.docs,
-        "batches_this_run": stats.batches,
-        "seconds": round(stats.seconds, 3),
-        "docs_per_s": round(stats.docs_per_s, 2),
-        "tokens_per_s": round(stats.tokens_per_s, 1),
-        "encode_seconds": round(stats.encode_seconds, 3),
-        "device_idle_fraction": round(stats.device_idle_fraction, 3),
-        **run_info,
-    }
 
 
 @dataclass

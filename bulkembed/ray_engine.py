@@ -88,7 +88,8 @@ def _one_unit(chunks: Iterator[Chunk]) -> Iterator[Chunk]:
 def _tokenize_unit(part: str, offset: int, work: _Work) -> list[TokenizedChunk]:
     """Read one unit (a JSONL unit from byte `offset`, when not negative) and tokenize it
     in this process."""
-    from bulkembed.pipeline import SkippedUnits, fail_on_bad_records
+    from bulkembed.pipeline import fail_on_bad_records
+    from bulkembed.units import SkippedUnits
 
     reader = copy.copy(work.reader)
     reader.done = SkippedUnits(done=(), mine=frozenset([part]))
@@ -255,7 +256,7 @@ def _actors(devices: str) -> tuple[str, int, int]:
 def _pending(job: _Job, done: dict[str, UnitRecord]) -> list[dict[str, Any]]:
     """The units to embed, each with the byte offset where it starts in an uncompressed
     JSONL file (-1 elsewhere), so that its task reads only its own lines."""
-    from bulkembed.pipeline import counted_units
+    from bulkembed.units import counted_units
 
     units = counted_units(job.shards)
     pending = [u for u in units if u not in done and (job.parts is None or u in job.parts)]

@@ -1,0 +1,36 @@
+"""Which units of work a run takes: those not done yet, and with `--shard I/N` every Nth."""
+
+from __future__ import annotations
+
+from collections.abc import Container
+from dataclasses import dataclass
+
+from bulkembed.config import ShardSpec
+from bulkembed.errors import InputError
+from bulkembed.sources import Shard, unit_names
+
+
+@dataclass(frozen=True, slots=True)
+class SkippedUnits:
+    """The units the reader passes over: those done, and with `--shard` other shards'."""
+
+    done: Container[str]
+    mine: Container[str] | None
+
+    def __contains__(self, part: object) -> bool:
+        return part in self.done or (self.mine is not None and part not in self.mine)
+
+
+def counted_units(shards: list[Shard]) -> list[str]:
+    """Every unit of the inputs, in order, for runs that share them out up front."""
+    if any(s.format == "hf" for s in shards):
+        raise InputError(
+            "--shard and --engine ray need inputs whose units can be counted up front: "
+            "files, not hf:// datasets (save the dataset to Parquet first)"
+        )
+    return unit_names(shards)
+
+
+def shard_parts(shards: list[Shard], shard: ShardSpec) -> frozenset[str]:
+    """The units of `--shard I/N`: every Nth unit of the inputs, from the Ith."""
+    return frozenset(counted_units(shards)[shard.index :: shard.count])
