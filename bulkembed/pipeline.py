@@ -59,11 +59,10 @@ from bulkembed.sources import (
     drop_duplicate_ids,
     list_shards,
     take,
-    unit_names,
 )
 from bulkembed.summary import fingerprint, summarize
 from bulkembed.tokenize import TokenizedChunk, TokenizerPool, TokenizerSettings
-from bulkembed.units import SkippedUnits, shard_parts
+from bulkembed.units import SkippedUnits, counted_units, shard_parts
 from bulkembed.windows import embed_window, window_tokens, windows
 from bulkembed.writer import PartWriter, WriteBehind, write_window
 
@@ -186,6 +185,9 @@ class _Job:
     previous: PreviousOutput | None = None
     precision: PrecisionCheck | None = None
     tuned: bool = False
+    # Every unit of the inputs, counted once up front for `--shard` and `--engine ray`,
+    # and this run's share of them with `--shard`.
+    units: list[str] | None = None
     parts: frozenset[str] | None = None
     # The dtypes a Ray run's actors computed in (each checks `--dtype auto` for itself).
     computed_in: list[str] | None = None
@@ -380,7 +382,8 @@ class _Job:
         a `--shard` run, when the other shards' units are done too."""
         if self.parts is not None:
             done = self.run.done_units()
-            pending = [u for u in unit_names(self.shards) if u not in done]
+            assert self.units is not None
+            pending = [u for u in self.units if u not in done]
             if pending:
                 self.reporter.info(
                     f"shard {self.config.shard.label} is done; {len(pending)} unit(s) of other "
@@ -523,6 +526,8 @@ def _prepare(config: RunConfig, reporter: Reporter) -> _Job:
         devices = resolve_devices(config.devices)
         dtype = resolve_dtype(config.dtype, devices[0])
         check_dtype = config.dtype is DType.AUTO and str(dtype) != "torch.float32"
+    distributed = config.shard is not None or config.engine is Engine.RAY
+    units = counted_units(shards) if distributed else None
     return _Job(
         config=config,
         spec=spec,
@@ -537,5 +542,6 @@ def _prepare(config: RunConfig, reporter: Reporter) -> _Job:
         run=_run_directory(target, config.shard),
         reporter=reporter,
         workers=default_tokenize_workers(devices[0]) if workers is None else workers,
-        parts=None if config.shard is None else shard_parts(shards, config.shard),
+        units=units,
+        parts=None if units is None or config.shard is None else shard_parts(units, config.shard),
     )

@@ -256,10 +256,8 @@ def _actors(devices: str) -> tuple[str, int, int]:
 def _pending(job: _Job, done: dict[str, UnitRecord]) -> list[dict[str, Any]]:
     """The units to embed, each with the byte offset where it starts in an uncompressed
     JSONL file (-1 elsewhere), so that its task reads only its own lines."""
-    from bulkembed.units import counted_units
-
-    units = counted_units(job.shards)
-    pending = [u for u in units if u not in done and (job.parts is None or u in job.parts)]
+    assert job.units is not None
+    pending = [u for u in job.units if u not in done and (job.parts is None or u in job.parts)]
     offsets: dict[int, list[int]] = {}
     items = []
     for part in pending:

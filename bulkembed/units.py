@@ -31,6 +31,6 @@ def counted_units(shards: list[Shard]) -> list[str]:
     return unit_names(shards)
 
 
-def shard_parts(shards: list[Shard], shard: ShardSpec) -> frozenset[str]:
-    """The units of `--shard I/N`: every Nth unit of the inputs, from the Ith."""
-    return frozenset(counted_units(shards)[shard.index :: shard.count])
+def shard_parts(units: list[str], shard: ShardSpec) -> frozenset[str]:
+    """The units of `--shard I/N`: every Nth of `units` (in input order), from the Ith."""
+    return frozenset(units[shard.index :: shard.count])
