@@ -2,23 +2,29 @@
 
 Resume rests on one ordering: a unit's part is committed by the sink (for Parquet: written
 under a temporary name, then renamed) before its done-marker `done/<part>.json` is written,
-also atomically. So on any restart, in the sink's `reconcile`:
+also atomically. So on any restart, in `reconcile`:
 
 - a marker names a unit whose rows are all in its part: the unit is skipped;
-- rows without a marker were cut short between the two writes: they are dropped and redone;
-- a marker whose part is missing means files were removed by hand: an error naming the file.
+- a complete part without a marker (a crash between the two writes, or a lost marker) is
+  taken back into the ledger when its footer says this run wrote it; rows of a unit cut
+  short are dropped and redone;
+- a marker whose rows are gone (a part deleted by hand) is forgotten: the unit is embedded
+  again, and the output is not complete until it is;
+- what cannot be told apart from a file bulkembed did not write is refused, never deleted.
 
-Bad records carry the unit they came from; on restart only those of done units are kept,
-so a replayed unit does not report its bad records twice.
+A unit's bad records are kept in its marker too; `bad_records.jsonl` is rebuilt from the
+markers at every start, so a replayed unit does not report its bad records twice and a lost
+or damaged quarantine file comes back whole.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
+import re
 import secrets
-import shutil
 import socket
 import time
 from collections.abc import Collection
@@ -26,17 +32,28 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
+from bulkembed.contracts import RUN_DIRECTORY
 from bulkembed.errors import BulkembedError, OutputError
-from bulkembed.sources import BadRecord
 
 if TYPE_CHECKING:
     from bulkembed.config import ShardSpec
     from bulkembed.sinks import Sink
 
-RUN_DIRECTORY = "_bulkembed"
 LOCK_ATTEMPTS = 10
 LOCK_RETRY_SECONDS = 0.1
 CONFIG_FILE = "config.json"
+# What bulkembed writes in a run directory besides the configuration and the ledger: all
+# that `--overwrite` removes there. Anything else is left alone.
+_OWN_FILES = (
+    "summary.json",
+    "complete",
+    "vocab.json",
+    "quantization.json",
+    "shards.json",
+    "bad_records.jsonl",
+)
+_OWN_NAMES = re.compile(r"bad_records\.shard-\d+-of-\d+\.jsonl|lock\.shard-\d+-of-\d+|\..+\.tmp")
+_MARKER = re.compile(r"part-\d{5,}-\d{6,}\.json")
 
 # Fingerprint keys, as the user knows them.
 _SETTING_NAMES = {
@@ -118,6 +135,10 @@ def _read_json(path: Path) -> dict[str, Any]:
         raise OutputError(f"cannot read {path}: {e}; the output is damaged, use --overwrite") from e
 
 
+def _quarantine_line(fields: dict[str, Any], part: str) -> str:
+    return json.dumps({**fields, "part": part}, default=str) + "\n"
+
+
 def describe_changes(before: dict[str, Any], now: dict[str, Any]) -> list[str]:
     """One phrase per fingerprint setting that differs, e.g. `--max-length: 256 -> 128`."""
     changes = []
@@ -159,6 +180,9 @@ class RunDirectory:
             self.bad_records_path = self.meta / f"bad_records.{name}.jsonl"
             self.shard_lock_path = self.meta / f"lock.{name}"
         self._locks: list[IO[str]] = []
+        self._run_id: str | None = None
+        # What `reconcile` found and mended, one line each, for the run to report.
+        self.repairs: list[str] = []
 
     # Opening, locking, starting over.
 
@@ -173,13 +197,19 @@ class RunDirectory:
         done units (of every run that shares the output).
 
         A directory holding a run with another fingerprint is refused unless `overwrite`,
-        which empties it and the sink instead. With `parts` (the units of a `--shard` run)
-        only what those units left half-done is cleaned up: other shards may be running.
+        which removes bulkembed's own files from it and from the sink, and nothing else.
+        With `parts` (the units of a `--shard` run) only what those units left half-done
+        is cleaned up: other shards may be running.
         """
-        if not self.config_path.exists():
-            foreign = sink.foreign_data()
-            if foreign:
-                raise OutputError(f"{self.label} holds {foreign}: choose another --output")
+        fresh = not self.config_path.exists()
+        if fresh and not overwrite and self._marker_parts():
+            raise OutputError(
+                f"{self.config_path} is missing but {len(self._marker_parts())} unit(s) are "
+                "marked done: the settings they were embedded with are unknown; pass "
+                "--overwrite to start over"
+            )
+        if fresh:
+            sink.check_foreign(overwrite)
         try:
             self.meta.mkdir(parents=True, exist_ok=True)
             self.acquire_lock()
@@ -189,23 +219,37 @@ class RunDirectory:
             ) from e
         try:
             if overwrite:
-                sink.remove()
+                sink.remove(self._marker_parts())
                 self._remove_previous()
             elif self.shard is not None:
                 self._join_shards(fingerprint)
-            elif self.config_path.exists():
+            elif not fresh:
                 self._check_fingerprint(fingerprint)
+            if self.config_path.exists():
+                self._run_id = self.read_config().get("run")
+            self._run_id = self._run_id or secrets.token_hex(8)
             self.done_dir.mkdir(exist_ok=True)
             return self.reconcile(sink, parts)
         except BaseException:
             self.release_lock()
             raise
 
+    @property
+    def run_id(self) -> str:
+        """The id of the run that owns this directory, kept in its configuration and in
+        the footer of every part it writes."""
+        if self._run_id is None:
+            self._run_id = self.read_config().get("run")
+            if self._run_id is None:
+                raise OutputError(f"{self.config_path} names no run: the output is damaged")
+        return self._run_id
+
     def _join_shards(self, fingerprint: dict[str, Any]) -> None:
         """The first `--shard` run to start fixes the settings and N, atomically; the others
         must match both."""
         assert self.shard is not None
-        if not _write_json_atomically(self.config_path, {"fingerprint": fingerprint}, True):
+        claim = {"fingerprint": fingerprint, "run": secrets.token_hex(8)}
+        if not _write_json_atomically(self.config_path, claim, exclusive=True):
             self._check_fingerprint(fingerprint)
         count = {"count": self.shard.count}
         if not _write_json_atomically(self.shards_path, count, exclusive=True):
@@ -295,16 +339,17 @@ class RunDirectory:
         return None
 
     def _remove_previous(self) -> None:
-        """Delete the bookkeeping (the sink has removed the rows). The ledger goes first and
-        the configuration last, so an interrupted removal leaves a state the next run checks
-        and reconciles like any other."""
-        shutil.rmtree(self.done_dir, ignore_errors=True)
+        """Delete the bookkeeping (the sink has removed the rows): the files bulkembed
+        writes here, by name, and nothing else. The ledger goes first and the configuration
+        last, so an interrupted removal leaves a state the next run checks and reconciles
+        like any other."""
+        if self.done_dir.is_dir():
+            for path in self.done_dir.iterdir():
+                if _MARKER.fullmatch(path.name) or _OWN_NAMES.fullmatch(path.name):
+                    path.unlink()
         for path in self.meta.iterdir():
-            if path in (self.lock_path, self.config_path):
-                continue
-            if path.is_dir():
-                shutil.rmtree(path)
-            else:
+            own = path.name in _OWN_FILES or _OWN_NAMES.fullmatch(path.name)
+            if own and path.is_file() and path != self.lock_path:
                 path.unlink()
         self.config_path.unlink(missing_ok=True)
 
@@ -313,19 +358,35 @@ class RunDirectory:
     def _marker(self, part: str) -> Path:
         return self.done_dir / f"{part}.json"
 
-    def done_units(self) -> dict[str, UnitRecord]:
-        """Every committed unit, by part name."""
+    def _marker_parts(self) -> list[str]:
+        """The parts that have a marker file, readable or not."""
         if not self.done_dir.is_dir():
-            return {}
+            return []
+        return sorted(p.stem for p in self.done_dir.iterdir() if _MARKER.fullmatch(p.name))
+
+    def _read_marker(self, part: str) -> dict[str, Any] | None:
+        """A marker's content; None for one that is damaged (cut short, edited)."""
+        try:
+            fields = json.loads(self._marker(part).read_text(encoding="utf-8"))
+            UnitRecord(**{k: v for k, v in fields.items() if k != "bad"})
+        except (OSError, ValueError, TypeError):
+            return None
+        return fields
+
+    def done_units(self) -> dict[str, UnitRecord]:
+        """Every committed unit, by part name; a damaged marker counts as none."""
         done = {}
-        for marker in sorted(self.done_dir.glob("part-*.json")):
-            record = UnitRecord(**_read_json(marker))
-            done[record.part] = record
+        for part in self._marker_parts():
+            fields = self._read_marker(part)
+            if fields is not None:
+                fields.pop("bad", None)
+                done[part] = UnitRecord(**fields)
         return done
 
     def reconcile(self, sink: Sink, parts: Collection[str] | None = None) -> dict[str, UnitRecord]:
         """Drop what a crash left half-done, here and in the sink (only in `parts`, when
-        given); return the done units."""
+        given); take back parts whose marker was lost and forget units whose rows are gone,
+        noting each in `repairs`; return the done units."""
         temporaries = list(self.done_dir.glob(".*.tmp"))
         if parts is None:
             temporaries += self.meta.glob(".*.tmp")
@@ -333,13 +394,37 @@ class RunDirectory:
             if parts is None or path.name[1:].split(".")[0] in parts:
                 path.unlink(missing_ok=True)
         done = self.done_units()
-        sink.reconcile(done, parts)
-        self._keep_bad_records_of(done)
+        damaged = [p for p in self._marker_parts() if p not in done]
+        recovered = sink.reconcile(done, self.run_id, parts)
+        for fields in recovered.adopted:
+            bad = fields.pop("bad", [])
+            record = UnitRecord(**fields)
+            self.mark_done(record, bad)
+            done[record.part] = record
+            self.repairs.append(
+                f"{record.part}: its done-marker was missing or damaged; the part is complete "
+                "and was written by this run, so it is kept"
+            )
+        for part in damaged:
+            if part not in done:
+                self._marker(part).unlink(missing_ok=True)
+                self.repairs.append(f"{part}: its done-marker is damaged; embedding the unit again")
+        for part in recovered.lost:
+            self._marker(part).unlink(missing_ok=True)
+            del done[part]
+            self.repairs.append(
+                f"{part}: its rows are missing from {sink.description} although the unit was "
+                "marked done; embedding the unit again"
+            )
+        if recovered.lost:
+            self.complete_path.unlink(missing_ok=True)
+        self.rebuild_quarantine(done, parts)
         return done
 
-    def mark_done(self, record: UnitRecord) -> None:
-        """Record a unit as committed; call only once its part is in place."""
-        _write_json_atomically(self._marker(record.part), asdict(record))
+    def mark_done(self, record: UnitRecord, bad: list[dict[str, Any]]) -> None:
+        """Record a unit, with its bad records, as committed; call only once its part is in
+        place."""
+        _write_json_atomically(self._marker(record.part), {**asdict(record), "bad": bad})
 
     def mark_complete(self) -> None:
         try:
@@ -352,37 +437,37 @@ class RunDirectory:
 
     # Quarantine.
 
-    def quarantine(self, records: list[BadRecord], part: str) -> None:
-        """Append the records of unit `part` that cannot be embedded to `bad_records.jsonl`,
-        in one write (processes that share the file append whole lines)."""
-        lines = []
-        for record in records:
-            fields = {k: v for k, v in asdict(record).items() if v is not None}
-            lines.append(json.dumps({**fields, "part": part}, default=str) + "\n")
-        if not lines:
+    def quarantine(self, bad: list[dict[str, Any]], part: str) -> None:
+        """Append the bad records of unit `part` to the quarantine file, in one write
+        (processes that share the file append whole lines)."""
+        if not bad:
             return
         try:
             with open(self.bad_records_path, "a", encoding="utf-8") as f:
-                f.write("".join(lines))
+                f.write("".join(_quarantine_line(fields, part) for fields in bad))
         except OSError as e:
             raise OutputError(f"cannot write {self.bad_records_path}: {e}") from e
 
-    def _keep_bad_records_of(self, done: dict[str, UnitRecord]) -> None:
-        if not self.bad_records_path.exists():
+    def rebuild_quarantine(
+        self, done: dict[str, UnitRecord], parts: Collection[str] | None = None
+    ) -> None:
+        """Write the quarantine file anew from the markers of the done units (of `parts`
+        only, when given), in unit order, one marker in memory at a time."""
+        mine = sorted(p for p, r in done.items() if r.bad_records and (parts is None or p in parts))
+        if not mine:
+            self.bad_records_path.unlink(missing_ok=True)
             return
         temporary = self.bad_records_path.with_name(f".{self.bad_records_path.name}.tmp")
-        with (
-            open(self.bad_records_path, encoding="utf-8") as source,
-            open(temporary, "w", encoding="utf-8") as kept,
-        ):
-            for line in source:
-                try:
-                    part = json.loads(line).get("part")
-                except json.JSONDecodeError:
-                    continue
-                if part in done:
-                    kept.write(line)
-        os.replace(temporary, self.bad_records_path)
+        try:
+            with open(temporary, "w", encoding="utf-8") as f:
+                for part in mine:
+                    fields = self._read_marker(part) or {}
+                    f.write("".join(_quarantine_line(b, part) for b in fields.get("bad", [])))
+            os.replace(temporary, self.bad_records_path)
+        except OSError as e:
+            with contextlib.suppress(OSError):
+                temporary.unlink()
+            raise OutputError(f"cannot write {self.bad_records_path}: {e}") from e
 
     # Configuration and summary.
 
@@ -390,7 +475,7 @@ class RunDirectory:
         return _read_json(self.config_path)
 
     def write_config(self, config: dict[str, Any]) -> None:
-        _write_json_atomically(self.config_path, config)
+        _write_json_atomically(self.config_path, {**config, "run": self.run_id})
 
     def write_summary(self, summary: dict[str, Any]) -> None:
         _write_json_atomically(self.summary_path, summary)
@@ -412,8 +497,9 @@ class RunDirectory:
         _write_json_atomically(self.quantization_path, {"precision": precision, "ranges": ranges})
 
 
-def run_status(run: RunDirectory) -> dict[str, Any]:
-    """Where a run directory stands: units done and pending, documents, bad records, lock."""
+def run_status(run: RunDirectory, sink: Sink) -> dict[str, Any]:
+    """Where a run directory stands: units done and pending, documents, bad records, lock.
+    Units whose rows are gone from `sink` count as pending, whatever the ledger says."""
     from bulkembed.sources import Shard, unit_names
     from bulkembed.sources.files import format_of
 
@@ -421,6 +507,9 @@ def run_status(run: RunDirectory) -> dict[str, Any]:
         raise OutputError(f"{run.label} holds no bulkembed run ({run.config_path} is missing)")
     config = run.read_config()
     done = run.done_units()
+    lost = sink.lost_units(done)
+    for part in lost:
+        del done[part]
     inputs = config.get("input_paths", [])
     sizes = {i["name"]: i["size"] for i in config.get("fingerprint", {}).get("inputs", [])}
     shards = [
@@ -428,7 +517,7 @@ def run_status(run: RunDirectory) -> dict[str, Any]:
         for i in inputs
     ]
     holder = run.lock_holder()
-    if run.is_complete():
+    if run.is_complete() and not lost:
         state, pending = "complete", 0
     else:
         readable = all(s.path.is_file() for s in shards)

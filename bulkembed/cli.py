@@ -183,7 +183,9 @@ Overwrite = Annotated[
         "same settings is resumed, and one with other settings is refused).",
     ),
 ]
-Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="Print nothing but errors.")]
+Quiet = Annotated[
+    bool, typer.Option("--quiet", "-q", help="Print nothing but errors and warnings.")
+]
 KeepColumns = Annotated[
     str | None,
     typer.Option(
@@ -413,13 +415,14 @@ def status(
     def action() -> None:
         from bulkembed.checkpoint import RunDirectory, run_status
         from bulkembed.progress import print_status
-        from bulkembed.sinks import parse_output
+        from bulkembed.sinks import LanceSink, ParquetSink, parse_output
 
         target = parse_output(output)
         if target.path is None or target.run_directory is None:
             raise BulkembedError("a stream (--output -) keeps no run directory to report on")
         run = RunDirectory(target.path, meta=target.run_directory, label=target.label)
-        figures = run_status(run)
+        sink = ParquetSink(target.path) if target.kind == "parquet" else LanceSink(target.path)
+        figures = run_status(run, sink)
         if as_json:
             typer.echo(json.dumps(figures))
         else:

@@ -105,7 +105,7 @@ def run_schema(
     )
 
 
-def write_vocabulary(run: RunDirectory, spec: ModelSpec) -> None:
+def _write_vocabulary(run: RunDirectory, spec: ModelSpec) -> None:
     """`vocab.json`, id -> token, so that loaders can turn sparse indices into terms."""
     from tokenizers import Tokenizer
 
@@ -340,8 +340,6 @@ class _Job:
         assert self.reader.id_type is not None
         output_format = self._output_format(done)
         schema = run_schema(self.reader, spec, encoder, output_format)
-        if "sparse" in spec.outputs:
-            write_vocabulary(self.run, spec)
         writer = PartWriter(self.run, self.sink, schema)
 
         def write(
@@ -415,6 +413,8 @@ def _run(job: _Job) -> dict[str, Any]:
     settings = fingerprint(config, job.spec, job.shards)
     run_info = job.run_info()
     done = job.run.open(settings, config.overwrite, job.sink, job.parts)
+    for repair in job.run.repairs:
+        job.reporter.warn(repair)
     try:
         complete = job.run.is_complete()
         previous_rows = None
@@ -436,6 +436,8 @@ def _run(job: _Job) -> dict[str, Any]:
                 **run_info,
             }
         )
+        if "sparse" in job.spec.outputs:
+            _write_vocabulary(job.run, job.spec)
         limited = config.limit is not None
         if complete:
             job.reporter.info(f"nothing to do: {job.target.label} already holds every document")
@@ -446,7 +448,10 @@ def _run(job: _Job) -> dict[str, Any]:
             stats = embed_on_ray(job, done)
         else:
             stats = job.embed_pending(done)
-        summary = summarize(job.run.done_units(), stats, job.run_info(), previous_rows, limited)
+        done = job.run.done_units()
+        # Lines a unit written twice (a lost Ray actor's) appended twice go.
+        job.run.rebuild_quarantine(done, job.parts)
+        summary = summarize(done, stats, job.run_info(), previous_rows, limited)
         job.run.write_summary(summary)
         return summary
     finally:

@@ -69,13 +69,17 @@ def _rates(stats: RunStats) -> str:
 
 
 class Reporter:
-    """Prints nothing but errors (`--quiet`); the base of the other reporters."""
+    """Prints nothing but errors and warnings (`--quiet`); the base of the other reporters."""
 
     def __init__(self) -> None:
         self.console = Console(stderr=True, highlight=False)
 
     def info(self, message: str) -> None:
         """A line about the run before it starts (model, device, derived figures)."""
+
+    def warn(self, message: str) -> None:
+        """Something the user should know even with `--quiet` (a mended ledger)."""
+        self.console.print(f"warning: {message}", soft_wrap=True, markup=False)
 
     def start(self, stats: RunStats) -> None:
         """The run begins; `stats.total` may be set later by `set_total`."""

@@ -279,8 +279,6 @@ def embed_on_ray(job: _Job, done: dict[str, UnitRecord]) -> RunStats:
         import ray.data
     except ImportError as e:
         raise BulkembedError("--engine ray needs Ray Data: pip install 'bulkembed[ray]'") from e
-    from bulkembed.pipeline import write_vocabulary
-
     pending = _pending(job, done)
     started = _connect(job.config.ray_address)
     try:
@@ -292,8 +290,6 @@ def embed_on_ray(job: _Job, done: dict[str, UnitRecord]) -> RunStats:
             + f"; {len(pending)} unit(s) to embed"
             + (f", {len(done)} done before" if done else "")
         )
-        if "sparse" in job.spec.outputs:
-            write_vocabulary(job.run, job.spec)
         stats = RunStats()
         if pending:
             _run_dataset(job, pending, device, actors, threads, stats)

@@ -2,8 +2,9 @@
 
 Chunks arrive in input order. Rows go into their unit's part, with rows carried over from a
 previous output put back among them in input order; when a unit's last chunk is written,
-its part is committed, its bad records go to the quarantine, and then its done-marker,
-with the unit's counts, is written to the ledger.
+its part is committed (labelled with the run's id and the unit's counts and bad records, so
+that a lost marker can be taken back from it), its bad records go to the quarantine, and
+then its done-marker, with the same counts and bad records, is written to the ledger.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Generic, TypeVar
 
 import numpy as np
@@ -96,10 +97,12 @@ class PartWriter:
         tally.tokens += int(tokenized.lengths.sum())
         tally.padded_tokens += int(padded.sum())
         if chunk.last_in_unit:
-            found = self.sink.commit(chunk.part)
-            self.run.quarantine(self.bad.pop(chunk.part), chunk.part)
-            counts = asdict(self.tallies.pop(chunk.part))
-            self.run.mark_done(UnitRecord(chunk.part, **counts, **found))
+            record = UnitRecord(chunk.part, **asdict(self.tallies.pop(chunk.part)))
+            bad = [b.fields() for b in self.bad.pop(chunk.part)]
+            label = {"run": self.run.run_id, "unit": {**asdict(record), "bad": bad}}
+            found = self.sink.commit(chunk.part, label)
+            self.run.quarantine(bad, chunk.part)
+            self.run.mark_done(replace(record, **found), bad)
 
     def close(self) -> None:
         self.sink.close()

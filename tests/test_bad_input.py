@@ -160,8 +160,9 @@ def test_foreign_parquet_files_in_the_output_are_never_deleted(tmp_path, tiny_st
     out = tmp_path / "out"
     write_parquet(out / "mine.parquet", [{"a": 1}])
     result = _run(corpus, tiny_st("mean"), out, "--overwrite")
-    assert (
-        result.exit_code == 1
-        and "holds Parquet files that bulkembed did not write" in result.stderr
+    assert result.exit_code == 1
+    assert result.stderr.strip() == (
+        f"error: {out} holds Parquet files that bulkembed did not write (mine.parquet): "
+        "readers of the output would take them for parts; choose another --output"
     )
     assert (out / "mine.parquet").exists()

@@ -103,23 +103,44 @@ def test_rows_of_an_unfinished_unit_are_taken_back(tmp_path, monkeypatch):
         return pa.RecordBatch.from_pydict({"id": list(ids), "n": [len(i) for i in ids]}, schema)
 
     sink = LanceSink(tmp_path / "db", "t")
-    sink.reconcile({})
+    sink.reconcile({}, "run")
     sink.start(schema)
     sink.write("part-a", rows("a1", "a2"))
-    done = {"part-a": UnitRecord("part-a", 2, 0, 0, 0, 0, **sink.commit("part-a"))}
+    done = {"part-a": UnitRecord("part-a", 2, 0, 0, 0, 0, **sink.commit("part-a", {}))}
     sink.write("part-b", rows("b1"))
     sink.write("part-b", rows("b2"))
     table = lancedb.connect(tmp_path / "db").open_table("t")
     assert table.count_rows() == 4  # the crash comes here: part-b is not committed
 
     again = LanceSink(tmp_path / "db", "t")
-    again.reconcile(done)
+    assert again.reconcile(done, "run").lost == []
     assert sorted(again.committed_ids(done)) == ["a1", "a2"]
     again.start(schema)
     again.write("part-b", rows("b1", "b2"))
-    again.commit("part-b")
+    again.commit("part-b", {})
     ids = lancedb.connect(tmp_path / "db").open_table("t").to_arrow().column("id").to_pylist()
     assert sorted(ids) == ["a1", "a2", "b1", "b2"]
+
+
+def test_a_lost_marker_in_the_middle_takes_the_table_back_to_the_unit_before_it(tmp_path):
+    """Units a, b, c, d committed; b's marker is lost. The rows at c's and d's versions are
+    more than their markers account for: the table goes back to a's version, and c and d
+    are forgotten, to be written again with b."""
+    schema = pa.schema([pa.field("id", pa.string(), nullable=False)])
+    sink = LanceSink(tmp_path / "db", "t")
+    sink.reconcile({}, "run")
+    sink.start(schema)
+    done = {}
+    for unit, ids in [("a", ["a1"]), ("b", ["b1", "b2"]), ("c", ["c1"]), ("d", ["d1", "d2"])]:
+        sink.write(f"part-{unit}", pa.RecordBatch.from_pydict({"id": ids}, schema))
+        found = sink.commit(f"part-{unit}", {})
+        done[f"part-{unit}"] = UnitRecord(f"part-{unit}", len(ids), 0, 0, 0, 0, **found)
+    del done["part-b"]
+
+    again = LanceSink(tmp_path / "db", "t")
+    assert again.reconcile(done, "run").lost == ["part-c", "part-d"]
+    assert sorted(again.committed_ids(done)) == ["a1"]
+    assert lancedb.connect(tmp_path / "db").open_table("t").count_rows() == 1
 
 
 def test_a_table_bulkembed_did_not_write_is_left_alone(tmp_path, tiny_st):
@@ -141,8 +162,9 @@ def test_output_urls_are_parsed_and_checked(tmp_path):
     assert parse_output("-").kind == "stdout"
     with pytest.raises(Exception, match="write lancedb://PATH or lancedb://PATH\\?table=NAME"):
         parse_output("lancedb://db?tabel=x")
-    with pytest.raises(Exception, match="a table name takes letters"):
-        parse_output("lancedb://db?table=a/b")
+    for name in ("a/b", "..", ".", ""):
+        with pytest.raises(Exception, match="a table name is a plain name of letters"):
+            parse_output(f"lancedb://db?table={name}")
 
 
 def test_status_reports_a_lancedb_run(tmp_path, tiny_st):
@@ -183,7 +205,7 @@ def test_lancedb_options_need_a_lancedb_output(tmp_path, tiny_st):
     assert "--index and --fts apply to --output lancedb://... only" in result.output
     with pytest.raises(OutputError, match="LanceDB needs a directory"):
         (tmp_path / "file").write_text("x")
-        LanceSink(tmp_path / "file").foreign_data()
+        LanceSink(tmp_path / "file").check_foreign(overwrite=True)
 
 
 def test_a_finished_table_reruns_as_nothing_to_do(tmp_path, tiny_st):

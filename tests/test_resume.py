@@ -136,27 +136,6 @@ def test_the_lock_of_a_killed_run_is_taken_over(tmp_path, tiny_st):
     assert len(read_output(out)) == 20
 
 
-def test_a_part_without_its_marker_is_redone_and_a_marker_without_its_part_is_an_error(
-    tmp_path, tiny_st
-):
-    corpus, records = _corpus(tmp_path, 40)
-    out = tmp_path / "out"
-    assert _run(corpus, tiny_st("mean"), out).exit_code == 0
-    reference = read_output(out)
-    run = RunDirectory(out)
-    # Crash between renaming a part and writing its marker: the part has no marker.
-    (run.done_dir / "part-00000-000001.json").unlink()
-    run.complete_path.unlink()
-    assert _run(corpus, tiny_st("mean"), out).exit_code == 0
-    assert _summary(out)["docs_this_run"] == 10
-    assert read_output(out).keys() == reference.keys()
-    # A part removed by hand: its marker names a file that is gone.
-    (out / "part-00000-000000.parquet").unlink()
-    result = _run(corpus, tiny_st("mean"), out)
-    assert result.exit_code == 1
-    assert "part-00000-000000.parquet is missing but its unit is marked done" in result.stderr
-
-
 def test_full_disk_fails_cleanly_and_the_rerun_completes(tmp_path, tiny_st, monkeypatch):
 
     corpus, records = _corpus(tmp_path, 120)

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import parse_qs
 
+from bulkembed.contracts import RUN_DIRECTORY
 from bulkembed.errors import BulkembedError
 from bulkembed.sinks.base import Sink
 from bulkembed.sinks.lance import DEFAULT_TABLE, IndexSettings, LanceSink
@@ -18,6 +19,7 @@ from bulkembed.sinks.stream import StreamFormat, StreamSink
 
 LANCEDB_SCHEME = "lancedb://"
 STDOUT = "-"
+# LanceDB's rule for table names; "." and ".." are refused besides.
 _TABLE_NAME = re.compile(r"[A-Za-z0-9_.-]+")
 
 
@@ -34,10 +36,10 @@ class OutputTarget:
         """Where the run's ledger lives; None for stdout, which keeps none."""
         if self.kind == "parquet":
             assert self.path is not None
-            return self.path / "_bulkembed"
+            return self.path / RUN_DIRECTORY
         if self.kind == "lancedb":
             assert self.path is not None and self.table is not None
-            return self.path / "_bulkembed" / self.table
+            return self.path / RUN_DIRECTORY / self.table
         return None
 
     @property
@@ -49,6 +51,10 @@ class OutputTarget:
 
 def parse_output(output: str) -> OutputTarget:
     """`OUT`, `lancedb://PATH[?table=NAME]` or `-`, checked."""
+    if not output.strip():
+        raise BulkembedError(
+            "--output is empty: name a directory, lancedb://PATH?table=NAME, or - for stdout"
+        )
     if output == STDOUT:
         return OutputTarget("stdout")
     if not output.startswith(LANCEDB_SCHEME):
@@ -61,9 +67,10 @@ def parse_output(output: str) -> OutputTarget:
             f"--output {output}: write lancedb://PATH or lancedb://PATH?table=NAME"
         )
     table = options.get("table", [DEFAULT_TABLE])[-1]
-    if not _TABLE_NAME.fullmatch(table):
+    if not _TABLE_NAME.fullmatch(table) or table in (".", ".."):
         raise BulkembedError(
-            f"--output {output}: a table name takes letters, digits, '_', '-' and '.'"
+            f"--output {output}: a table name is a plain name of letters, digits, '_', '-' "
+            "and '.' (not '.' or '..')"
         )
     return OutputTarget("lancedb", Path(location).expanduser(), table)
 

@@ -9,12 +9,23 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Collection, Iterator
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
 if TYPE_CHECKING:
     from bulkembed.checkpoint import UnitRecord
+
+
+@dataclass(slots=True)
+class Recovered:
+    """What `Sink.reconcile` found beyond what the ledger says: `adopted`, the content of
+    done-markers that were lost but whose parts are complete and this run's (taken from the
+    parts); `lost`, done units whose rows are gone (to embed again)."""
+
+    adopted: list[dict[str, Any]] = field(default_factory=list)
+    lost: list[str] = field(default_factory=list)
 
 
 class Sink(ABC):
@@ -30,19 +41,27 @@ class Sink(ABC):
     def description(self) -> str:
         """Where the rows go, for messages."""
 
-    def foreign_data(self) -> str | None:
-        """What bulkembed did not write but would overwrite, if anything (checked only when
-        no run of ours is there)."""
-        return None
+    def check_foreign(self, overwrite: bool) -> None:  # noqa: B027 (a stream has nothing)
+        """Fail if the target holds what bulkembed did not write and would have to overwrite
+        or share the place with (checked only when no run of ours is there); with
+        `overwrite`, only what it would overwrite."""
 
-    def remove(self) -> None:  # noqa: B027 (a sink that keeps nothing has nothing to do)
-        """Delete every row bulkembed wrote here (`--overwrite`)."""
+    def remove(self, marked: Collection[str]) -> None:  # noqa: B027 (as for check_foreign)
+        """Delete every row bulkembed wrote here, and nothing else (`--overwrite`);
+        `marked` names the parts that the ledger says are done."""
 
-    def reconcile(  # noqa: B027 (as for remove)
-        self, done: dict[str, UnitRecord], parts: Collection[str] | None = None
-    ) -> None:
+    def reconcile(
+        self, done: dict[str, UnitRecord], run: str, parts: Collection[str] | None = None
+    ) -> Recovered:
         """Drop rows of units not in `done` (of those in `parts` only, when given: other
-        runs write the rest); fail if rows of a done unit are missing."""
+        runs write the rest), except complete parts of run `run` whose marker was lost: those
+        are `adopted`. Done units whose rows are gone are `lost`. What cannot be told apart
+        from data bulkembed did not write is refused, never deleted."""
+        return Recovered()
+
+    def lost_units(self, done: dict[str, UnitRecord]) -> list[str]:
+        """The done units whose rows are plainly gone (a cheap check, for `status`)."""
+        return []
 
     def committed_ids(self, done: dict[str, UnitRecord]) -> Iterator[Any]:
         """The ids of the rows of the units in `done`."""
@@ -57,9 +76,11 @@ class Sink(ABC):
         """Append rows to `part`, opening it on first use."""
 
     @abstractmethod
-    def commit(self, part: str) -> dict[str, Any]:
+    def commit(self, part: str, label: dict[str, Any]) -> dict[str, Any]:
         """Make `part` complete and visible at once; return what its done-marker must keep
-        to find it again. A part with no rows leaves nothing behind."""
+        to find it again. A part with no rows leaves nothing behind. `label` (the run's id
+        and the unit's marker) goes into the part where the sink can keep it, so that a lost
+        marker can be taken back from the part."""
 
     def finish(self) -> None:  # noqa: B027 (most sinks have nothing left to do)
         """Every unit is committed: finalize the target (indexes, compaction, end of stream)."""

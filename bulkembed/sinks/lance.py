@@ -17,6 +17,7 @@ run is unfinished.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 import warnings
 from collections.abc import Collection, Iterator
@@ -28,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from bulkembed.errors import OutputError
-from bulkembed.sinks.base import Sink
+from bulkembed.sinks.base import Recovered, Sink
 
 if TYPE_CHECKING:
     from bulkembed.checkpoint import UnitRecord
@@ -37,6 +38,8 @@ DEFAULT_TABLE = "embeddings"
 # Rows of a unit wait in memory until they hold this many bytes or the unit ends: fewer,
 # larger fragments than one `add` per chunk.
 FLUSH_BYTES = 64 * 1024 * 1024
+# The version of a newly created table.
+_FIRST_VERSION = 1
 # IVF trains each partition on up to this many rows.
 ROWS_PER_PARTITION = 256
 # From this many rows `auto` takes IVF_PQ (compressed); below, IVF_HNSW_SQ.
@@ -64,6 +67,11 @@ class IndexSettings:
         if kind == "ivf_hnsw_sq":
             return kind, min(trainable, max(1, rows // ROWS_PER_HNSW_PARTITION))
         return kind, min(trainable, max(1, round(math.sqrt(rows))))
+
+
+def _version(record: UnitRecord) -> int:
+    assert record.version is not None
+    return record.version
 
 
 def _lancedb() -> Any:
@@ -120,52 +128,97 @@ class LanceSink(Sink):
         except ValueError:
             return None
 
-    def foreign_data(self) -> str | None:
+    def check_foreign(self, overwrite: bool) -> None:
         if self.path.exists() and not self.path.is_dir():
             raise OutputError(f"{self.path} is a file; LanceDB needs a directory")
         if self.path.is_dir() and self._existing_table() is not None:
-            return f"a table '{self.table_name}' that bulkembed did not write"
-        return None
+            raise OutputError(
+                f"{self.path} holds a table '{self.table_name}' that bulkembed did not write "
+                "(--overwrite does not remove it): choose another table name"
+            )
 
-    def remove(self) -> None:
+    def remove(self, marked: Collection[str]) -> None:
+        """Drop the table: the run directory beside it shows that bulkembed made it."""
         if self.path.is_dir():
             self.db.drop_table(self.table_name, ignore_missing=True)
 
-    def reconcile(self, done: dict[str, UnitRecord], parts: Collection[str] | None = None) -> None:
-        versions = [r.version for r in done.values() if r.version is not None]
+    def reconcile(
+        self, done: dict[str, UnitRecord], run: str, parts: Collection[str] | None = None
+    ) -> Recovered:
+        recovered = Recovered()
         table = self._existing_table() if self.path.is_dir() else None
-        if not versions:
-            if table is not None:
-                self.db.drop_table(self.table_name)
-            return
+        marked = sorted((r for r in done.values() if r.version is not None), key=_version)
+        rows = sum(r.rows for r in marked)
         if table is None:
-            raise OutputError(
-                f"{self.description} is missing but units are marked done: restore it, "
-                "or use --overwrite"
-            )
-        committed = max(versions)
+            if rows:
+                raise OutputError(
+                    f"{self.description} is missing but units are marked done: restore it, "
+                    "or use --overwrite"
+                )
+            return recovered
+        versions = {v["version"] for v in table.list_versions()}
+        if not marked:
+            # Rows of a unit cut short, unless the history was compacted (only a finished
+            # table's is): then they are rows that the ledger lost.
+            if table.count_rows() and _FIRST_VERSION not in versions:
+                raise self._unaccounted(table.count_rows(), 0)
+            self.db.drop_table(self.table_name)
+            return recovered
+        committed = _version(marked[-1])
         if table.version < committed:
             raise OutputError(
                 f"{self.description} is at version {table.version}, older than its last "
                 f"committed unit's ({committed}): it was replaced; use --overwrite"
             )
-        if table.version > committed:
-            self._take_back(table, committed, sum(r.rows for r in done.values()))
+        if any(_version(r) not in versions for r in marked):
+            # `finish` compacted the table and removed its old versions; it happens only
+            # once every unit is in, so the table must hold exactly the done units' rows.
+            if table.count_rows() != rows:
+                raise self._unaccounted(table.count_rows(), rows)
+        else:
+            kept = self._consistent_units(table, marked)
+            recovered.lost = [r.part for r in marked[kept:]]
+            if kept == 0:
+                self.db.drop_table(self.table_name)
+                return recovered
+            if table.version > _version(marked[kept - 1]):
+                table.restore(_version(marked[kept - 1]))
         self._table = table
         self._committed_version = table.version
+        return recovered
 
-    def _take_back(self, table: Any, committed: int, rows: int) -> None:
-        """Restore the table to `committed`, unless `finish` compacted it: compaction removes
-        the old versions, and happens only once every unit is in, so the table then holds
-        exactly the done units' rows (checked) and is kept, to be finished again."""
-        if any(v["version"] == committed for v in table.list_versions()):
-            table.restore(committed)
-        elif table.count_rows() != rows:
-            raise OutputError(
-                f"{self.description} holds {table.count_rows()} rows where its done units "
-                f"hold {rows}, and its version {committed} is gone: it was changed outside "
-                "this run; use --overwrite"
-            )
+    @staticmethod
+    def _consistent_units(table: Any, marked: list[UnitRecord]) -> int:
+        """How many of the done units (by version) the table's history accounts for: the
+        rows at the version of each must be those of it and the units before it. A lost
+        marker shows as more rows than that from its unit on; the first such unit is found
+        by bisection (a version checked out per step)."""
+        totals = list(itertools.accumulate(r.rows for r in marked))
+
+        def holds(i: int) -> bool:
+            table.checkout(_version(marked[i]))
+            return table.count_rows() == totals[i]
+
+        low, high = 0, len(marked) - 1
+        try:
+            if holds(high):
+                return len(marked)
+            while low < high:
+                middle = (low + high) // 2
+                if holds(middle):
+                    low = middle + 1
+                else:
+                    high = middle
+        finally:
+            table.checkout_latest()
+        return low
+
+    def _unaccounted(self, found: int, rows: int) -> OutputError:
+        return OutputError(
+            f"{self.description} holds {found} rows where its done units hold {rows}, and "
+            "its history was compacted: its ledger was damaged (a lost done-marker) or the "
+            "table was changed outside bulkembed; use --overwrite"
+        )
 
     def committed_ids(self, done: dict[str, UnitRecord]) -> Iterator[Any]:
         if self._table is None:
@@ -202,7 +255,7 @@ class LanceSink(Sink):
         except OSError as e:
             raise OutputError(f"cannot write to {self.description}: {e}") from e
 
-    def commit(self, part: str) -> dict[str, Any]:
+    def commit(self, part: str, label: dict[str, Any]) -> dict[str, Any]:
         self._flush()
         self._committed_version = self._table.version
         return {"version": self._committed_version}

@@ -1,8 +1,15 @@
-"""Parquet parts in the output directory, written under a temporary name and then renamed."""
+"""Parquet parts in the output directory, written under a temporary name and then renamed.
+
+A part's footer carries its label: the id of the run that wrote it and the content of its
+unit's done-marker. A part is bulkembed's own when its footer says so or when the ledger
+names it; nothing else in the directory is ever deleted, and a file that is named like a
+part but is not bulkembed's own is refused rather than overwritten.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import secrets
@@ -13,14 +20,55 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from bulkembed.contracts import RUN_DIRECTORY
 from bulkembed.errors import OutputError
-from bulkembed.sinks.base import Sink
+from bulkembed.sinks.base import Recovered, Sink
+from bulkembed.sources.files import READ_ERRORS
 
 if TYPE_CHECKING:
     from bulkembed.checkpoint import UnitRecord
 
 TEMPORARY_SUFFIX = ".parquet.tmp"
+# The footer key of a part's label.
+LABEL_KEY = "bulkembed.unit"
 _PART = re.compile(r"part-\d{5,}-\d{6,}")
+_TEMPORARY = re.compile(r"\.part-\d{5,}-\d{6,}\.[0-9a-f-]+" + re.escape(TEMPORARY_SUFFIX))
+# Names shown when refusing a directory that holds other files.
+_SHOWN = 3
+
+
+class _Unreadable(Exception):
+    """A file named like a part is not a readable Parquet file."""
+
+
+def _label(path: Path) -> dict[str, Any] | None:
+    """The label in a part's footer; None if it has none (bulkembed did not write it)."""
+    try:
+        metadata = pq.read_metadata(path)
+    except READ_ERRORS as e:
+        raise _Unreadable(str(e)) from e
+    label = (metadata.metadata or {}).get(LABEL_KEY.encode())
+    if label is None:
+        return None
+    try:
+        found = json.loads(label)
+    except json.JSONDecodeError:
+        return None
+    found["rows"] = metadata.num_rows
+    return found
+
+
+def _not_ours(path: Path) -> OutputError:
+    return OutputError(
+        f"{path} is named like a bulkembed part but bulkembed did not write it: move it "
+        "away (bulkembed never deletes or overwrites a file it did not write)"
+    )
+
+
+def _damaged(path: Path, why: str) -> OutputError:
+    return OutputError(
+        f"{path} is damaged ({why}): delete it to have its unit embedded again, or use --overwrite"
+    )
 
 
 class ParquetSink(Sink):
@@ -44,43 +92,113 @@ class ParquetSink(Sink):
     def _temporary(self, part: str) -> Path:
         return self.directory / f".{part}.{self._tag}{TEMPORARY_SUFFIX}"
 
-    def _our_parts(self) -> list[Path]:
-        return [p for p in self.directory.glob("part-*.parquet") if _PART.fullmatch(p.stem)]
+    def _part_files(self) -> dict[str, Path]:
+        """The files named like parts, by part name."""
+        if not self.directory.is_dir():
+            return {}
+        found = self.directory.glob("part-*.parquet")
+        return {p.stem: p for p in found if _PART.fullmatch(p.stem) and p.is_file()}
 
     def _temporaries(self) -> list[Path]:
-        return list(self.directory.glob(f".part-*{TEMPORARY_SUFFIX}"))
+        if not self.directory.is_dir():
+            return []
+        return [p for p in self.directory.glob(".part-*") if _TEMPORARY.fullmatch(p.name)]
 
-    def foreign_data(self) -> str | None:
+    def check_foreign(self, overwrite: bool) -> None:
+        """Parquet files that bulkembed did not write are refused even with `overwrite`:
+        readers of the output would take them for parts. Any other file is refused unless
+        `overwrite` (which leaves it where it is)."""
         if self.directory.exists() and not self.directory.is_dir():
             raise OutputError(f"--output {self.directory} is a file; pass a directory")
-        ours = set(self._our_parts())
-        foreign = [p for p in self.directory.glob("*.parquet") if p not in ours]
-        return (
-            f"Parquet files that bulkembed did not write ({foreign[0].name})" if foreign else None
+        if not self.directory.is_dir():
+            return
+        temporaries = set(self._temporaries())
+        others = sorted(
+            p for p in self.directory.iterdir() if p.name != RUN_DIRECTORY and p not in temporaries
         )
+        for path in others:
+            if path.suffix == ".parquet" and not self._labelled(path):
+                if _PART.fullmatch(path.stem):
+                    raise _not_ours(path)
+                raise OutputError(
+                    f"{self.directory} holds Parquet files that bulkembed did not write "
+                    f"({path.name}): readers of the output would take them for parts; choose "
+                    "another --output"
+                )
+        if others and not overwrite:
+            names = [p.name for p in others]
+            shown = ", ".join(names[:_SHOWN]) + (", ..." if len(names) > _SHOWN else "")
+            raise OutputError(
+                f"{self.directory} holds files that are not part of a bulkembed run here "
+                f"({shown}): choose an empty directory, or pass --overwrite (it removes only "
+                "bulkembed's own parts and run directory)"
+            )
 
-    def remove(self) -> None:
-        for path in [*self._our_parts(), *self._temporaries()]:
-            path.unlink()
+    @staticmethod
+    def _labelled(path: Path) -> bool:
+        """Whether a file is a part that bulkembed wrote (for any run)."""
+        if not _PART.fullmatch(path.stem) or not path.is_file():
+            return False
+        try:
+            return _label(path) is not None
+        except _Unreadable:
+            return False
 
-    def reconcile(self, done: dict[str, UnitRecord], parts: Collection[str] | None = None) -> None:
+    def remove(self, marked: Collection[str]) -> None:
+        """Delete this output's parts: those the ledger names and those whose footer says
+        bulkembed wrote them. A file named like a part that is neither is refused first,
+        before anything is deleted."""
+        ours = []
+        for part, path in self._part_files().items():
+            if part not in marked and not self._labelled(path):
+                raise _not_ours(path)
+            ours.append(path)
+        for path in [*ours, *self._temporaries()]:
+            path.unlink(missing_ok=True)
+
+    def reconcile(
+        self, done: dict[str, UnitRecord], run: str, parts: Collection[str] | None = None
+    ) -> Recovered:
+        recovered = Recovered()
         for path in self._temporaries():
             if parts is None or path.name[1:].split(".")[0] in parts:
                 path.unlink(missing_ok=True)
-        for record in done.values():
-            if record.rows and not self.part_path(record.part).exists():
+        files = self._part_files()
+        recovered.lost = [p for p in self.lost_units(done) if parts is None or p in parts]
+        for part, path in files.items():
+            if parts is not None and part not in parts:
+                continue
+            try:
+                label = _label(path)
+            except _Unreadable as e:
+                if part in done:
+                    raise _damaged(path, str(e)) from None
                 raise OutputError(
-                    f"{self.part_path(record.part)} is missing but its unit is marked done: "
-                    "restore the file, or use --overwrite"
-                )
-        for path in self._our_parts():
-            if path.stem not in done and (parts is None or path.stem in parts):
-                path.unlink(missing_ok=True)
+                    f"{path} is not a readable Parquet file ({e}) and no done unit names "
+                    "it: move it away to have its unit embedded again"
+                ) from None
+            if part in done:
+                if label is not None and label["rows"] != done[part].rows:
+                    why = f"{label['rows']} rows where its unit has {done[part].rows}"
+                    raise _damaged(path, why)
+            elif label is not None and label.get("run") == run:
+                recovered.adopted.append({**label["unit"], "rows": label["rows"]})
+            else:
+                raise _not_ours(path)
+        return recovered
+
+    def lost_units(self, done: dict[str, UnitRecord]) -> list[str]:
+        files = self._part_files()
+        return [part for part, record in done.items() if record.rows and part not in files]
 
     def committed_ids(self, done: dict[str, UnitRecord]) -> Iterator[Any]:
         for record in done.values():
             if record.rows:
-                table = pq.read_table(self.part_path(record.part), columns=["id"])
+                path = self.part_path(record.part)
+                try:
+                    table = pq.read_table(path, columns=["id"])
+                except READ_ERRORS as e:
+                    raise _damaged(path, str(e)) from e
                 yield from table.column("id").to_pylist()
 
     def start(self, schema: pa.Schema) -> None:
@@ -97,12 +215,13 @@ class ParquetSink(Sink):
         except OSError as e:
             raise OutputError(f"cannot write {self._temporary(part)}: {e}") from e
 
-    def commit(self, part: str) -> dict[str, Any]:
+    def commit(self, part: str, label: dict[str, Any]) -> dict[str, Any]:
         writer = self._open.pop(part, None)
         if writer is None:
             return {}
         temporary = self._temporary(part)
         try:
+            writer.add_key_value_metadata({LABEL_KEY: json.dumps(label, default=str)})
             writer.close()
             with open(temporary, "rb+") as f:
                 os.fsync(f.fileno())

@@ -58,7 +58,7 @@ class StreamSink(Sink):
         self._guard(self.stream.flush)
         self.records += batch.num_rows
 
-    def commit(self, part: str) -> dict[str, Any]:
+    def commit(self, part: str, label: dict[str, Any]) -> dict[str, Any]:
         return {}
 
     def finish(self) -> None:

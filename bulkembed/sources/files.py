@@ -11,6 +11,7 @@ from typing import IO
 
 import pyarrow as pa
 
+from bulkembed.contracts import RUN_DIRECTORY
 from bulkembed.errors import InputError
 from bulkembed.sources.records import Shard
 
@@ -61,7 +62,7 @@ def _inputs_below(directory: Path) -> list[Path]:
         for p in directory.rglob("*")
         if p.is_file()
         and format_of(p)
-        and "_bulkembed" not in p.parts
+        and RUN_DIRECTORY not in p.parts
         and not _is_dataset_metadata(p)
     ]
 

@@ -38,6 +38,10 @@ class BadRecord:
         """The record's place in its file, from 0 (row, or line - 1)."""
         return self.row if self.row is not None else (None if self.line is None else self.line - 1)
 
+    def fields(self) -> dict[str, Any]:
+        """The fields that are set, as a quarantine line shows them."""
+        return {k: getattr(self, k) for k in self.__slots__ if getattr(self, k) is not None}
+
     def where(self) -> str:
         if self.line is not None:
             return f"{self.source} line {self.line}"

@@ -1,0 +1,235 @@
+"""bulkembed never deletes or overwrites what it did not write, and a damaged ledger never
+turns into a silently incomplete output."""
+
+import json
+import shutil
+
+import pyarrow.parquet as pq
+import pytest
+from conftest import read_output, sample_texts, write_jsonl, write_parquet
+from typer.testing import CliRunner
+
+from bulkembed.checkpoint import RunDirectory
+from bulkembed.cli import app
+
+runner = CliRunner()
+
+
+def _corpus(tmp_path, n=40):
+    """`n` records: half in a Parquet file of 10-row units, half in a JSONL file (one unit),
+    with null texts (bad records) at 3 and 14."""
+    records = [{"id": f"doc-{i}", "text": t} for i, t in enumerate(sample_texts(n))]
+    for record in records[3:15:11]:
+        record["text"] = None
+    write_parquet(tmp_path / "corpus" / "a.parquet", records[: n // 2], row_group_size=10)
+    write_jsonl(tmp_path / "corpus" / "b.jsonl", records[n // 2 :])
+    return tmp_path / "corpus", records
+
+
+def _run(corpus, model, out, *extra):
+    args = ["run", str(corpus), "--model", str(model), "--output", str(out), "--quiet"]
+    return runner.invoke(app, [*args, "--dtype", "float32", "--tokenize-workers", "0", *extra])
+
+
+def _summary(out):
+    return json.loads((out / "_bulkembed" / "summary.json").read_text())
+
+
+def _status(out):
+    result = runner.invoke(app, ["status", str(out), "--json"])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def _tree(folder):
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
+
+
+# --overwrite and foreign files.
+
+
+def test_a_table_name_that_leaves_the_database_folder_is_refused_and_nothing_is_removed(
+    tmp_path, tiny_st
+):
+    pytest.importorskip("lancedb")
+    corpus, _ = _corpus(tmp_path, 10)
+    db = tmp_path / "db"
+    assert _run(corpus, tiny_st("mean"), f"lancedb://{db}?table=precious").exit_code == 0
+    (db / "notes.txt").write_text("mine")
+    (db / "mydata").mkdir()
+    (db / "mydata" / "keep.txt").write_text("mine too")
+    before = _tree(db)
+    for name in ("..", "."):
+        result = _run(corpus, tiny_st("mean"), f"lancedb://{db}?table={name}", "--overwrite")
+        assert result.exit_code == 1
+        assert result.stderr.strip() == (
+            f"error: --output lancedb://{db}?table={name}: a table name is a plain name of "
+            "letters, digits, '_', '-' and '.' (not '.' or '..')"
+        )
+    assert _tree(db) == before
+
+
+def test_overwrite_of_a_lancedb_table_keeps_other_tables_and_the_users_files(tmp_path, tiny_st):
+    lancedb = pytest.importorskip("lancedb")
+    corpus, records = _corpus(tmp_path, 10)
+    db = tmp_path / "db"
+    for table in ("one", "two"):
+        assert _run(corpus, tiny_st("mean"), f"lancedb://{db}?table={table}").exit_code == 0
+    (db / "notes.txt").write_text("mine")
+    (db / "_bulkembed" / "one" / "mine.txt").write_text("mine")
+    overwritten = _run(corpus, tiny_st("cls"), f"lancedb://{db}?table=one", "--overwrite")
+    assert overwritten.exit_code == 0, overwritten.output
+    assert (db / "notes.txt").read_text() == "mine"
+    assert (db / "_bulkembed" / "one" / "mine.txt").read_text() == "mine"
+    assert lancedb.connect(db).open_table("two").count_rows() == 9
+    assert RunDirectory(db, db / "_bulkembed" / "two").is_complete()
+
+
+def test_a_file_named_like_a_part_in_a_directory_bulkembed_did_not_make_is_kept(tmp_path, tiny_st):
+    corpus, _ = _corpus(tmp_path, 10)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "part-00007-000042.parquet").write_text("not mine to delete")
+    for extra in ((), ("--overwrite",)):
+        result = _run(corpus, tiny_st("mean"), out, *extra)
+        assert result.exit_code == 1
+        assert result.stderr.strip() == (
+            f"error: {out / 'part-00007-000042.parquet'} is named like a bulkembed part but "
+            "bulkembed did not write it: move it away (bulkembed never deletes or overwrites "
+            "a file it did not write)"
+        )
+    assert (out / "part-00007-000042.parquet").read_text() == "not mine to delete"
+
+
+def test_overwrite_removes_only_bulkembeds_own_parts_and_run_files(tmp_path, tiny_st):
+    corpus, records = _corpus(tmp_path, 20)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "README.md").write_text("mine")
+    refused = _run(corpus, tiny_st("mean"), out)
+    assert refused.exit_code == 1 and "(README.md)" in refused.stderr
+    assert _run(corpus, tiny_st("mean"), out, "--overwrite").exit_code == 0
+    (out / "notes.parquet").write_bytes(b"mine")
+    (out / "_bulkembed" / "keep.txt").write_text("mine")
+    (out / "_bulkembed" / "done" / "keep.txt").write_text("mine")
+    assert _run(corpus, tiny_st("cls"), out, "--overwrite").exit_code == 0
+    assert (out / "README.md").read_text() == "mine"
+    assert (out / "notes.parquet").read_bytes() == b"mine"
+    assert (out / "_bulkembed" / "keep.txt").read_text() == "mine"
+    assert (out / "_bulkembed" / "done" / "keep.txt").read_text() == "mine"
+    table = pq.read_table(sorted(out.glob("part-*.parquet")))
+    assert sorted(table.column("id").to_pylist()) == sorted(
+        r["id"] for r in records if r["text"] is not None
+    )
+
+
+def test_an_empty_output_is_refused(tmp_path, tiny_st):
+    corpus, _ = _corpus(tmp_path, 10)
+    result = _run(corpus, tiny_st("mean"), "")
+    assert result.exit_code == 1
+    assert result.stderr.strip() == (
+        "error: --output is empty: name a directory, lancedb://PATH?table=NAME, or - for stdout"
+    )
+    assert not list(tmp_path.glob("part-*")) and not (tmp_path / "_bulkembed").exists()
+
+
+# A damaged ledger.
+
+
+@pytest.fixture
+def finished(tmp_path, tiny_st):
+    """A finished Parquet output of 3 units (2 with a bad record), and its contents."""
+    corpus, records = _corpus(tmp_path)
+    out = tmp_path / "out"
+    assert _run(corpus, tiny_st("mean"), out).exit_code == 0
+    bad = (out / "_bulkembed" / "bad_records.jsonl").read_text()
+    return corpus, out, read_output(out), bad
+
+
+def test_a_lost_marker_of_a_finished_output_is_taken_back_from_its_part(finished, tiny_st):
+    corpus, out, expected, bad = finished
+    run = RunDirectory(out)
+    marker = run.done_dir / "part-00000-000000.json"
+    before = marker.read_text()
+    marker.unlink()
+    result = _run(corpus, tiny_st("mean"), out)
+    assert result.exit_code == 0, result.output
+    assert "part-00000-000000: its done-marker was missing or damaged; the part is complete" in (
+        result.stderr
+    )
+    assert marker.read_text() == before
+    assert read_output(out) == expected
+    assert (out / "_bulkembed" / "bad_records.jsonl").read_text() == bad
+    assert _status(out)["state"] == "complete" and _status(out)["docs"] == 38
+
+
+def test_a_damaged_marker_is_taken_back_from_its_part(finished, tiny_st):
+    corpus, out, expected, bad = finished
+    marker = RunDirectory(out).done_dir / "part-00000-000001.json"
+    marker.write_text(marker.read_text()[:20])
+    (out / "_bulkembed" / "complete").unlink()
+    result = _run(corpus, tiny_st("mean"), out)
+    assert result.exit_code == 0, result.output
+    assert _summary(out)["docs_this_run"] == 0 and _summary(out)["docs"] == 38
+    assert read_output(out) == expected
+    assert (out / "_bulkembed" / "bad_records.jsonl").read_text() == bad
+
+
+def test_a_part_deleted_by_hand_is_embedded_again_and_the_output_is_not_complete_before(
+    finished, tiny_st
+):
+    corpus, out, expected, bad = finished
+    (out / "part-00000-000001.parquet").unlink()
+    status = _status(out)
+    assert status["state"] != "complete" and status["units_pending"] == 1
+    result = _run(corpus, tiny_st("mean"), out)
+    assert result.exit_code == 0, result.output
+    assert "part-00000-000001: its rows are missing from" in result.stderr
+    assert _summary(out)["docs_this_run"] == 9
+    assert read_output(out).keys() == expected.keys()
+    assert (out / "_bulkembed" / "bad_records.jsonl").read_text() == bad
+    assert _status(out)["state"] == "complete"
+
+
+def test_a_damaged_part_is_refused_naming_it(finished, tiny_st):
+    corpus, out, _, _ = finished
+    part = out / "part-00000-000001.parquet"
+    part.write_bytes(part.read_bytes()[:100])
+    result = _run(corpus, tiny_st("mean"), out)
+    assert result.exit_code == 1
+    line = result.stderr.strip()
+    assert line.startswith(f"error: {part} is damaged (")
+    assert line.endswith("delete it to have its unit embedded again, or use --overwrite")
+    assert len(line.splitlines()) == 1 and part.exists()
+
+
+def test_a_part_of_another_output_is_refused_not_taken_in(finished, tiny_st, tmp_path):
+    corpus, out, _, _ = finished
+    other = tmp_path / "other"
+    assert _run(corpus, tiny_st("mean"), other).exit_code == 0
+    (out / "_bulkembed" / "done" / "part-00001-000000.json").unlink()
+    shutil.copy(other / "part-00001-000000.parquet", out / "part-00001-000000.parquet")
+    result = _run(corpus, tiny_st("mean"), out)
+    assert result.exit_code == 1
+    assert "part-00001-000000.parquet is named like a bulkembed part but bulkembed did not" in (
+        result.stderr
+    )
+
+
+def test_a_lost_quarantine_file_is_rebuilt_from_the_markers(finished, tiny_st):
+    corpus, out, expected, bad = finished
+    assert len(bad.splitlines()) == 2
+    (out / "_bulkembed" / "bad_records.jsonl").unlink()
+    assert _run(corpus, tiny_st("mean"), out).exit_code == 0
+    assert (out / "_bulkembed" / "bad_records.jsonl").read_text() == bad
+
+
+def test_a_lost_configuration_is_refused_while_units_are_marked_done(finished, tiny_st):
+    corpus, out, _, _ = finished
+    (out / "_bulkembed" / "config.json").unlink()
+    result = _run(corpus, tiny_st("mean"), out)
+    assert result.exit_code == 1
+    assert result.stderr.strip() == (
+        f"error: {out / '_bulkembed' / 'config.json'} is missing but 3 unit(s) are marked done: "
+        "the settings they were embedded with are unknown; pass --overwrite to start over"
+    )
