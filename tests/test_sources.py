@@ -213,7 +213,7 @@ def test_id_type_is_integer_only_when_every_shard_has_integer_ids(tmp_path):
 def test_a_missing_column_in_a_later_shard_fails_before_reading(tmp_path):
     write_jsonl(tmp_path / "a.jsonl", [{"text": "fine"}])
     write_jsonl(tmp_path / "b.jsonl", [{"oops": "no text"}])
-    with pytest.raises(InputError, match=r"b\.jsonl line 1; columns: oops"):
+    with pytest.raises(InputError, match=r"b\.jsonl from line 1; columns: oops"):
         RecordReader(list_shards([str(tmp_path)])).check()
 
 

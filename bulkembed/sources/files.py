@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import fnmatch
 import glob
 import gzip
 import os
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
@@ -39,14 +41,13 @@ def format_of(path: Path) -> str | None:
     return None
 
 
-def _glob_root(pattern: str) -> Path:
-    """The longest leading part of a glob pattern without wildcards."""
-    root = []
-    for part in Path(pattern).parts:
+def _glob_root(pattern: str) -> tuple[Path, list[str]]:
+    """The longest leading part of a glob pattern without wildcards, and the rest."""
+    parts = Path(pattern).parts
+    for i, part in enumerate(parts):
         if glob.has_magic(part):
-            break
-        root.append(part)
-    return Path(*root) if root else Path(".")
+            return (Path(*parts[:i]) if i else Path(".")), list(parts[i:])
+    return Path(pattern), []
 
 
 def _is_dataset_metadata(path: Path) -> bool:
@@ -55,16 +56,83 @@ def _is_dataset_metadata(path: Path) -> bool:
     )
 
 
+def walk(root: Path, depth: int | None = None) -> Iterator[tuple[Path, bool]]:
+    """Every entry below `root` as (path, is a directory), in sorted order, `depth` levels
+    deep at most. Links to directories are followed, each directory once: one reached again
+    (through a loop of links, or a second link) is listed but not entered again, so the walk
+    always ends and lists every file at least once."""
+    seen: set[tuple[int, int]] = set()
+    stack: list[tuple[Path, int]] = [(root, 0)]
+    while stack:
+        directory, level = stack.pop()
+        try:
+            status = directory.stat()
+            key = (status.st_dev, status.st_ino)
+            if key in seen:
+                continue
+            seen.add(key)
+            with os.scandir(directory) as scan:
+                entries = sorted(scan, key=lambda e: e.name)
+        except OSError as e:
+            raise InputError(f"cannot read the input directory {directory}: {e.strerror}") from e
+        below = []
+        for entry in entries:
+            is_directory = entry.is_dir()
+            yield Path(entry.path), is_directory
+            if is_directory and (depth is None or level + 1 < depth):
+                below.append((Path(entry.path), level + 1))
+        stack.extend(reversed(below))
+
+
 def _inputs_below(directory: Path) -> list[Path]:
     # Run directories (`_bulkembed/`) hold JSON files that are not input.
     return [
         p
-        for p in directory.rglob("*")
-        if p.is_file()
+        for p, is_directory in walk(directory)
+        if not is_directory
+        and p.is_file()
         and format_of(p)
-        and RUN_DIRECTORY not in p.parts
+        and RUN_DIRECTORY not in p.relative_to(directory).parts
         and not _is_dataset_metadata(p)
     ]
+
+
+def _matches(pattern: list[str], parts: tuple[str, ...]) -> bool:
+    """Whether path segments `parts` match glob segments `pattern`, as `glob` matches them:
+    `**` stands for any number of directories, and wildcards do not match names that start
+    with '.' unless the pattern's segment does."""
+    if not pattern:
+        return not parts
+    head, rest = pattern[0], pattern[1:]
+    if head == "**":
+        for i in range(len(parts) + 1):
+            if i and parts[i - 1].startswith("."):
+                return False
+            if _matches(rest, parts[i:]):
+                return True
+        return False
+    if not parts or (parts[0].startswith(".") and not head.startswith(".")):
+        return False
+    return fnmatch.fnmatchcase(parts[0], head) and _matches(rest, parts[1:])
+
+
+def _glob(argument: str) -> tuple[Path, list[Path]]:
+    """The root of a glob pattern, and the input files it names: files that match, and
+    files below directories that match."""
+    root, pattern = _glob_root(argument)
+    root = root.expanduser()
+    if not root.is_dir():
+        return root, []
+    depth = None if "**" in pattern else len(pattern)
+    files = []
+    for path, is_directory in walk(root, depth):
+        if not _matches(pattern, path.relative_to(root).parts):
+            continue
+        if is_directory:
+            files.extend(_inputs_below(path))
+        elif path.is_file() and format_of(path):
+            files.append(path)
+    return root, files
 
 
 def _expand(argument: str) -> list[tuple[Path, Path]]:
@@ -80,11 +148,7 @@ def _expand(argument: str) -> list[tuple[Path, Path]]:
             )
         return [(path, path.parent)]
     if glob.has_magic(argument):
-        root = _glob_root(argument)
-        found = [Path(p) for p in glob.glob(argument, recursive=True)]
-        files = [p for p in found if p.is_file() and format_of(p)]
-        for directory in (p for p in found if p.is_dir()):
-            files.extend(_inputs_below(directory))
+        root, files = _glob(argument)
         if not files:
             raise InputError(f"input pattern {argument} matches no .parquet, .jsonl or .arrow file")
         return [(p, root) for p in files]

@@ -22,6 +22,7 @@ from bulkembed.sources.records import BadRecord, Chunk, Rows, Shard, part_name
 
 DEFAULT_ID_COLUMN = "id"
 DEFAULT_CHUNK_SIZE = 512
+BYTE_ORDER_MARK = "\ufeff"
 # JSON lines read to infer the Arrow type of a passthrough column.
 TYPE_SAMPLE_LINES = 100
 
@@ -36,6 +37,11 @@ def _is_text_type(kind: pa.DataType) -> bool:
         or pa.types.is_string_view(kind)
         or pa.types.is_null(kind)
     )
+
+
+def _is_binary_type(kind: pa.DataType) -> bool:
+    """Bytes columns, which Spark and older writers use for strings: decoded as UTF-8."""
+    return pa.types.is_binary(kind) or pa.types.is_large_binary(kind) or kind == pa.binary_view()
 
 
 def _is_int64_compatible(kind: pa.DataType) -> bool:
@@ -84,7 +90,7 @@ class RecordReader:
                     continue
                 id_column = self._check_columns(schema.names, str(shard.path))
                 text_type = schema.field(self.text_column).type
-                if not _is_text_type(text_type):
+                if not _is_text_type(text_type) and not _is_binary_type(text_type):
                     raise InputError(
                         f"text column '{self.text_column}' in {shard.path} holds {text_type}, "
                         "not strings"
@@ -99,7 +105,9 @@ class RecordReader:
                 if not records:
                     id_column = None
                 else:
-                    id_column = self._check_columns(list(records[0]), f"{shard.path} line {line}")
+                    # A JSON file's columns: the fields of its first records, all of them.
+                    fields = list(dict.fromkeys(key for record in records for key in record))
+                    id_column = self._check_columns(fields, f"{shard.path} from line {line}")
                 for name in self.keep_columns:
                     values = [r.get(name) for r in records if r.get(name) is not None]
                     if values and name not in self.column_types:
@@ -307,7 +315,11 @@ class RecordReader:
         source = str(shard.path)
         for offset, (doc_id, text) in enumerate(zip(ids, texts, strict=True)):
             row = first_row + offset
-            if text is None:
+            doc_id, id_reason = _decoded(doc_id, "id")
+            text, text_reason = _decoded(text, "text")
+            if id_reason or text_reason:
+                rows.bad.append(BadRecord(source, id_reason or text_reason, doc_id, row))
+            elif text is None:
                 rows.bad.append(BadRecord(source, "text is null", doc_id, row))
             elif doc_id is None:
                 rows.bad.append(BadRecord(source, "id is null", row=row))
@@ -500,21 +512,36 @@ def _bad_record(source: str, reason: str, doc_id: Any, position: int, lines: boo
     return BadRecord(source, reason, doc_id, row=position)
 
 
+def _decoded(value: Any, what: str) -> tuple[Any, str | None]:
+    """A value of a bytes column as a string, or the reason it is not valid UTF-8."""
+    if not isinstance(value, bytes):
+        return value, None
+    try:
+        return value.decode("utf-8"), None
+    except UnicodeDecodeError as e:
+        return None, f"{what} is not valid UTF-8 (byte {e.start} of a binary column)"
+
+
 def _as_record(item: Any) -> tuple[dict[str, Any] | None, str | None]:
     """A dataset record is a dict already."""
     return item, None
 
 
 def _parse_json_line(raw: bytes) -> tuple[dict[str, Any] | None, str | None]:
-    """The JSON object on one line, or None and the reason it is not one."""
+    """The JSON object on one line, or None and the reason it is not one. A UTF-8
+    byte-order mark before it (Windows tools write one at the start of a file) is no part
+    of it."""
     try:
-        line = raw.decode("utf-8")
+        line = raw.decode("utf-8").removeprefix(BYTE_ORDER_MARK)
     except UnicodeDecodeError as e:
         return None, f"invalid UTF-8 at byte {e.start}"
     try:
         record = json.loads(line)
     except json.JSONDecodeError as e:
-        return None, f"malformed JSON: {e.msg} at column {e.colno}"
+        # Some messages end in "at" already ("Invalid control character at").
+        return None, f"malformed JSON: {e.msg.removesuffix(' at')} at column {e.colno}"
+    except RecursionError:
+        return None, "JSON nested too deeply to read"
     if not isinstance(record, dict):
         return None, f"a JSON {type(record).__name__}, not an object"
     return record, None
