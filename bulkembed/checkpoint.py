@@ -143,13 +143,32 @@ def describe_changes(before: dict[str, Any], now: dict[str, Any]) -> list[str]:
     """One phrase per fingerprint setting that differs, e.g. `--max-length: 256 -> 128`."""
     changes = []
     for key in sorted(set(before) | set(now)):
-        if before.get(key) != now.get(key):
-            name = _SETTING_NAMES.get(key, key)
-            if key == "inputs":
-                changes.append(f"{name} (files added, removed or changed in size)")
-            else:
-                changes.append(f"{name}: {before.get(key)!r} -> {now.get(key)!r}")
+        name = _SETTING_NAMES.get(key, key)
+        if key == "inputs":
+            change = _inputs_change(before.get(key) or [], now.get(key) or [])
+            if change is not None:
+                changes.append(f"{name} ({change})")
+        elif before.get(key) != now.get(key):
+            changes.append(f"{name}: {before.get(key)!r} -> {now.get(key)!r}")
     return changes
+
+
+def _inputs_change(before: list[dict[str, Any]], now: list[dict[str, Any]]) -> str | None:
+    """How the inputs differ, or None. An input is the same when its name and size are, and
+    its content digest (`--verify-inputs`, when both runs took one), else its modification
+    time."""
+    if [(i["name"], i["size"]) for i in before] != [(i["name"], i["size"]) for i in now]:
+        return "files added, removed or changed in size"
+    for old, new in zip(before, now, strict=True):
+        if "content" in old and "content" in new:
+            if old["content"] != new["content"]:
+                return f"{new['name']} changed in content"
+        elif old.get("modified") != new.get("modified"):
+            return (
+                f"{new['name']} was modified after the output was started; a run started with "
+                "--verify-inputs compares contents instead of times"
+            )
+    return None
 
 
 class RunDirectory:

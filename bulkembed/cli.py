@@ -236,6 +236,15 @@ Since = Annotated[
         metavar="PREVIOUS_OUT",
     ),
 ]
+VerifyInputs = Annotated[
+    bool,
+    typer.Option(
+        "--verify-inputs",
+        help="Record a digest of each input's content, and on resume compare contents "
+        "instead of modification times (reads every input once at start). Without it an "
+        "input counts as unchanged while its name, size and modification time are.",
+    ),
+]
 
 ShardOption = Annotated[
     str | None,
@@ -340,6 +349,7 @@ def run(
     index_partitions: IndexPartitions = None,
     fts: Fts = False,
     since: Since = None,
+    verify_inputs: VerifyInputs = False,
     shard: ShardOption = None,
     engine: EngineOption = Engine.LOCAL,
     ray_address: RayAddress = None,
@@ -388,6 +398,7 @@ def run(
             index_partitions=index_partitions,
             fts=fts,
             since=since,
+            verify_inputs=verify_inputs,
             shard=None if shard is None else ShardSpec.parse(shard),
             engine=engine,
             ray_address=ray_address,

@@ -152,6 +152,7 @@ class RunConfig:
     index_partitions: int | None = None
     fts: bool = False
     since: str | None = None
+    verify_inputs: bool = False
     shard: ShardSpec | None = None
     engine: Engine = Engine.LOCAL
     ray_address: str | None = None

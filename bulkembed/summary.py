@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bulkembed.sources import DEFAULT_LINES_PER_UNIT
+from bulkembed.sources.files import content_digest
 
 if TYPE_CHECKING:
     from bulkembed.checkpoint import UnitRecord
@@ -23,9 +24,10 @@ UNITS = f"parquet row groups; {DEFAULT_LINES_PER_UNIT} jsonl lines"
 def fingerprint(config: RunConfig, spec: ModelSpec, shards: list[Shard]) -> dict[str, Any]:
     """The settings that decide what the output holds. A run resumes only if they match.
 
-    Inputs count by name and size, and a local model by its folder's name and content, so a
-    corpus or a model folder that moved still resumes. `--dtype` counts as given: with
-    `auto` a run may resume on another kind of device."""
+    Inputs count by name, size and modification time (and content, with `--verify-inputs`),
+    and a local model by its folder's name and content, so a corpus or a model folder that
+    moved still resumes. `--dtype` counts as given: with `auto` a run may resume on another
+    kind of device."""
     return {
         "units": UNITS,
         "model": Path(spec.source).name if spec.local else spec.source,
@@ -45,10 +47,18 @@ def fingerprint(config: RunConfig, spec: ModelSpec, shards: list[Shard]) -> dict
         "text_column": config.text_column,
         "id_column": config.id_column,
         "limit": config.limit,
-        "inputs": [{"name": s.name, "size": s.size} for s in shards],
+        "inputs": [_input(s, config.verify_inputs) for s in shards],
         "keep_columns": list(config.keep_columns),
         "since": str(Path(config.since).resolve()) if config.since else None,
     }
+
+
+def _input(shard: Shard, verify: bool) -> dict[str, Any]:
+    """An input as the fingerprint knows it; with `verify`, a digest of its content."""
+    found: dict[str, Any] = {"name": shard.name, "size": shard.size, "modified": shard.modified}
+    if verify and shard.format != "hf":
+        found["content"] = content_digest(shard.path)
+    return found
 
 
 def _incremental_counts(

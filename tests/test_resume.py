@@ -2,6 +2,7 @@
 
 import json
 import multiprocessing
+import os
 import socket
 
 import numpy as np
@@ -87,6 +88,47 @@ def test_changed_input_is_refused(tmp_path, tiny_st):
         f.write('{"id": "new", "text": "added later"}\n')
     result = _run(corpus, tiny_st("mean"), out)
     assert result.exit_code == 1 and "the inputs (files added, removed or changed" in result.stderr
+
+
+def _edit_in_place(path):
+    """Change one character of a file, keeping its size, and move its time on."""
+    data = path.read_bytes()
+    at = data.index(b"the")
+    path.write_bytes(data[:at] + b"THE" + data[at + 3 :])
+    status = path.stat()
+    os.utime(path, ns=(status.st_atime_ns, status.st_mtime_ns + 1_000_000_000))
+
+
+def test_an_input_edited_in_place_with_the_same_size_is_refused(tmp_path, tiny_st):
+    corpus, _ = _corpus(tmp_path, 20)
+    out = tmp_path / "out"
+    assert _run(corpus, tiny_st("mean"), out).exit_code == 0
+    (out / "_bulkembed" / "complete").unlink()
+    (out / "_bulkembed" / "done" / "part-00001-000000.json").unlink()
+    _edit_in_place(corpus / "b.jsonl")
+    result = _run(corpus, tiny_st("mean"), out)
+    assert result.exit_code == 1
+    assert result.stderr.strip() == (
+        f"error: {out} holds a run with other settings (the inputs (b.jsonl was modified "
+        "after the output was started; a run started with --verify-inputs compares contents "
+        "instead of times)): pass --overwrite to start over, or choose another --output"
+    )
+
+
+def test_verify_inputs_compares_contents_instead_of_times(tmp_path, tiny_st):
+    corpus, _ = _corpus(tmp_path, 20)
+    out = tmp_path / "out"
+    assert _run(corpus, tiny_st("mean"), out, "--verify-inputs").exit_code == 0
+    inputs = json.loads((out / "_bulkembed" / "config.json").read_text())["fingerprint"]["inputs"]
+    assert [len(i["content"]) for i in inputs] == [32, 32]
+    status = (corpus / "b.jsonl").stat()
+    os.utime(corpus / "b.jsonl", ns=(status.st_atime_ns, status.st_mtime_ns + 10**9))
+    touched = _run(corpus, tiny_st("mean"), out, "--verify-inputs")
+    assert touched.exit_code == 0, touched.output
+    _edit_in_place(corpus / "b.jsonl")
+    edited = _run(corpus, tiny_st("mean"), out, "--verify-inputs")
+    assert edited.exit_code == 1
+    assert "the inputs (b.jsonl changed in content)" in edited.stderr
 
 
 def _hold_lock(output, ready, release):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import fnmatch
 import glob
 import gzip
+import hashlib
 import os
 import zlib
 from collections.abc import Iterator
@@ -175,7 +176,8 @@ def list_shards(inputs: tuple[str, ...] | list[str], exclude: Path | None = None
             if resolved not in by_path:
                 name = os.path.relpath(path, root)
                 fmt = format_of(path) or ""
-                by_path[resolved] = Shard(resolved, name, fmt, resolved.stat().st_size)
+                status = resolved.stat()
+                by_path[resolved] = Shard(resolved, name, fmt, status.st_size, status.st_mtime_ns)
     if not by_path and not streamed:
         raise InputError(f"no .parquet, .jsonl or .arrow file found in {', '.join(inputs)}")
     shards = sorted(by_path.values(), key=lambda s: str(s.path)) + streamed
@@ -188,6 +190,15 @@ def list_shards(inputs: tuple[str, ...] | list[str], exclude: Path | None = None
                 "pass their common parent directory instead, or use --id-column"
             )
     return shards
+
+
+def content_digest(path: Path) -> str:
+    """BLAKE2b-128 of a file's bytes, read a megabyte at a time (`--verify-inputs`)."""
+    digest = hashlib.blake2b(digest_size=16)
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def open_lines(path: Path) -> IO[bytes]:

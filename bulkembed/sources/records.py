@@ -12,12 +12,14 @@ import pyarrow as pa
 
 @dataclass(frozen=True, slots=True)
 class Shard:
-    """One input file. `name` is its path relative to the input it was found through."""
+    """One input file. `name` is its path relative to the input it was found through;
+    `modified` its modification time in nanoseconds (0 for a streamed dataset)."""
 
     path: Path
     name: str
     format: str
     size: int
+    modified: int = 0
 
 
 @dataclass(slots=True)
