@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import pickle
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -117,8 +119,23 @@ def tuned_batch_tokens(free_bytes: int, bytes_per_token: float, max_length: int)
     return max(max_length, tokens // max_length * max_length)
 
 
+_NOT_TENSORS = (
+    "its pickle holds more than tensors, and bulkembed runs no code from model files "
+    "(torch.load with weights_only=True refused it); use safetensors weights"
+)
 # Weights a checkpoint may lack without harm: the pooler, which no encoder uses.
 _UNUSED_WEIGHTS = ("pooler.",)
+
+
+def load_state(path: Path) -> dict[str, torch.Tensor]:
+    """The tensors of a PyTorch weights file, unpickled with `weights_only`: a pickle that
+    holds anything else (code to run) is refused."""
+    import torch
+
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        raise ModelError(f"{path} is not a plain file of tensors: {_NOT_TENSORS}") from e
 
 
 def attention_implementation(device: str, dtype: torch.dtype) -> str:
@@ -157,6 +174,8 @@ def load_model(spec: ModelSpec, device: str, dtype: torch.dtype, masked_lm: bool
             model, info = kind.from_pretrained(spec.source, **options)
     except (OSError, ValueError) as e:
         raise ModelError(f"cannot load the model {spec.source}: {e}") from e
+    except pickle.UnpicklingError as e:
+        raise ModelError(f"cannot load the model {spec.source}: {_NOT_TENSORS}") from e
     missing = [k for k in info.get("missing_keys", ()) if not k.startswith(_UNUSED_WEIGHTS)]
     if missing:
         shown = ", ".join(sorted(missing)[:3])

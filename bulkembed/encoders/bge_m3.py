@@ -19,7 +19,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from bulkembed.encoders.base import Embeddings, Encoder, TokenBatch, load_model
+from bulkembed.encoders.base import Embeddings, Encoder, TokenBatch, load_model, load_state
 from bulkembed.encoders.sparse import max_weight_per_token
 from bulkembed.errors import ModelError
 
@@ -35,7 +35,7 @@ def _load_head(spec: ModelSpec, filename: str, hidden: int, dtype: torch.dtype) 
     path = model_file(spec.source, spec.revision, filename)
     if path is None:
         raise ModelError(f"{spec.source} has no {filename}: is it a BGE-M3 model folder?")
-    state = torch.load(path, map_location="cpu", weights_only=True)
+    state = load_state(path)
     out_features, in_features = state["weight"].shape
     if in_features != hidden:
         raise ModelError(f"{path} expects hidden size {in_features}, the model has {hidden}")

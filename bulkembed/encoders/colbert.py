@@ -14,7 +14,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from bulkembed.encoders.base import Embeddings, Encoder, TokenBatch, load_model
+from bulkembed.encoders.base import Embeddings, Encoder, TokenBatch, load_model, load_state
 from bulkembed.errors import ModelError
 from bulkembed.model_files import model_file, read_json
 
@@ -43,7 +43,7 @@ def _load_projection(spec: ModelSpec, dtype: torch.dtype) -> torch.nn.Linear:
         weights = model_file(spec.source, spec.revision, f"{folder}/pytorch_model.bin")
         if weights is None:
             raise ModelError(f"{spec.source}/{folder} holds no weights")
-        state = torch.load(weights, map_location="cpu", weights_only=True)
+        state = load_state(weights)
     out_features, in_features = state["linear.weight"].shape
     linear = torch.nn.Linear(in_features, out_features, bias="linear.bias" in state, dtype=dtype)
     linear.load_state_dict({k.removeprefix("linear."): v for k, v in state.items()})

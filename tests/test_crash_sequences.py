@@ -1,0 +1,134 @@
+"""Random sequences of crashes and damage to the output, then a rerun: the output ends up
+exactly the uninterrupted run's, or the rerun refuses in one line naming what it found."""
+
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from conftest import sample_texts, write_jsonl, write_parquet
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from bulkembed.cli import app
+
+HARNESS = Path(__file__).with_name("fault_harness.py")
+# Units of the corpus: 8 Parquet row groups and 1 JSONL unit.
+UNITS = 9
+
+
+def _corpus(folder: Path) -> Path:
+    """72 records in 9 units, with null texts and ids repeated across units."""
+    records = [{"id": f"doc-{i}", "text": t} for i, t in enumerate(sample_texts(72))]
+    for record in records[2:60:9]:
+        record["text"] = None
+    for record in records[40:44]:
+        record["id"] = f"doc-{int(record['id'][4:]) - 30}"
+    write_parquet(folder / "corpus" / "a.parquet", records[:32], row_group_size=8)
+    write_parquet(folder / "corpus" / "b.parquet", records[32:64], row_group_size=8)
+    write_jsonl(folder / "corpus" / "c.jsonl", records[64:])
+    return folder / "corpus"
+
+
+def _arguments(corpus: Path, model: Path, out: Path) -> list[str]:
+    return [
+        "run", str(corpus), "--model", str(model), "--output", str(out), "--quiet",
+        "--dtype", "float32", "--tokenize-workers", "0", "--max-batch-tokens", "256",
+    ]  # fmt: skip
+
+
+def _contents(out: Path) -> tuple[dict, list[str]]:
+    """id -> dense vector, and the sorted quarantine lines, of a finished output."""
+    table = pq.read_table(sorted(out.glob("part-*.parquet")))
+    ids = table.column("id").to_pylist()
+    assert len(ids) == len(set(ids)), "an id appears more than once in the output"
+    vectors = dict(zip(ids, np.array(table.column("dense").to_pylist()), strict=True))
+    quarantine = out / "_bulkembed" / "bad_records.jsonl"
+    return vectors, sorted(quarantine.read_text().splitlines())
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_st, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("reference")
+    corpus = _corpus(folder)
+    out = folder / "out"
+    result = CliRunner().invoke(app, _arguments(corpus, tiny_st("mean"), out))
+    assert result.exit_code == 0, result.output
+    return corpus, _contents(out)
+
+
+def _damage(out: Path, target: int, truncate: bool) -> str:
+    """Delete or cut in half one file of the output (a part, a ledger file, anything)."""
+    files = sorted(p for p in out.rglob("*") if p.is_file())
+    path = files[target % len(files)]
+    if truncate:
+        data = path.read_bytes()
+        path.write_bytes(data[: len(data) // 2])
+    else:
+        path.unlink()
+    return str(path.relative_to(out))
+
+
+_ROUND = st.tuples(
+    st.integers(1, UNITS - 1),  # SIGKILL after this many units are marked done
+    st.none() | st.tuples(st.integers(0, 1000), st.booleans()),  # damage: file, truncate?
+)
+
+
+@pytest.mark.slow
+@settings(
+    max_examples=50,
+    deadline=None,
+    database=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(rounds=st.lists(_ROUND, min_size=1, max_size=2), damage_at_end=_ROUND.map(lambda r: r[1]))
+def test_crashes_and_damage_end_in_the_uninterrupted_output_or_a_one_line_refusal(
+    reference, tiny_st, rounds, damage_at_end
+):
+    corpus, (expected, expected_bad) = reference
+    model = tiny_st("mean")
+    with tempfile.TemporaryDirectory() as folder:
+        out = Path(folder) / "out"
+        arguments = _arguments(corpus, model, out)
+        damaged = []
+        for units, damage in rounds:
+            command = [sys.executable, str(HARNESS), "marked", str(units), "SIGKILL", "--"]
+            killed = subprocess.run(
+                [*command, *arguments], capture_output=True, text=True, timeout=300
+            )
+            if killed.returncode != -9:
+                # Done before the kill (units already done in an earlier round), or refused.
+                assert killed.returncode in (0, 1), killed.stderr
+                if killed.returncode == 1:
+                    _assert_one_line_naming(killed.stderr, damaged)
+                    return
+            if damage is not None:
+                damaged.append(_damage(out, *damage))
+        if damage_at_end is not None:
+            damaged.append(_damage(out, *damage_at_end))
+        final = CliRunner().invoke(app, arguments)
+        if final.exit_code == 1:
+            _assert_one_line_naming(final.stderr, damaged)
+            return
+        assert final.exit_code == 0, final.output
+        vectors, bad = _contents(out)
+        assert vectors.keys() == expected.keys()
+        for key, vector in expected.items():
+            np.testing.assert_allclose(vectors[key], vector, atol=1e-6)
+        assert bad == expected_bad
+        status = CliRunner().invoke(app, ["status", str(out), "--json"])
+        assert json.loads(status.stdout)["state"] == "complete"
+
+
+def _assert_one_line_naming(stderr: str, damaged: list[str]) -> None:
+    """A refusal is one error line that names a file that was damaged."""
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), stderr
+    assert damaged and any(Path(name).name in lines[0] for name in damaged), (lines, damaged)
