@@ -9,7 +9,8 @@ also atomically. So on any restart, in `reconcile`:
   taken back into the ledger when its footer says this run wrote it; rows of a unit cut
   short are dropped and redone;
 - a marker whose rows are gone (a part deleted by hand) is forgotten: the unit is embedded
-  again, and the output is not complete until it is;
+  again, and the output is not complete until it is (`complete` names how many units
+  there are, so a unit that lost both its marker and its part is found too);
 - what cannot be told apart from a file bulkembed did not write is refused, never deleted.
 
 A unit's bad records are kept in its marker too; `bad_records.jsonl` is rebuilt from the
@@ -435,7 +436,7 @@ class RunDirectory:
                 f"{part}: its rows are missing from {sink.description} although the unit was "
                 "marked done; embedding the unit again"
             )
-        if recovered.lost:
+        if not self.is_complete(done):
             self.complete_path.unlink(missing_ok=True)
         self.rebuild_quarantine(done, parts)
         return done
@@ -445,14 +446,21 @@ class RunDirectory:
         place."""
         _write_json_atomically(self._marker(record.part), {**asdict(record), "bad": bad})
 
-    def mark_complete(self) -> None:
-        try:
-            self.complete_path.write_text("every unit of the inputs is done\n", encoding="utf-8")
-        except OSError as e:
-            raise OutputError(f"cannot write {self.complete_path}: {e}") from e
+    def mark_complete(self, units: int) -> None:
+        """Every unit of the inputs is done: there are `units` of them."""
+        _write_json_atomically(self.complete_path, {"units": units})
 
-    def is_complete(self) -> bool:
-        return self.complete_path.exists()
+    def is_complete(self, done: Collection[str] | None = None) -> bool:
+        """Whether every unit is done; with `done`, whether they all still are (as many as
+        when the run was marked complete)."""
+        if not self.complete_path.exists():
+            return False
+        if done is None:
+            return True
+        try:
+            return len(done) >= json.loads(self.complete_path.read_text(encoding="utf-8"))["units"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return False
 
     # Quarantine.
 
@@ -536,7 +544,7 @@ def run_status(run: RunDirectory, sink: Sink) -> dict[str, Any]:
         for i in inputs
     ]
     holder = run.lock_holder()
-    if run.is_complete() and not lost:
+    if run.is_complete(done):
         state, pending = "complete", 0
     else:
         readable = all(s.path.is_file() for s in shards)

@@ -378,8 +378,8 @@ class _Job:
     def mark_complete_if_whole(self) -> None:
         """Mark the output complete once every unit is done: at once for a whole run; for
         a `--shard` run, when the other shards' units are done too."""
+        done = self.run.done_units()
         if self.parts is not None:
-            done = self.run.done_units()
             assert self.units is not None
             pending = [u for u in self.units if u not in done]
             if pending:
@@ -388,7 +388,7 @@ class _Job:
                     "shards are pending"
                 )
                 return
-        self.run.mark_complete()
+        self.run.mark_complete(len(done))
 
 
 def embed_corpus(config: RunConfig, reporter: Reporter | None = None) -> dict[str, Any]:

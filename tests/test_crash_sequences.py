@@ -52,6 +52,17 @@ def _contents(out: Path) -> tuple[dict, list[str]]:
     return vectors, sorted(quarantine.read_text().splitlines())
 
 
+class _Reference:
+    """The corpus and an uninterrupted run's output (shown by name in failure reports)."""
+
+    def __init__(self, corpus: Path, out: Path) -> None:
+        self.corpus = corpus
+        self.vectors, self.bad = _contents(out)
+
+    def __repr__(self) -> str:
+        return f"uninterrupted run of {self.corpus}"
+
+
 @pytest.fixture(scope="module")
 def reference(tiny_st, tmp_path_factory):
     folder = tmp_path_factory.mktemp("reference")
@@ -59,7 +70,7 @@ def reference(tiny_st, tmp_path_factory):
     out = folder / "out"
     result = CliRunner().invoke(app, _arguments(corpus, tiny_st("mean"), out))
     assert result.exit_code == 0, result.output
-    return corpus, _contents(out)
+    return _Reference(corpus, out)
 
 
 def _damage(out: Path, target: int, truncate: bool) -> str:
@@ -92,11 +103,10 @@ _ROUND = st.tuples(
 def test_crashes_and_damage_end_in_the_uninterrupted_output_or_a_one_line_refusal(
     reference, tiny_st, rounds, damage_at_end
 ):
-    corpus, (expected, expected_bad) = reference
     model = tiny_st("mean")
     with tempfile.TemporaryDirectory() as folder:
         out = Path(folder) / "out"
-        arguments = _arguments(corpus, model, out)
+        arguments = _arguments(reference.corpus, model, out)
         damaged = []
         for units, damage in rounds:
             command = [sys.executable, str(HARNESS), "marked", str(units), "SIGKILL", "--"]
@@ -119,10 +129,10 @@ def test_crashes_and_damage_end_in_the_uninterrupted_output_or_a_one_line_refusa
             return
         assert final.exit_code == 0, final.output
         vectors, bad = _contents(out)
-        assert vectors.keys() == expected.keys()
-        for key, vector in expected.items():
+        assert vectors.keys() == reference.vectors.keys()
+        for key, vector in reference.vectors.items():
             np.testing.assert_allclose(vectors[key], vector, atol=1e-6)
-        assert bad == expected_bad
+        assert bad == reference.bad
         status = CliRunner().invoke(app, ["status", str(out), "--json"])
         assert json.loads(status.stdout)["state"] == "complete"
 

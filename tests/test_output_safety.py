@@ -191,6 +191,27 @@ def test_a_part_deleted_by_hand_is_embedded_again_and_the_output_is_not_complete
     assert _status(out)["state"] == "complete"
 
 
+@pytest.mark.parametrize("marker", ["deleted", "damaged"])
+def test_a_unit_that_lost_both_its_marker_and_its_part_is_embedded_again(
+    finished, tiny_st, marker
+):
+    corpus, out, expected, bad = finished
+    path = RunDirectory(out).done_dir / "part-00000-000001.json"
+    if marker == "deleted":
+        path.unlink()
+    else:
+        path.write_text("{")
+    (out / "part-00000-000001.parquet").unlink()
+    status = _status(out)
+    assert status["state"] != "complete" and status["units_done"] == 2
+    result = _run(corpus, tiny_st("mean"), out)
+    assert result.exit_code == 0, result.output
+    assert _summary(out)["docs_this_run"] == 9
+    assert read_output(out).keys() == expected.keys()
+    assert (out / "_bulkembed" / "bad_records.jsonl").read_text() == bad
+    assert _status(out)["state"] == "complete"
+
+
 def test_a_damaged_part_is_refused_naming_it(finished, tiny_st):
     corpus, out, _, _ = finished
     part = out / "part-00000-000001.parquet"

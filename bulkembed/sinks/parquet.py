@@ -125,6 +125,12 @@ class ParquetSink(Sink):
                     f"({path.name}): readers of the output would take them for parts; choose "
                     "another --output"
                 )
+        if others and not overwrite and all(self._labelled(p) for p in others):
+            raise OutputError(
+                f"{self.directory} holds parts of a bulkembed run whose "
+                f"{RUN_DIRECTORY}/config.json is gone ({others[0].name}, ...): the settings "
+                "they were embedded with are unknown; pass --overwrite to start over"
+            )
         if others and not overwrite:
             names = [p.name for p in others]
             shown = ", ".join(names[:_SHOWN]) + (", ..." if len(names) > _SHOWN else "")
