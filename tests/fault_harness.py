@@ -5,7 +5,8 @@
 Stages: tokenize (a tokenized chunk reaches the main process), encode (before a batch runs
 on the model), write (rows just went into a temporary part), commit (a part is renamed into
 place but its unit not yet marked done), marked (just after a unit is marked done), append
-(rows were just appended to a LanceDB table).
+(rows were just appended to a LanceDB table), compacted (a finished LanceDB table was just
+compacted, its index not built yet), indexed (an index of it was just built).
 """
 
 import os
@@ -13,6 +14,8 @@ import signal
 import sys
 import threading
 import time
+
+from lancedb.table import LanceTable
 
 from bulkembed import cli
 from bulkembed.checkpoint import RunDirectory
@@ -28,6 +31,8 @@ STAGES = {
     "commit": (RunDirectory, "mark_done", False),
     "marked": (RunDirectory, "mark_done", True),
     "append": (LanceSink, "_flush", True),
+    "compacted": (LanceTable, "optimize", True),
+    "indexed": (LanceTable, "create_index", True),
 }
 
 

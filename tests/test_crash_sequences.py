@@ -11,7 +11,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 from conftest import sample_texts, write_jsonl, write_parquet
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
@@ -77,6 +77,8 @@ def _damage(out: Path, target: int, truncate: bool) -> str:
     """Delete or cut in half one file of the output (a part, a ledger file, anything)."""
     files = sorted(p for p in out.rglob("*") if p.is_file())
     path = files[target % len(files)]
+    kind = {out: "a part", out / "_bulkembed" / "done": "a marker"}.get(path.parent, path.name)
+    event(f"{'truncated' if truncate else 'deleted'}: {kind}")
     if truncate:
         data = path.read_bytes()
         path.write_bytes(data[: len(data) // 2])
@@ -118,6 +120,7 @@ def test_crashes_and_damage_end_in_the_uninterrupted_output_or_a_one_line_refusa
                 assert killed.returncode in (0, 1), killed.stderr
                 if killed.returncode == 1:
                     _assert_one_line_naming(killed.stderr, damaged)
+                    event("refused")
                     return
             if damage is not None:
                 damaged.append(_damage(out, *damage))
@@ -126,6 +129,7 @@ def test_crashes_and_damage_end_in_the_uninterrupted_output_or_a_one_line_refusa
         final = CliRunner().invoke(app, arguments)
         if final.exit_code == 1:
             _assert_one_line_naming(final.stderr, damaged)
+            event("refused")
             return
         assert final.exit_code == 0, final.output
         vectors, bad = _contents(out)
@@ -135,6 +139,7 @@ def test_crashes_and_damage_end_in_the_uninterrupted_output_or_a_one_line_refusa
         assert bad == reference.bad
         status = CliRunner().invoke(app, ["status", str(out), "--json"])
         assert json.loads(status.stdout)["state"] == "complete"
+        event("equal to the uninterrupted run")
 
 
 def _assert_one_line_naming(stderr: str, damaged: list[str]) -> None:

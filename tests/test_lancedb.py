@@ -1,5 +1,6 @@
 """LanceDB output: the table matches the Parquet output, self-search, indexes, exactly once."""
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -196,6 +197,26 @@ def test_sigkill_then_rerun_leaves_each_id_once(tmp_path, tiny_bge_m3, stage, n)
     vectors = np.array(lance.column("vector").to_pylist())
     expected = np.array(reference.column("dense").to_pylist())
     np.testing.assert_allclose(vectors, expected, atol=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage", ["compacted", "indexed"])
+def test_sigkill_while_finishing_an_indexed_table_then_rerun_gives_each_id_once_and_the_index(
+    tmp_path, tiny_st, stage
+):
+    corpus, records = _corpus(tmp_path, n=300)
+    out = f"lancedb://{tmp_path / 'db'}?table=docs"
+    arguments = _arguments(corpus, tiny_st("mean"), out, "--index")
+    command = [sys.executable, str(HARNESS), stage, "1", "SIGKILL", "--", *arguments]
+    killed = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert killed.returncode == -9, killed.stderr
+    _run(*arguments)
+    table = lancedb.connect(tmp_path / "db").open_table("docs")
+    ids = table.to_arrow().column("id").to_pylist()
+    assert sorted(ids) == sorted(r["id"] for r in records)  # each id once, none missing
+    assert [i.name for i in table.list_indices()] == ["vector_idx"]
+    status = CliRunner().invoke(app, ["status", out, "--json"])
+    assert json.loads(status.stdout)["state"] == "complete"
 
 
 def test_lancedb_options_need_a_lancedb_output(tmp_path, tiny_st):

@@ -192,9 +192,7 @@ def test_a_part_deleted_by_hand_is_embedded_again_and_the_output_is_not_complete
 
 
 @pytest.mark.parametrize("marker", ["deleted", "damaged"])
-def test_a_unit_that_lost_both_its_marker_and_its_part_is_embedded_again(
-    finished, tiny_st, marker
-):
+def test_a_unit_that_lost_both_its_marker_and_its_part_is_embedded_again(finished, tiny_st, marker):
     corpus, out, expected, bad = finished
     path = RunDirectory(out).done_dir / "part-00000-000001.json"
     if marker == "deleted":
