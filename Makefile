@@ -8,7 +8,7 @@ TORCH_CPU ?= torch==2.13.0
 HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo yes)
 DEMO_OUT ?= demo-out
 
-.PHONY: install demo test lint format bench docs clean
+.PHONY: install demo test test-fast lint format bench docs clean
 
 install: $(VENV)/.installed
 
@@ -29,6 +29,9 @@ demo: install
 
 test: install
 	HF_HUB_OFFLINE=1 $(BIN)/pytest -q
+
+test-fast: install
+	HF_HUB_OFFLINE=1 $(BIN)/pytest -q -m "not slow"
 
 lint: install
 	$(BIN)/ruff check .
