@@ -24,12 +24,16 @@ def _read(paths, **options):
     return ids, texts, bad
 
 
+class _TooSlow(Exception):
+    """Not an OSError (a TimeoutError is one): code that swallows those cannot stop it."""
+
+
 @contextlib.contextmanager
 def _within(seconds):
     """Fail instead of hanging when the body takes longer than `seconds`."""
 
     def late(signal_number, frame):
-        raise TimeoutError(f"took more than {seconds} s")
+        raise _TooSlow(f"took more than {seconds} s")
 
     previous = signal.signal(signal.SIGALRM, late)
     signal.alarm(seconds)

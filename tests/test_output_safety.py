@@ -61,6 +61,7 @@ def test_a_table_name_that_leaves_the_database_folder_is_refused_and_nothing_is_
     before = _tree(db)
     for name in ("..", "."):
         result = _run(corpus, tiny_st("mean"), f"lancedb://{db}?table={name}", "--overwrite")
+        assert _tree(db) == before
         assert result.exit_code == 1
         assert result.stderr.strip() == (
             f"error: --output lancedb://{db}?table={name}: a table name is a plain name of "
@@ -154,11 +155,11 @@ def test_a_lost_marker_of_a_finished_output_is_taken_back_from_its_part(finished
     marker.unlink()
     result = _run(corpus, tiny_st("mean"), out)
     assert result.exit_code == 0, result.output
+    assert read_output(out) == expected
     assert "part-00000-000000: its done-marker was missing or damaged; the part is complete" in (
         result.stderr
     )
     assert marker.read_text() == before
-    assert read_output(out) == expected
     assert (out / "_bulkembed" / "bad_records.jsonl").read_text() == bad
     assert _status(out)["state"] == "complete" and _status(out)["docs"] == 38
 
