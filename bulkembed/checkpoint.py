@@ -53,7 +53,13 @@ _OWN_FILES = (
     "shards.json",
     "bad_records.jsonl",
 )
-_OWN_NAMES = re.compile(r"bad_records\.shard-\d+-of-\d+\.jsonl|lock\.shard-\d+-of-\d+|\..+\.tmp")
+# Temporary files: `.NAME.PID-TOKEN.tmp` (`_write_json_atomically`) and the quarantine's.
+_TEMPORARY = re.compile(
+    r"\..+\.\d+-[0-9a-f]{8}\.tmp|\.bad_records(\.shard-\d+-of-\d+)?\.jsonl\.tmp"
+)
+_OWN_NAMES = re.compile(
+    r"bad_records\.shard-\d+-of-\d+\.jsonl|lock\.shard-\d+-of-\d+|" + _TEMPORARY.pattern
+)
 _MARKER = re.compile(r"part-\d{5,}-\d{6,}\.json")
 
 # Fingerprint keys, as the user knows them.
@@ -222,13 +228,15 @@ class RunDirectory:
         is cleaned up: other shards may be running.
         """
         fresh = not self.config_path.exists()
-        if fresh and not overwrite and self._marker_parts():
+        marked = self._marker_parts()
+        if fresh and marked and not overwrite:
+            start_over = "remove the output" if self.shard else "pass --overwrite"
             raise OutputError(
-                f"{self.config_path} is missing but {len(self._marker_parts())} unit(s) are "
-                "marked done: the settings they were embedded with are unknown; pass "
-                "--overwrite to start over"
+                f"{self.config_path} is missing but {len(marked)} unit(s) are marked done: "
+                f"the settings they were embedded with are unknown; {start_over} to start over"
             )
-        if fresh:
+        if fresh and not marked:
+            # With markers, the ledger shows what bulkembed wrote there.
             sink.check_foreign(overwrite)
         try:
             self.meta.mkdir(parents=True, exist_ok=True)
@@ -239,7 +247,7 @@ class RunDirectory:
             ) from e
         try:
             if overwrite:
-                sink.remove(self._marker_parts())
+                sink.remove(marked)
                 self._remove_previous()
             elif self.shard is not None:
                 self._join_shards(fingerprint)
@@ -395,13 +403,19 @@ class RunDirectory:
 
     def done_units(self) -> dict[str, UnitRecord]:
         """Every committed unit, by part name; a damaged marker counts as none."""
-        done = {}
+        return self._markers()[0]
+
+    def _markers(self) -> tuple[dict[str, UnitRecord], list[str]]:
+        """The committed units, and the parts whose marker is damaged, in one pass."""
+        done, damaged = {}, []
         for part in self._marker_parts():
             fields = self._read_marker(part)
-            if fields is not None:
+            if fields is None:
+                damaged.append(part)
+            else:
                 fields.pop("bad", None)
                 done[part] = UnitRecord(**fields)
-        return done
+        return done, damaged
 
     def reconcile(self, sink: Sink, parts: Collection[str] | None = None) -> dict[str, UnitRecord]:
         """Drop what a crash left half-done, here and in the sink (only in `parts`, when
@@ -411,10 +425,10 @@ class RunDirectory:
         if parts is None:
             temporaries += self.meta.glob(".*.tmp")
         for path in temporaries:
-            if parts is None or path.name[1:].split(".")[0] in parts:
+            ours = _TEMPORARY.fullmatch(path.name)
+            if ours and (parts is None or path.name[1:].split(".")[0] in parts):
                 path.unlink(missing_ok=True)
-        done = self.done_units()
-        damaged = [p for p in self._marker_parts() if p not in done]
+        done, damaged = self._markers()
         recovered = sink.reconcile(done, self.run_id, parts)
         for fields in recovered.adopted:
             bad = fields.pop("bad", [])
@@ -425,10 +439,10 @@ class RunDirectory:
                 f"{record.part}: its done-marker was missing or damaged; the part is complete "
                 "and was written by this run, so it is kept"
             )
-        for part in damaged:
-            if part not in done:
-                self._marker(part).unlink(missing_ok=True)
-                self.repairs.append(f"{part}: its done-marker is damaged; embedding the unit again")
+        forgotten = [p for p in damaged if p not in done and (parts is None or p in parts)]
+        for part in forgotten:
+            self._marker(part).unlink(missing_ok=True)
+            self.repairs.append(f"{part}: its done-marker is damaged; embedding the unit again")
         for part in recovered.lost:
             self._marker(part).unlink(missing_ok=True)
             del done[part]
@@ -436,7 +450,9 @@ class RunDirectory:
                 f"{part}: its rows are missing from {sink.description} although the unit was "
                 "marked done; embedding the unit again"
             )
-        if not self.is_complete(done):
+        # Other shards may be marking units done meanwhile: a shard run takes `complete` back
+        # only for units of its own that it forgot.
+        if forgotten or recovered.lost or (parts is None and not self.is_complete(done)):
             self.complete_path.unlink(missing_ok=True)
         self.rebuild_quarantine(done, parts)
         return done
@@ -479,7 +495,10 @@ class RunDirectory:
         self, done: dict[str, UnitRecord], parts: Collection[str] | None = None
     ) -> None:
         """Write the quarantine file anew from the markers of the done units (of `parts`
-        only, when given), in unit order, one marker in memory at a time."""
+        only, when given), in unit order, one marker in memory at a time. A whole run on an
+        output that `--shard` runs wrote leaves their quarantine files as they are."""
+        if parts is None and self.shards_path.exists():
+            return
         mine = sorted(p for p, r in done.items() if r.bad_records and (parts is None or p in parts))
         if not mine:
             self.bad_records_path.unlink(missing_ok=True)

@@ -426,13 +426,16 @@ def status(
     def action() -> None:
         from bulkembed.checkpoint import RunDirectory, run_status
         from bulkembed.progress import print_status
-        from bulkembed.sinks import LanceSink, ParquetSink, parse_output
+        from bulkembed.sinks import LanceSink, ParquetSink, Sink, parse_output
 
         target = parse_output(output)
         if target.path is None or target.run_directory is None:
             raise BulkembedError("a stream (--output -) keeps no run directory to report on")
         run = RunDirectory(target.path, meta=target.run_directory, label=target.label)
-        sink = ParquetSink(target.path) if target.kind == "parquet" else LanceSink(target.path)
+        if target.kind == "parquet":
+            sink: Sink = ParquetSink(target.path)
+        else:
+            sink = LanceSink(target.path, target.table or "")
         figures = run_status(run, sink)
         if as_json:
             typer.echo(json.dumps(figures))

@@ -517,7 +517,10 @@ def _prepare(config: RunConfig, reporter: Reporter) -> _Job:
     since = Path(config.since).resolve() if config.since is not None else None
     if since is not None and target.path is not None and since == target.path.resolve():
         raise BulkembedError("--since must name another output than --output")
-    shards = list_shards(config.inputs, exclude=target.path)
+    skipped: list[str] = []
+    shards = list_shards(config.inputs, exclude=target.path, skipped=skipped)
+    for directory in skipped:
+        reporter.warn(f"input directory {directory} cannot be read: its files are left out")
     reader = RecordReader(
         shards, config.text_column, config.id_column, keep_columns=config.keep_columns
     )

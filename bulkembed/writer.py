@@ -9,6 +9,7 @@ then its done-marker, with the same counts and bad records, is written to the le
 
 from __future__ import annotations
 
+import json
 import queue
 import threading
 from collections.abc import Callable, Iterator
@@ -26,6 +27,9 @@ from bulkembed.sources.records import BadRecord, Carried
 from bulkembed.tokenize import TokenizedChunk
 
 Item = TypeVar("Item")
+# A part's label keeps its unit's bad records up to this size (Parquet readers refuse footers
+# of 100 MB); past it a part whose marker is lost cannot be taken back.
+LABEL_BAD_RECORDS_BYTES = 1 << 20
 
 
 @dataclass(slots=True)
@@ -99,7 +103,8 @@ class PartWriter:
         if chunk.last_in_unit:
             record = UnitRecord(chunk.part, **asdict(self.tallies.pop(chunk.part)))
             bad = [b.fields() for b in self.bad.pop(chunk.part)]
-            label = {"run": self.run.run_id, "unit": {**asdict(record), "bad": bad}}
+            kept = bad if len(json.dumps(bad, default=str)) <= LABEL_BAD_RECORDS_BYTES else None
+            label = {"run": self.run.run_id, "unit": {**asdict(record), "bad": kept}}
             found = self.sink.commit(chunk.part, label)
             self.run.quarantine(bad, chunk.part)
             self.run.mark_done(replace(record, **found), bad)

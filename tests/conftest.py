@@ -131,6 +131,16 @@ def write_parquet(path: Path, records: list[dict], row_group_size: int = 1000) -
     return path
 
 
+def write_mixed_corpus(folder: Path, records: list[dict], half: int, row_group_size: int) -> Path:
+    """`records` as `corpus/a.parquet` and `corpus/b.parquet` of `half` records each (row
+    groups of `row_group_size`) and `corpus/c.jsonl` with the rest; returns the corpus."""
+    corpus = folder / "corpus"
+    write_parquet(corpus / "a.parquet", records[:half], row_group_size=row_group_size)
+    write_parquet(corpus / "b.parquet", records[half : 2 * half], row_group_size=row_group_size)
+    write_jsonl(corpus / "c.jsonl", records[2 * half :])
+    return corpus
+
+
 def read_output(folder: Path) -> dict:
     """id -> dense vector (list of floats) over every part of an output directory."""
     table = pq.read_table(sorted(folder.glob("*.parquet")))

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from conftest import sample_texts, write_jsonl, write_parquet
+from conftest import sample_texts, write_mixed_corpus
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
@@ -29,10 +29,7 @@ def _corpus(folder: Path) -> Path:
         record["text"] = None
     for record in records[40:44]:
         record["id"] = f"doc-{int(record['id'][4:]) - 30}"
-    write_parquet(folder / "corpus" / "a.parquet", records[:32], row_group_size=8)
-    write_parquet(folder / "corpus" / "b.parquet", records[32:64], row_group_size=8)
-    write_jsonl(folder / "corpus" / "c.jsonl", records[64:])
-    return folder / "corpus"
+    return write_mixed_corpus(folder, records, 32, row_group_size=8)
 
 
 def _arguments(corpus: Path, model: Path, out: Path) -> list[str]:

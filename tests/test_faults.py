@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import read_output, sample_texts, write_jsonl, write_parquet
+from conftest import read_output, sample_texts, write_mixed_corpus
 from typer.testing import CliRunner
 
 from bulkembed.checkpoint import RunDirectory
@@ -28,10 +28,7 @@ def _corpus(tmp_path):
         record["text"] = None
     for record in records[300:320]:
         record["id"] = f"doc-{int(record['id'][4:]) - 300}"
-    write_parquet(tmp_path / "corpus" / "a.parquet", records[:300], row_group_size=5)
-    write_parquet(tmp_path / "corpus" / "b.parquet", records[300:600], row_group_size=5)
-    write_jsonl(tmp_path / "corpus" / "c.jsonl", records[600:])
-    return tmp_path / "corpus", records
+    return write_mixed_corpus(tmp_path, records, 300, row_group_size=5), records
 
 
 def _bad_records(out):

@@ -117,7 +117,7 @@ def test_globs_match_as_the_shell_does(tmp_path):
         write_jsonl(tmp_path / name, [{"id": name, "text": "t"}])
 
     def names(pattern):
-        return [s.name for s in list_shards([str(tmp_path / pattern)])]
+        return [s.name for s in list_shards([f"{tmp_path}/{pattern}"])]
 
     assert names("x/*.jsonl") == ["one.jsonl"]
     assert names("x/*/*.jsonl") == ["y/two.jsonl"]
@@ -125,6 +125,45 @@ def test_globs_match_as_the_shell_does(tmp_path):
     assert names("x/.hidden/*.jsonl") == ["three.jsonl"]
     assert names("x/y") == ["two.jsonl", "z/four.jsonl"]
     assert names("x/[y]") == ["y/two.jsonl", "y/z/four.jsonl"]
+    assert names("x/**") == [".hidden/three.jsonl", "one.jsonl", "y/two.jsonl", "y/z/four.jsonl"]
+    assert names("x/*/") == ["y/two.jsonl", "y/z/four.jsonl"]
+
+
+@pytest.mark.skipif(not hasattr(os, "symlink"), reason="needs symbolic links")
+def test_a_file_reached_through_a_link_and_directly_is_named_by_its_direct_path(tmp_path):
+    data = tmp_path / "data"
+    write_jsonl(data / "v1" / "x.jsonl", [{"id": "1", "text": "one"}])
+    write_jsonl(data / "v2" / "x.jsonl", [{"id": "2", "text": "two"}])
+    (data / "current").symlink_to(data / "v2", target_is_directory=True)
+    assert [s.name for s in list_shards([str(data)])] == ["v1/x.jsonl", "v2/x.jsonl"]
+    assert [s.name for s in list_shards([str(data / "v*" / "*.jsonl")])] == [
+        "v1/x.jsonl",
+        "v2/x.jsonl",
+    ]
+    assert [s.name for s in list_shards([str(data / "current")])] == ["x.jsonl"]
+
+
+def test_an_unreadable_directory_is_left_out_with_a_warning(tmp_path, tiny_st, monkeypatch):
+    corpus = tmp_path / "corpus"
+    write_jsonl(corpus / "a.jsonl", [{"id": "a", "text": "one"}])
+    write_jsonl(corpus / "locked" / "b.jsonl", [{"id": "b", "text": "two"}])
+    scandir = os.scandir
+
+    def refuse_locked(path):
+        if os.fspath(path).endswith("locked"):
+            raise PermissionError(13, "Permission denied")
+        return scandir(path)
+
+    monkeypatch.setattr(os, "scandir", refuse_locked)
+    out = tmp_path / "out"
+    arguments = ["run", str(corpus), "--model", str(tiny_st("mean")), "--output", str(out)]
+    result = CliRunner().invoke(app, [*arguments, "--quiet", "--tokenize-workers", "0"])
+    assert result.exit_code == 0, result.output
+    assert result.stderr.strip() == (
+        f"warning: input directory {corpus / 'locked'} (Permission denied) cannot be read: "
+        "its files are left out"
+    )
+    assert sorted(read_output(out)) == ["a"]
 
 
 def _binary_corpus(path):

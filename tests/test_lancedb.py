@@ -123,6 +123,22 @@ def test_rows_of_an_unfinished_unit_are_taken_back(tmp_path, monkeypatch):
     assert sorted(ids) == ["a1", "a2", "b1", "b2"]
 
 
+def test_empty_units_sharing_a_version_are_not_taken_for_a_lost_marker(tmp_path):
+    """part-2 adds rows; part-1, committed after it with no rows, shares its version and
+    sorts before it by name."""
+    schema = pa.schema([pa.field("id", pa.string(), nullable=False)])
+    sink = LanceSink(tmp_path / "db", "t")
+    sink.reconcile({}, "run")
+    sink.start(schema)
+    sink.write("part-2", pa.RecordBatch.from_pydict({"id": ["x"]}, schema))
+    done = {"part-2": UnitRecord("part-2", 1, 0, 0, 0, 0, **sink.commit("part-2", {}))}
+    done["part-1"] = UnitRecord("part-1", 0, 0, 0, 0, 0, **sink.commit("part-1", {}))
+    assert done["part-1"].version == done["part-2"].version
+    again = LanceSink(tmp_path / "db", "t")
+    assert again.reconcile(dict(sorted(done.items())), "run").lost == []
+    assert sorted(again.committed_ids(done)) == ["x"]
+
+
 def test_a_lost_marker_in_the_middle_takes_the_table_back_to_the_unit_before_it(tmp_path):
     """Units a, b, c, d committed; b's marker is lost. The rows at c's and d's versions are
     more than their markers account for: the table goes back to a's version, and c and d

@@ -95,9 +95,9 @@ def test_a_file_named_like_a_part_in_a_directory_bulkembed_did_not_make_is_kept(
         result = _run(corpus, tiny_st("mean"), out, *extra)
         assert result.exit_code == 1
         assert result.stderr.strip() == (
-            f"error: {out / 'part-00007-000042.parquet'} is named like a bulkembed part but "
-            "bulkembed did not write it: move it away (bulkembed never deletes or overwrites "
-            "a file it did not write)"
+            f"error: {out / 'part-00007-000042.parquet'} is named like a part of this output "
+            "but this run of bulkembed did not write it: move it away (bulkembed never deletes "
+            "or overwrites a file it did not write)"
         )
     assert (out / "part-00007-000042.parquet").read_text() == "not mine to delete"
 
@@ -231,9 +231,60 @@ def test_a_part_of_another_output_is_refused_not_taken_in(finished, tiny_st, tmp
     shutil.copy(other / "part-00001-000000.parquet", out / "part-00001-000000.parquet")
     result = _run(corpus, tiny_st("mean"), out)
     assert result.exit_code == 1
-    assert "part-00001-000000.parquet is named like a bulkembed part but bulkembed did not" in (
+    assert "part-00001-000000.parquet is named like a part of this output but this run" in (
         result.stderr
     )
+
+
+def test_a_part_whose_bad_records_were_too_many_for_its_footer_is_not_taken_back(
+    tmp_path, tiny_st, monkeypatch
+):
+    monkeypatch.setattr("bulkembed.writer.LABEL_BAD_RECORDS_BYTES", 10)
+    corpus, _ = _corpus(tmp_path)
+    out = tmp_path / "out"
+    assert _run(corpus, tiny_st("mean"), out).exit_code == 0
+    label = json.loads(
+        pq.read_metadata(out / "part-00000-000000.parquet").metadata[b"bulkembed.unit"]
+    )
+    assert label["unit"]["bad"] is None and label["unit"]["bad_records"] == 1
+    (out / "_bulkembed" / "done" / "part-00000-000000.json").unlink()
+    result = _run(corpus, tiny_st("mean"), out)
+    assert result.exit_code == 1
+    assert result.stderr.strip() == (
+        f"error: {out / 'part-00000-000000.parquet'} has no done-marker, and it had too many "
+        "bad records to keep them in its footer: delete it to have its unit embedded again"
+    )
+    (out / "part-00000-000000.parquet").unlink()
+    assert _run(corpus, tiny_st("mean"), out).exit_code == 0
+    assert _summary(out)["docs_this_run"] == 9 and _summary(out)["bad_records"] == 2
+
+
+def test_a_shard_leaves_the_markers_of_other_shards_alone(tmp_path):
+    """A marker another shard is writing may look damaged for an instant: only a shard's
+    own units are ever forgotten."""
+    from bulkembed.config import ShardSpec
+    from bulkembed.sinks import ParquetSink
+
+    run = RunDirectory(tmp_path / "out", shard=ShardSpec(0, 2))
+    run.done_dir.mkdir(parents=True)
+    run.config_path.write_text(json.dumps({"run": "r"}))
+    (run.done_dir / "part-00000-000001.json").write_text("{")
+    assert run.reconcile(ParquetSink(tmp_path / "out"), parts={"part-00000-000000"}) == {}
+    assert (run.done_dir / "part-00000-000001.json").read_text() == "{"
+    assert run.repairs == []
+
+
+def test_a_lancedb_output_that_lost_its_configuration_can_be_overwritten(tmp_path, tiny_st):
+    lancedb = pytest.importorskip("lancedb")
+    corpus, records = _corpus(tmp_path, 10)
+    db = tmp_path / "db"
+    assert _run(corpus, tiny_st("mean"), f"lancedb://{db}?table=t").exit_code == 0
+    (db / "_bulkembed" / "t" / "config.json").unlink()
+    refused = _run(corpus, tiny_st("mean"), f"lancedb://{db}?table=t")
+    assert refused.exit_code == 1 and "config.json is missing but 2 unit(s)" in refused.stderr
+    again = _run(corpus, tiny_st("mean"), f"lancedb://{db}?table=t", "--overwrite")
+    assert again.exit_code == 0, again.output
+    assert lancedb.connect(db).open_table("t").count_rows() == 9
 
 
 def test_a_lost_quarantine_file_is_rebuilt_from_the_markers(finished, tiny_st):

@@ -147,7 +147,12 @@ class LanceSink(Sink):
     ) -> Recovered:
         recovered = Recovered()
         table = self._existing_table() if self.path.is_dir() else None
-        marked = sorted((r for r in done.values() if r.version is not None), key=_version)
+        # In commit order: by version, and a unit that added rows before the empty units
+        # that share its version.
+        marked = sorted(
+            (r for r in done.values() if r.version is not None),
+            key=lambda r: (_version(r), r.rows == 0),
+        )
         rows = sum(r.rows for r in marked)
         if table is None:
             if rows:

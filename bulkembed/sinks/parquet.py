@@ -60,8 +60,8 @@ def _label(path: Path) -> dict[str, Any] | None:
 
 def _not_ours(path: Path) -> OutputError:
     return OutputError(
-        f"{path} is named like a bulkembed part but bulkembed did not write it: move it "
-        "away (bulkembed never deletes or overwrites a file it did not write)"
+        f"{path} is named like a part of this output but this run of bulkembed did not write "
+        "it: move it away (bulkembed never deletes or overwrites a file it did not write)"
     )
 
 
@@ -116,8 +116,9 @@ class ParquetSink(Sink):
         others = sorted(
             p for p in self.directory.iterdir() if p.name != RUN_DIRECTORY and p not in temporaries
         )
+        labelled = {p for p in others if self._labelled(p)}
         for path in others:
-            if path.suffix == ".parquet" and not self._labelled(path):
+            if path.suffix == ".parquet" and path not in labelled:
                 if _PART.fullmatch(path.stem):
                     raise _not_ours(path)
                 raise OutputError(
@@ -125,7 +126,7 @@ class ParquetSink(Sink):
                     f"({path.name}): readers of the output would take them for parts; choose "
                     "another --output"
                 )
-        if others and not overwrite and all(self._labelled(p) for p in others):
+        if others and not overwrite and len(labelled) == len(others):
             raise OutputError(
                 f"{self.directory} holds parts of a bulkembed run whose "
                 f"{RUN_DIRECTORY}/config.json is gone ({others[0].name}, ...): the settings "
@@ -170,7 +171,8 @@ class ParquetSink(Sink):
             if parts is None or path.name[1:].split(".")[0] in parts:
                 path.unlink(missing_ok=True)
         files = self._part_files()
-        recovered.lost = [p for p in self.lost_units(done) if parts is None or p in parts]
+        lost = self._lost_units(done, files)
+        recovered.lost = [p for p in lost if parts is None or p in parts]
         for part, path in files.items():
             if parts is not None and part not in parts:
                 continue
@@ -183,18 +185,28 @@ class ParquetSink(Sink):
                     f"{path} is not a readable Parquet file ({e}) and no done unit names "
                     "it: move it away to have its unit embedded again"
                 ) from None
+            if label is not None and label.get("run") != run:
+                raise _not_ours(path)
             if part in done:
                 if label is not None and label["rows"] != done[part].rows:
                     why = f"{label['rows']} rows where its unit has {done[part].rows}"
                     raise _damaged(path, why)
-            elif label is not None and label.get("run") == run:
-                recovered.adopted.append({**label["unit"], "rows": label["rows"]})
-            else:
+            elif label is None:
                 raise _not_ours(path)
+            elif label["unit"].get("bad") is None:
+                raise OutputError(
+                    f"{path} has no done-marker, and it had too many bad records to keep them "
+                    "in its footer: delete it to have its unit embedded again"
+                )
+            else:
+                recovered.adopted.append({**label["unit"], "rows": label["rows"]})
         return recovered
 
     def lost_units(self, done: dict[str, UnitRecord]) -> list[str]:
-        files = self._part_files()
+        return self._lost_units(done, self._part_files())
+
+    @staticmethod
+    def _lost_units(done: dict[str, UnitRecord], files: dict[str, Path]) -> list[str]:
         return [part for part, record in done.items() if record.rows and part not in files]
 
     def committed_ids(self, done: dict[str, UnitRecord]) -> Iterator[Any]:

@@ -45,10 +45,8 @@ def format_of(path: Path) -> str | None:
 def _glob_root(pattern: str) -> tuple[Path, list[str]]:
     """The longest leading part of a glob pattern without wildcards, and the rest."""
     parts = Path(pattern).parts
-    for i, part in enumerate(parts):
-        if glob.has_magic(part):
-            return (Path(*parts[:i]) if i else Path(".")), list(parts[i:])
-    return Path(pattern), []
+    fixed = next(i for i, part in enumerate(parts) if glob.has_magic(part))
+    return (Path(*parts[:fixed]) if fixed else Path(".")), list(parts[fixed:])
 
 
 def _is_dataset_metadata(path: Path) -> bool:
@@ -57,39 +55,44 @@ def _is_dataset_metadata(path: Path) -> bool:
     )
 
 
-def walk(root: Path, depth: int | None = None) -> Iterator[tuple[Path, bool]]:
+def walk(
+    root: Path, depth: int | None = None, skipped: list[str] | None = None
+) -> Iterator[tuple[Path, bool]]:
     """Every entry below `root` as (path, is a directory), in sorted order, `depth` levels
-    deep at most. Links to directories are followed, each directory once: one reached again
-    (through a loop of links, or a second link) is listed but not entered again, so the walk
-    always ends and lists every file at least once."""
-    seen: set[tuple[int, int]] = set()
-    stack: list[tuple[Path, int]] = [(root, 0)]
+    deep at most. Links to directories are followed, but not into a directory that is being
+    walked already above them (a loop of links), so the walk always ends. A directory below
+    `root` that cannot be read is added to `skipped`."""
+    stack: list[tuple[Path, int, frozenset[tuple[int, int]]]] = [(root, 0, frozenset())]
     while stack:
-        directory, level = stack.pop()
+        directory, level, above = stack.pop()
         try:
             status = directory.stat()
-            key = (status.st_dev, status.st_ino)
-            if key in seen:
+            if (status.st_dev, status.st_ino) in above:
                 continue
-            seen.add(key)
             with os.scandir(directory) as scan:
                 entries = sorted(scan, key=lambda e: e.name)
         except OSError as e:
-            raise InputError(f"cannot read the input directory {directory}: {e.strerror}") from e
+            if level == 0 or skipped is None:
+                raise InputError(
+                    f"cannot read the input directory {directory}: {e.strerror}"
+                ) from e
+            skipped.append(f"{directory} ({e.strerror})")
+            continue
+        inside = above | {(status.st_dev, status.st_ino)}
         below = []
         for entry in entries:
             is_directory = entry.is_dir()
             yield Path(entry.path), is_directory
             if is_directory and (depth is None or level + 1 < depth):
-                below.append((Path(entry.path), level + 1))
+                below.append((Path(entry.path), level + 1, inside))
         stack.extend(reversed(below))
 
 
-def _inputs_below(directory: Path) -> list[Path]:
+def _inputs_below(directory: Path, skipped: list[str]) -> list[Path]:
     # Run directories (`_bulkembed/`) hold JSON files that are not input.
     return [
         p
-        for p, is_directory in walk(directory)
+        for p, is_directory in walk(directory, skipped=skipped)
         if not is_directory
         and p.is_file()
         and format_of(p)
@@ -117,30 +120,32 @@ def _matches(pattern: list[str], parts: tuple[str, ...]) -> bool:
     return fnmatch.fnmatchcase(parts[0], head) and _matches(rest, parts[1:])
 
 
-def _glob(argument: str) -> tuple[Path, list[Path]]:
+def _glob(argument: str, skipped: list[str]) -> tuple[Path, list[Path]]:
     """The root of a glob pattern, and the input files it names: files that match, and
-    files below directories that match."""
+    files below directories that match (only those with a trailing `/`)."""
     root, pattern = _glob_root(argument)
     root = root.expanduser()
     if not root.is_dir():
         return root, []
+    directories_only = argument.endswith(("/", os.sep))
+    # `DIR/**` names DIR itself too.
+    files = _inputs_below(root, skipped) if _matches(pattern, ()) else []
     depth = None if "**" in pattern else len(pattern)
-    files = []
-    for path, is_directory in walk(root, depth):
+    for path, is_directory in walk(root, depth, skipped):
         if not _matches(pattern, path.relative_to(root).parts):
             continue
         if is_directory:
-            files.extend(_inputs_below(path))
-        elif path.is_file() and format_of(path):
+            files.extend(_inputs_below(path, skipped))
+        elif not directories_only and path.is_file() and format_of(path):
             files.append(path)
     return root, files
 
 
-def _expand(argument: str) -> list[tuple[Path, Path]]:
+def _expand(argument: str, skipped: list[str]) -> list[tuple[Path, Path]]:
     """(file, root) pairs for one input argument; ids are relative to the root."""
     path = Path(argument).expanduser()
     if path.is_dir():
-        return [(p, path) for p in _inputs_below(path)]
+        return [(p, path) for p in _inputs_below(path, skipped)]
     if path.is_file():
         if format_of(path) is None:
             raise InputError(
@@ -149,35 +154,50 @@ def _expand(argument: str) -> list[tuple[Path, Path]]:
             )
         return [(path, path.parent)]
     if glob.has_magic(argument):
-        root, files = _glob(argument)
+        root, files = _glob(argument, skipped)
         if not files:
             raise InputError(f"input pattern {argument} matches no .parquet, .jsonl or .arrow file")
         return [(p, root) for p in files]
     raise InputError(f"input not found: {argument}")
 
 
-def list_shards(inputs: tuple[str, ...] | list[str], exclude: Path | None = None) -> list[Shard]:
+def _through_links(path: Path) -> bool:
+    """Whether a path reaches its file through a link."""
+    return path.absolute() != path.resolve()
+
+
+def list_shards(
+    inputs: tuple[str, ...] | list[str],
+    exclude: Path | None = None,
+    skipped: list[str] | None = None,
+) -> list[Shard]:
     """Every input file once, sorted by path, then the shards of `hf://` datasets in the
     order given: the order in which units are numbered. Files below `exclude` (the output
-    directory) are left out."""
+    directory) are left out; directories that cannot be read are added to `skipped`. A file
+    reached by several paths takes its name from one without links, if there is one."""
     from bulkembed.sources.hf import HF_SCHEME, dataset_shards
 
     by_path: dict[Path, Shard] = {}
+    linked: set[Path] = set()
     streamed: list[Shard] = []
     excluded = exclude.resolve() if exclude is not None else None
     for argument in inputs:
         if argument.startswith(HF_SCHEME):
             streamed.extend(dataset_shards(argument))
             continue
-        for path, root in _expand(argument):
+        for path, root in _expand(argument, [] if skipped is None else skipped):
             resolved = path.resolve()
             if excluded is not None and resolved.is_relative_to(excluded):
                 continue
-            if resolved not in by_path:
+            if resolved not in by_path or (resolved in linked and not _through_links(path)):
                 name = os.path.relpath(path, root)
                 fmt = format_of(path) or ""
                 status = resolved.stat()
                 by_path[resolved] = Shard(resolved, name, fmt, status.st_size, status.st_mtime_ns)
+                if _through_links(path):
+                    linked.add(resolved)
+                else:
+                    linked.discard(resolved)
     if not by_path and not streamed:
         raise InputError(f"no .parquet, .jsonl or .arrow file found in {', '.join(inputs)}")
     shards = sorted(by_path.values(), key=lambda s: str(s.path)) + streamed
