@@ -373,7 +373,7 @@ class RunDirectory:
         like any other."""
         if self.done_dir.is_dir():
             for path in self.done_dir.iterdir():
-                if _MARKER.fullmatch(path.name) or _OWN_NAMES.fullmatch(path.name):
+                if _MARKER.fullmatch(path.name) or _TEMPORARY.fullmatch(path.name):
                     path.unlink()
         for path in self.meta.iterdir():
             own = path.name in _OWN_FILES or _OWN_NAMES.fullmatch(path.name)

@@ -144,7 +144,7 @@ class ParquetSink(Sink):
     @staticmethod
     def _labelled(path: Path) -> bool:
         """Whether a file is a part that bulkembed wrote (for any run)."""
-        if not _PART.fullmatch(path.stem) or not path.is_file():
+        if path.suffix != ".parquet" or not _PART.fullmatch(path.stem) or not path.is_file():
             return False
         try:
             return _label(path) is not None
