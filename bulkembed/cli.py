@@ -13,6 +13,7 @@ from typing import Annotated, Any
 import typer
 
 from bulkembed.config import (
+    DEFAULT_RECORDS_PER_UNIT,
     DType,
     DTypeOut,
     Engine,
@@ -245,6 +246,14 @@ VerifyInputs = Annotated[
         "input counts as unchanged while its name, size and modification time are.",
     ),
 ]
+RecordsPerUnit = Annotated[
+    int,
+    typer.Option(
+        help="Records per unit of work in JSON lines, Arrow and dataset inputs (a Parquet "
+        "unit is one row group): a unit is one output part and the step of resume.",
+        metavar="N",
+    ),
+]
 
 ShardOption = Annotated[
     str | None,
@@ -350,6 +359,7 @@ def run(
     fts: Fts = False,
     since: Since = None,
     verify_inputs: VerifyInputs = False,
+    records_per_unit: RecordsPerUnit = DEFAULT_RECORDS_PER_UNIT,
     shard: ShardOption = None,
     engine: EngineOption = Engine.LOCAL,
     ray_address: RayAddress = None,
@@ -399,6 +409,7 @@ def run(
             fts=fts,
             since=since,
             verify_inputs=verify_inputs,
+            records_per_unit=records_per_unit,
             shard=None if shard is None else ShardSpec.parse(shard),
             engine=engine,
             ray_address=ray_address,

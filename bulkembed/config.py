@@ -15,6 +15,9 @@ from typing import Any
 from bulkembed.errors import BulkembedError, ModelError
 
 DEFAULT_MAX_BATCH_TOKENS = 16384
+# Records per unit of work in JSON lines, Arrow and dataset inputs (a Parquet unit is a
+# row group): the granularity of parts and of resume.
+DEFAULT_RECORDS_PER_UNIT = 4096
 OUTPUTS = ("dense", "sparse", "multivector")
 # Column names the output uses for itself (`vector` is the dense column in LanceDB).
 RESERVED_COLUMNS = ("id", *OUTPUTS, "content_hash", "vector")
@@ -153,6 +156,7 @@ class RunConfig:
     fts: bool = False
     since: str | None = None
     verify_inputs: bool = False
+    records_per_unit: int = DEFAULT_RECORDS_PER_UNIT
     shard: ShardSpec | None = None
     engine: Engine = Engine.LOCAL
     ray_address: str | None = None
@@ -172,7 +176,14 @@ class RunConfig:
             )
         if self.outputs is not None and not self.outputs:
             raise BulkembedError("--outputs: name at least one of dense, sparse, multivector")
-        for name in ("max_batch_tokens", "max_length", "limit", "sparse_top_k", "dim"):
+        for name in (
+            "max_batch_tokens",
+            "max_length",
+            "limit",
+            "sparse_top_k",
+            "dim",
+            "records_per_unit",
+        ):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise BulkembedError(f"--{name.replace('_', '-')} must be at least 1, got {value}")

@@ -522,7 +522,11 @@ def _prepare(config: RunConfig, reporter: Reporter) -> _Job:
     for directory in skipped:
         reporter.warn(f"input directory {directory} cannot be read: its files are left out")
     reader = RecordReader(
-        shards, config.text_column, config.id_column, keep_columns=config.keep_columns
+        shards,
+        config.text_column,
+        config.id_column,
+        lines_per_unit=config.records_per_unit,
+        keep_columns=config.keep_columns,
     )
     reader.check()
     spec = resolve_model(config)
@@ -535,7 +539,7 @@ def _prepare(config: RunConfig, reporter: Reporter) -> _Job:
         dtype = resolve_dtype(config.dtype, devices[0])
         check_dtype = config.dtype is DType.AUTO and str(dtype) != "torch.float32"
     distributed = config.shard is not None or config.engine is Engine.RAY
-    units = counted_units(shards) if distributed else None
+    units = counted_units(shards, config.records_per_unit) if distributed else None
     return _Job(
         config=config,
         spec=spec,

@@ -6,7 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bulkembed.sources import DEFAULT_LINES_PER_UNIT
 from bulkembed.sources.files import content_digest
 
 if TYPE_CHECKING:
@@ -15,10 +14,6 @@ if TYPE_CHECKING:
     from bulkembed.model_spec import ModelSpec
     from bulkembed.progress import RunStats
     from bulkembed.sources import Shard
-
-# How inputs are cut into units of work: part of the fingerprint, since done markers name
-# units by number.
-UNITS = f"parquet row groups; {DEFAULT_LINES_PER_UNIT} jsonl lines"
 
 
 def fingerprint(config: RunConfig, spec: ModelSpec, shards: list[Shard]) -> dict[str, Any]:
@@ -29,7 +24,8 @@ def fingerprint(config: RunConfig, spec: ModelSpec, shards: list[Shard]) -> dict
     moved still resumes. `--dtype` counts as given: with `auto` a run may resume on another
     kind of device."""
     return {
-        "units": UNITS,
+        # How inputs are cut into units: done markers name units by number.
+        "units": f"parquet row groups; {config.records_per_unit} jsonl lines",
         "model": Path(spec.source).name if spec.local else spec.source,
         "model_version": spec.version,
         "family": spec.family,

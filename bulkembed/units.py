@@ -21,14 +21,14 @@ class SkippedUnits:
         return part in self.done or (self.mine is not None and part not in self.mine)
 
 
-def counted_units(shards: list[Shard]) -> list[str]:
+def counted_units(shards: list[Shard], records_per_unit: int) -> list[str]:
     """Every unit of the inputs, in order, for runs that share them out up front."""
     if any(s.format == "hf" for s in shards):
         raise InputError(
             "--shard and --engine ray need inputs whose units can be counted up front: "
             "files, not hf:// datasets (save the dataset to Parquet first)"
         )
-    return unit_names(shards)
+    return unit_names(shards, records_per_unit)
 
 
 def shard_parts(units: list[str], shard: ShardSpec) -> frozenset[str]:

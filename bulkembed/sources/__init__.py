@@ -5,7 +5,6 @@ it is the granularity of output parts and of resume.
 """
 
 from bulkembed.sources.files import (
-    DEFAULT_LINES_PER_UNIT,
     count_records,
     list_shards,
     unit_names,
@@ -16,7 +15,6 @@ from bulkembed.sources.reader import RecordReader
 from bulkembed.sources.records import BadRecord, Chunk, Shard, part_name
 
 __all__ = [
-    "DEFAULT_LINES_PER_UNIT",
     "BadRecord",
     "Chunk",
     "RecordReader",

@@ -14,6 +14,7 @@ from typing import IO
 
 import pyarrow as pa
 
+from bulkembed.config import DEFAULT_RECORDS_PER_UNIT
 from bulkembed.contracts import RUN_DIRECTORY
 from bulkembed.errors import InputError
 from bulkembed.sources.records import Shard
@@ -26,7 +27,6 @@ FORMATS = {
     ".arrow": "arrow",
 }
 # JSON lines, Arrow rows and dataset records per unit of work.
-DEFAULT_LINES_PER_UNIT = 4096
 # What `datasets`' save_to_disk writes beside the Arrow files: metadata, not input.
 DATASET_METADATA = ("state.json", "dataset_info.json", "dataset_dict.json")
 # What reading a damaged file raises: I/O errors, a truncated or corrupt gzip stream, a
@@ -242,7 +242,7 @@ def count_lines(path: Path) -> int:
     return lines + (last != b"\n")
 
 
-def unit_offsets(path: Path, lines_per_unit: int = DEFAULT_LINES_PER_UNIT) -> list[int]:
+def unit_offsets(path: Path, lines_per_unit: int = DEFAULT_RECORDS_PER_UNIT) -> list[int]:
     """Where each unit of an uncompressed JSON-lines file starts: the byte offset of lines
     0, `lines_per_unit`, 2 × `lines_per_unit`, ... (a file that ends at a unit boundary
     gets one more offset, its size). Counts newlines a megabyte at a time."""
@@ -305,7 +305,7 @@ def count_records(shards: list[Shard]) -> int:
     return total
 
 
-def unit_names(shards: list[Shard], lines_per_unit: int = DEFAULT_LINES_PER_UNIT) -> list[str]:
+def unit_names(shards: list[Shard], lines_per_unit: int = DEFAULT_RECORDS_PER_UNIT) -> list[str]:
     """Every unit of work of the shards, as part names, in order. An unreadable file is one unit.
 
     Parquet units come from the footer; JSONL and Arrow files are read through to count

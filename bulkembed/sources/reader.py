@@ -15,8 +15,9 @@ from typing import Any
 
 import pyarrow as pa
 
+from bulkembed.config import DEFAULT_RECORDS_PER_UNIT
 from bulkembed.errors import InputError
-from bulkembed.sources.files import DEFAULT_LINES_PER_UNIT, READ_ERRORS, open_arrow, open_lines
+from bulkembed.sources.files import READ_ERRORS, open_arrow, open_lines
 from bulkembed.sources.hf import dataset_records
 from bulkembed.sources.records import BadRecord, Chunk, Rows, Shard, part_name
 
@@ -66,7 +67,7 @@ class RecordReader:
         id_column: str | None = None,
         done: Container[str] = (),
         chunk_size: int = DEFAULT_CHUNK_SIZE,
-        lines_per_unit: int = DEFAULT_LINES_PER_UNIT,
+        lines_per_unit: int = DEFAULT_RECORDS_PER_UNIT,
         keep_columns: tuple[str, ...] = (),
     ) -> None:
         self.shards = shards
