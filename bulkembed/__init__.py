@@ -12,7 +12,7 @@ if TYPE_CHECKING:
 
 
 def embed_corpus(config: RunConfig, **kwargs: Any) -> dict[str, Any]:
-    """Embed a corpus as `bulkembed run` does; see `bulkembed.pipeline.embed_corpus`."""
-    from bulkembed.pipeline import embed_corpus as run
+    """Embed a corpus as `bulkembed run` does; see `bulkembed.engine.run.embed_corpus`."""
+    from bulkembed.engine.run import embed_corpus as run
 
     return run(config, **kwargs)

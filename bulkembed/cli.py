@@ -370,7 +370,7 @@ def run(
     --output -, which starts over)."""
 
     def action() -> None:
-        from bulkembed.pipeline import embed_corpus
+        from bulkembed.engine.run import embed_corpus
         from bulkembed.progress import make_reporter
 
         config = RunConfig(

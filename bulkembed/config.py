@@ -21,7 +21,6 @@ DEFAULT_RECORDS_PER_UNIT = 4096
 OUTPUTS = ("dense", "sparse", "multivector")
 # Column names the output uses for itself (`vector` is the dense column in LanceDB).
 RESERVED_COLUMNS = ("id", *OUTPUTS, "content_hash", "vector")
-INDEX_TYPES = ("auto", "ivf_pq", "ivf_hnsw_sq", "ivf_flat")
 
 
 class Pooling(str, Enum):
@@ -56,6 +55,22 @@ class Quantize(str, Enum):
     UINT8 = "uint8"
     BINARY = "binary"
     UBINARY = "ubinary"
+
+
+class StreamFormat(str, Enum):
+    """What `--output -` writes."""
+
+    JSONL = "jsonl"
+    ARROW = "arrow"
+
+
+class IndexType(str, Enum):
+    """The LanceDB vector index `--index` builds; `auto` picks by the table's size."""
+
+    AUTO = "auto"
+    IVF_PQ = "ivf_pq"
+    IVF_HNSW_SQ = "ivf_hnsw_sq"
+    IVF_FLAT = "ivf_flat"
 
 
 class Engine(str, Enum):
@@ -149,9 +164,9 @@ class RunConfig:
     overwrite: bool = False
     quiet: bool = False
     keep_columns: tuple[str, ...] = ()
-    stream_format: str | None = None
+    stream_format: StreamFormat | None = None
     index: bool = False
-    index_type: str = "auto"
+    index_type: IndexType = IndexType.AUTO
     index_partitions: int | None = None
     fts: bool = False
     since: str | None = None
@@ -162,6 +177,7 @@ class RunConfig:
     ray_address: str | None = None
 
     def __post_init__(self) -> None:
+        self._coerce()
         if not self.inputs:
             raise BulkembedError("no input given: pass one or more files, directories or globs")
         if self.quantize is not None and self.dtype_out is not DTypeOut.FLOAT32:
@@ -191,6 +207,37 @@ class RunConfig:
             raise BulkembedError("--tokenize-workers must be 0 (tokenize in-process) or more")
         self._check_output_options()
         self._check_distribution()
+
+    def _coerce(self) -> None:
+        """Take what a Python caller may pass for convenience: a string for an enum, one
+        input as a string, `--shard` as "I/N"; a value outside an enum's choices is a
+        one-line error here, before anything loads."""
+        for name, kind in _ENUM_FIELDS.items():
+            value = getattr(self, name)
+            if value is None or isinstance(value, kind):
+                continue
+            try:
+                coerced = kind(value)
+            except ValueError:
+                values = [member.value for member in kind]
+                choices = " or ".join(values) if len(values) == 2 else "one of " + ", ".join(values)
+                option = f"--{name.replace('_', '-')}"
+                raise BulkembedError(f"{option}: choose {choices} (got {value!r})") from None
+            object.__setattr__(self, name, coerced)
+        if isinstance(self.inputs, (str, os.PathLike)):
+            object.__setattr__(self, "inputs", (os.fspath(self.inputs),))
+        else:
+            object.__setattr__(self, "inputs", tuple(os.fspath(i) for i in self.inputs))
+        for name in ("outputs", "keep_columns"):
+            value = getattr(self, name)
+            if isinstance(value, str):
+                object.__setattr__(self, name, (value,))
+            elif value is not None:
+                object.__setattr__(self, name, tuple(value))
+        if isinstance(self.shard, str):
+            object.__setattr__(self, "shard", ShardSpec.parse(self.shard))
+        if isinstance(self.output, os.PathLike):
+            object.__setattr__(self, "output", os.fspath(self.output))
 
     def _check_distribution(self) -> None:
         """`--shard` and `--engine ray` commit units from several processes at once into one
@@ -230,12 +277,8 @@ class RunConfig:
         lancedb = self.output.startswith("lancedb://")
         if self.stream_format is not None and self.output != "-":
             raise BulkembedError("--stream-format applies to --output - only")
-        if self.stream_format not in (None, "jsonl", "arrow"):
-            raise BulkembedError("--stream-format: choose jsonl or arrow")
         if (self.index or self.fts) and not lancedb:
             raise BulkembedError("--index and --fts apply to --output lancedb://... only")
-        if self.index_type not in INDEX_TYPES:
-            raise BulkembedError(f"--index-type: choose one of {', '.join(INDEX_TYPES)}")
         if self.index_partitions is not None and self.index_partitions < 1:
             raise BulkembedError("--index-partitions must be at least 1")
         if self.index and self.quantize is not None:
@@ -244,6 +287,19 @@ class RunConfig:
             raise BulkembedError(
                 f"--fts indexes the text: add '{self.text_column}' to --keep-columns"
             )
+
+
+# The fields `RunConfig` takes as strings too, and the enum each becomes.
+_ENUM_FIELDS: dict[str, type[Enum]] = {
+    "dtype": DType,
+    "pooling": Pooling,
+    "dtype_out": DTypeOut,
+    "quantize": Quantize,
+    "on_bad_record": OnBadRecord,
+    "stream_format": StreamFormat,
+    "index_type": IndexType,
+    "engine": Engine,
+}
 
 
 def default_tokenize_workers(device: str) -> int:

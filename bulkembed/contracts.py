@@ -1,4 +1,86 @@
-"""Names that every layer shares: the lowest floor, importing nothing of bulkembed."""
+"""The types and names that every layer shares: the lowest floor, importing nothing of
+bulkembed. Sources, encoders, sinks and the run directory all speak in these."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
 
 # The run directory inside an output (`OUT/_bulkembed/`, `DB/_bulkembed/TABLE/`).
 RUN_DIRECTORY = "_bulkembed"
+
+
+@dataclass(frozen=True, slots=True)
+class TokenBatch:
+    """Token ids of several documents laid end to end, with each document's length."""
+
+    token_ids: np.ndarray
+    lengths: np.ndarray
+
+    @classmethod
+    def from_sequences(cls, sequences: list[np.ndarray]) -> TokenBatch:
+        lengths = np.array([len(s) for s in sequences], dtype=np.int32)
+        flat = np.concatenate(sequences) if sequences else np.empty(0, np.int32)
+        return cls(flat.astype(np.int32, copy=False), lengths)
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def halves(self) -> tuple[TokenBatch, TokenBatch]:
+        """The first half of the documents and the rest."""
+        middle = len(self.lengths) // 2
+        cut = int(self.lengths[:middle].sum())
+        return (
+            TokenBatch(self.token_ids[:cut], self.lengths[:middle]),
+            TokenBatch(self.token_ids[cut:], self.lengths[middle:]),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class SparseVector:
+    """Vocabulary ids (ascending) and their weights: the non-zero entries of a sparse vector."""
+
+    indices: np.ndarray
+    values: np.ndarray
+
+
+@dataclass(frozen=True, slots=True)
+class Embeddings:
+    """What an encoder returns for a batch, one row per document, in batch order.
+
+    `dense` is a float32 array of shape [documents, D]; `sparse` one `SparseVector` per
+    document; `multivector` one float32 array of shape [kept tokens, d] per document. An
+    output that was not asked for is None."""
+
+    dense: np.ndarray | None = None
+    sparse: list[SparseVector] | None = None
+    multivector: list[np.ndarray] | None = None
+
+    @classmethod
+    def concatenate(cls, parts: list[Embeddings]) -> Embeddings:
+        """Rows of `parts`, one after the other."""
+
+        def joined(name: str) -> Any:
+            pieces = [getattr(p, name) for p in parts]
+            if not pieces or any(piece is None for piece in pieces):
+                return None
+            if name == "dense":
+                return np.concatenate(pieces)
+            return [row for piece in pieces for row in piece]
+
+        return cls(joined("dense"), joined("sparse"), joined("multivector"))
+
+    def take(self, rows: np.ndarray | slice) -> Embeddings:
+        """The documents at `rows` (positions or a slice), in that order."""
+
+        def pick(values: list | None) -> list | None:
+            if values is None:
+                return None
+            if isinstance(rows, slice):
+                return values[rows]
+            return [values[i] for i in rows]
+
+        dense = None if self.dense is None else self.dense[rows]
+        return Embeddings(dense, pick(self.sparse), pick(self.multivector))

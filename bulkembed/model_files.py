@@ -10,6 +10,8 @@ from typing import Any
 from bulkembed.errors import ModelError
 
 _DIGEST_SPAN = 1 << 20
+# The weights of BGE-M3's sparse and ColBERT heads, beside the transformer's.
+BGE_M3_HEAD_FILES = ("sparse_linear.pt", "colbert_linear.pt")
 
 
 def is_local(source: str) -> bool:

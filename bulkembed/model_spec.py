@@ -22,7 +22,14 @@ from bulkembed.config import (
     load_recipe_file,
 )
 from bulkembed.errors import ModelError
-from bulkembed.model_files import find_model_config, is_local, model_file, model_version, read_json
+from bulkembed.model_files import (
+    BGE_M3_HEAD_FILES,
+    find_model_config,
+    is_local,
+    model_file,
+    model_version,
+    read_json,
+)
 from bulkembed.st_folder import SentenceTransformersInfo, read_sentence_transformers_info
 
 # What each family of encoder can produce; with no `--outputs`, all of it.
@@ -80,9 +87,7 @@ def _family(
         return "splade"
     if st.colbert is not None:
         return "colbert"
-    from bulkembed.encoders.bge_m3 import HEAD_FILES
-
-    if all(model_file(source, revision, name) for name in HEAD_FILES):
+    if all(model_file(source, revision, name) for name in BGE_M3_HEAD_FILES):
         return "bge-m3"
     architectures = (read_json(model_file(source, revision, "config.json")) or {}).get(
         "architectures"

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pyarrow as pa
 
-from bulkembed.encoders.base import Embeddings
+from bulkembed.contracts import Embeddings
 from bulkembed.errors import BulkembedError
 
 if TYPE_CHECKING:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from bulkembed.encoders.base import Embeddings
+from bulkembed.contracts import Embeddings
 
 SPARSE_TYPE = pa.struct(
     [pa.field("indices", pa.list_(pa.int32())), pa.field("values", pa.list_(pa.float32()))]

@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 
 from bulkembed.checkpoint import RunDirectory, UnitRecord
-from bulkembed.encoders import Embeddings
+from bulkembed.contracts import Embeddings
 from bulkembed.schema import CONTENT_HASH, record_batch
 from bulkembed.sinks import Sink
 from bulkembed.sources.records import BadRecord, Carried

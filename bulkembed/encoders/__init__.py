@@ -9,7 +9,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-from bulkembed.encoders.base import Embeddings, Encoder, SparseVector, TokenBatch
+from bulkembed.contracts import Embeddings, SparseVector, TokenBatch
+from bulkembed.encoders.base import Embedder, Encoder
 from bulkembed.errors import ModelError
 
 if TYPE_CHECKING:
@@ -18,6 +19,7 @@ if TYPE_CHECKING:
     from bulkembed.model_spec import ModelSpec
 
 __all__ = [
+    "Embedder",
     "Embeddings",
     "Encoder",
     "SparseVector",

@@ -12,92 +12,18 @@ import pickle
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
+from bulkembed.contracts import Embeddings, TokenBatch
 from bulkembed.errors import ModelError
 
 if TYPE_CHECKING:
     import torch
 
     from bulkembed.model_spec import ModelSpec
-
-
-@dataclass(frozen=True, slots=True)
-class TokenBatch:
-    """Token ids of several documents laid end to end, with each document's length."""
-
-    token_ids: np.ndarray
-    lengths: np.ndarray
-
-    @classmethod
-    def from_sequences(cls, sequences: list[np.ndarray]) -> TokenBatch:
-        lengths = np.array([len(s) for s in sequences], dtype=np.int32)
-        flat = np.concatenate(sequences) if sequences else np.empty(0, np.int32)
-        return cls(flat.astype(np.int32, copy=False), lengths)
-
-    def __len__(self) -> int:
-        return len(self.lengths)
-
-    def halves(self) -> tuple[TokenBatch, TokenBatch]:
-        """The first half of the documents and the rest."""
-        middle = len(self.lengths) // 2
-        cut = int(self.lengths[:middle].sum())
-        return (
-            TokenBatch(self.token_ids[:cut], self.lengths[:middle]),
-            TokenBatch(self.token_ids[cut:], self.lengths[middle:]),
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class SparseVector:
-    """Vocabulary ids (ascending) and their weights: the non-zero entries of a sparse vector."""
-
-    indices: np.ndarray
-    values: np.ndarray
-
-
-@dataclass(frozen=True, slots=True)
-class Embeddings:
-    """What an encoder returns for a batch, one row per document, in batch order.
-
-    `dense` is a float32 array of shape [documents, D]; `sparse` one `SparseVector` per
-    document; `multivector` one float32 array of shape [kept tokens, d] per document. An
-    output that was not asked for is None."""
-
-    dense: np.ndarray | None = None
-    sparse: list[SparseVector] | None = None
-    multivector: list[np.ndarray] | None = None
-
-    @classmethod
-    def concatenate(cls, parts: list[Embeddings]) -> Embeddings:
-        """Rows of `parts`, one after the other."""
-
-        def joined(name: str) -> Any:
-            pieces = [getattr(p, name) for p in parts]
-            if not pieces or any(piece is None for piece in pieces):
-                return None
-            if name == "dense":
-                return np.concatenate(pieces)
-            return [row for piece in pieces for row in piece]
-
-        return cls(joined("dense"), joined("sparse"), joined("multivector"))
-
-    def take(self, rows: np.ndarray | slice) -> Embeddings:
-        """The documents at `rows` (positions or a slice), in that order."""
-
-        def pick(values: list | None) -> list | None:
-            if values is None:
-                return None
-            if isinstance(rows, slice):
-                return values[rows]
-            return [values[i] for i in rows]
-
-        dense = None if self.dense is None else self.dense[rows]
-        return Embeddings(dense, pick(self.sparse), pick(self.multivector))
 
 
 # `tune_batch_tokens` probes with about this many tokens, and fills this share of the
@@ -191,6 +117,22 @@ def load_model(spec: ModelSpec, device: str, dtype: torch.dtype, masked_lm: bool
     return model
 
 
+class Embedder(Protocol):
+    """What embeds a window's batches: one `Encoder`, or a pool of them on several devices."""
+
+    @property
+    def dense_dim(self) -> int | None: ...
+
+    @property
+    def multivector_dim(self) -> int | None: ...
+
+    def embed_batches(
+        self, batches: list[TokenBatch], finished: Callable[[int, float], None]
+    ) -> list[Embeddings]: ...
+
+    def close(self) -> None: ...
+
+
 class Encoder(ABC):
     """Embeds token batches on one device."""
 
@@ -280,6 +222,9 @@ class Encoder(ABC):
             outputs.append(self.embed_within_memory(batch))
             finished(number, time.perf_counter() - started)
         return outputs
+
+    def close(self) -> None:  # noqa: B027 (an encoder in this process has nothing to stop)
+        """Nothing to stop: the model goes with this object."""
 
     def padded(self, batch: TokenBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """`input_ids` and `attention_mask` on the device, padded on the right to the longest."""

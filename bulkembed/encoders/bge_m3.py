@@ -19,14 +19,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from bulkembed.encoders.base import Embeddings, Encoder, TokenBatch, load_model, load_state
+from bulkembed.contracts import Embeddings, TokenBatch
+from bulkembed.encoders.base import Encoder, load_model, load_state
 from bulkembed.encoders.sparse import max_weight_per_token
 from bulkembed.errors import ModelError
 
 if TYPE_CHECKING:
     from bulkembed.model_spec import ModelSpec
-
-HEAD_FILES = ("sparse_linear.pt", "colbert_linear.pt")
 
 
 def _load_head(spec: ModelSpec, filename: str, hidden: int, dtype: torch.dtype) -> torch.nn.Linear:

@@ -14,7 +14,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from bulkembed.encoders.base import Embeddings, Encoder, TokenBatch, load_model, load_state
+from bulkembed.contracts import Embeddings, TokenBatch
+from bulkembed.encoders.base import Encoder, load_model, load_state
 from bulkembed.errors import ModelError
 from bulkembed.model_files import model_file, read_json
 

@@ -7,7 +7,8 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
-from bulkembed.encoders.base import Embeddings, Encoder, TokenBatch, load_model
+from bulkembed.contracts import Embeddings, TokenBatch
+from bulkembed.encoders.base import Encoder, load_model
 from bulkembed.encoders.pooling import pool
 
 if TYPE_CHECKING:

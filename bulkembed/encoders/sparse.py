@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from bulkembed.encoders.base import SparseVector
+from bulkembed.contracts import SparseVector
 
 
 def max_weight_per_token(

@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from bulkembed.encoders.base import Embeddings, Encoder, TokenBatch, load_model
+from bulkembed.contracts import Embeddings, TokenBatch
+from bulkembed.encoders.base import Encoder, load_model
 from bulkembed.encoders.sparse import nonzero_rows, splade_pool
 
 if TYPE_CHECKING:

@@ -75,6 +75,8 @@ def parse_output(output: str) -> OutputTarget:
     return OutputTarget("lancedb", Path(location).expanduser(), table)
 
 
+from bulkembed.sinks.factory import make_sink  # noqa: E402 (it builds on OutputTarget)
+
 __all__ = [
     "IndexSettings",
     "LanceSink",
@@ -83,5 +85,6 @@ __all__ = [
     "Sink",
     "StreamFormat",
     "StreamSink",
+    "make_sink",
     "parse_output",
 ]

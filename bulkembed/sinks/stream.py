@@ -11,20 +11,13 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from enum import Enum
 from typing import IO, Any
 
 import pyarrow as pa
 
+from bulkembed.config import StreamFormat
 from bulkembed.errors import OutputError, PipeClosed
 from bulkembed.sinks.base import Sink
-
-
-class StreamFormat(str, Enum):
-    """What `--output -` writes."""
-
-    JSONL = "jsonl"
-    ARROW = "arrow"
 
 
 class StreamSink(Sink):

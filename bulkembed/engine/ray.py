@@ -27,6 +27,9 @@ import numpy as np
 
 from bulkembed.checkpoint import RunDirectory, UnitRecord
 from bulkembed.config import DType, OnBadRecord, ShardSpec
+from bulkembed.engine.plan import RunOutcome, RunPlan
+from bulkembed.engine.session import DeviceSession
+from bulkembed.engine.stream import EmbeddedWindow, embed_windows, fail_on_bad_records, part_schema
 from bulkembed.errors import BulkembedError
 from bulkembed.incremental import hash_contents
 from bulkembed.outputs import OutputFormat
@@ -35,12 +38,10 @@ from bulkembed.progress import Reporter, RunStats
 from bulkembed.sinks import ParquetSink
 from bulkembed.sources import Chunk, RecordReader, SeenIds, drop_duplicate_ids, unit_offsets
 from bulkembed.tokenize import TokenizedChunk, TokenizerPool, TokenizerSettings
-from bulkembed.windows import embed_window, window_tokens, windows
-from bulkembed.writer import PartWriter, write_window
+from bulkembed.writer import PartWriter
 
 if TYPE_CHECKING:
     from bulkembed.model_spec import ModelSpec
-    from bulkembed.pipeline import _Job
 
 # The columns Ray Data hands back, one row per unit: counts add up into the run's.
 _COUNTS = ("docs", "tokens", "padded_tokens", "batches")
@@ -51,7 +52,7 @@ TOKENIZE_TASK_MEMORY = 256 * 2**20
 # A unit's error travels pickled in its row; none is an empty value (a column of Nones
 # would reach the actors as floats).
 _NO_ERROR = b""
-_RESULTS = ("part", "error", *_COUNTS, "encode_seconds", "dtype", "precision")
+_RESULTS = ("part", "error", *_COUNTS, "encode_seconds", "dtype", "budget", "precision")
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +89,6 @@ def _one_unit(chunks: Iterator[Chunk]) -> Iterator[Chunk]:
 def _tokenize_unit(part: str, offset: int, work: _Work) -> list[TokenizedChunk]:
     """Read one unit (a JSONL unit from byte `offset`, when not negative) and tokenize it
     in this process."""
-    from bulkembed.pipeline import fail_on_bad_records
     from bulkembed.units import SkippedUnits
 
     reader = copy.copy(work.reader)
@@ -123,56 +123,31 @@ class _UnitEmbedder:
     """Ray actor: the model on one device; embeds and commits whole units."""
 
     def __init__(self, work: _Work) -> None:
-        import torch
-
-        from bulkembed.devices import keep_memory_flat, resolve_dtype
-        from bulkembed.encoders import build_encoder
-        from bulkembed.pipeline import run_schema
-
-        if work.device == "cpu":
-            torch.set_num_threads(work.threads)
-        keep_memory_flat()
         self.work = work
-        self.fast = resolve_dtype(work.dtype, work.device)
-        self.check = work.dtype is DType.AUTO and self.fast != torch.float32
-        self.encoder = build_encoder(
-            work.spec, work.device, torch.float32 if self.check else self.fast
-        )
-        self.budget = work.spec.max_batch_tokens
-        if work.tune_batch_tokens:
-            self.budget = self.encoder.tune_batch_tokens() or self.budget
         self.reporter = Reporter()
-        self.dtype = "float32" if self.check else str(self.fast).removeprefix("torch.")
-        self.precision: PrecisionCheck | None = None
+        self.session = DeviceSession(
+            work.spec,
+            [work.device],
+            work.dtype,
+            work.threads,
+            work.tune_batch_tokens,
+            self.reporter,
+        )
         output = Path(work.output)
-        schema = run_schema(work.reader, work.spec, self.encoder, work.output_format)
+        schema = part_schema(work.reader, work.spec, self.session.embedder, work.output_format)
         self.writer = PartWriter(
             RunDirectory(output, shard=work.shard), ParquetSink(output), schema
         )
 
-    def _choose_precision(self, window: list[TokenizedChunk]) -> None:
-        """`--dtype auto` with a half-precision choice: the start-up check, on this actor's
-        first documents, as a local run makes it."""
-        from bulkembed.precision import check_on_window
-
-        checked = check_on_window(self.encoder, window, self.fast, self.budget)
-        if checked is not None:
-            self.check = False
-            self.encoder, self.precision = checked
-            if self.precision.passed:
-                self.dtype = self.precision.tried
+    def _write(self, window: EmbeddedWindow) -> None:
+        for _ in window.write(self.writer):
+            continue
 
     def _embed_unit(self, tokenized: list[TokenizedChunk]) -> RunStats:
         """Embed and commit one unit (the writer commits it with its last chunk)."""
         stats = RunStats()
-        size = window_tokens(self.budget, self.encoder.multivector_dim)
-        for window in windows(iter(tokenized), size):
-            if self.check:
-                self._choose_precision(window)
-            embedded, padded = embed_window(window, self.encoder, self.budget, stats, self.reporter)
-            vectors = self.work.output_format.apply(embedded)
-            for _ in write_window(self.writer, window, vectors, padded):
-                continue
+        formatted = self.work.output_format.apply
+        embed_windows(iter(tokenized), self.session, formatted, self._write, stats, self.reporter)
         return stats
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, list[Any]]:
@@ -191,8 +166,9 @@ class _UnitEmbedder:
             for key in _COUNTS:
                 rows[key].append(getattr(stats, key))
             rows["encode_seconds"].append(stats.encode_seconds)
-            rows["dtype"].append(self.dtype)
-            rows["precision"].append(pickle.dumps(self.precision))
+            rows["dtype"].append(self.session.dtype)
+            rows["budget"].append(self.session.budget)
+            rows["precision"].append(pickle.dumps(self.session.precision))
         return rows
 
 
@@ -253,51 +229,67 @@ def _actors(devices: str) -> tuple[str, int, int]:
     return device, len(entries), threads
 
 
-def _pending(job: _Job, done: dict[str, UnitRecord]) -> list[dict[str, Any]]:
+def _pending(plan: RunPlan, done: dict[str, UnitRecord]) -> list[dict[str, Any]]:
     """The units to embed, each with the byte offset where it starts in an uncompressed
     JSONL file (-1 elsewhere), so that its task reads only its own lines."""
-    assert job.units is not None
-    pending = [u for u in job.units if u not in done and (job.parts is None or u in job.parts)]
+    assert plan.all_units is not None
+    mine = plan.my_units
+    pending = [u for u in plan.all_units if u not in done and (mine is None or u in mine)]
     offsets: dict[int, list[int]] = {}
     items = []
     for part in pending:
         index, unit = _unit(part)
-        shard = job.shards[index]
+        shard = plan.files[index]
         offset = -1
         if shard.format == "jsonl" and not shard.path.name.lower().endswith(".gz"):
             if index not in offsets:
-                offsets[index] = unit_offsets(shard.path, job.reader.lines_per_unit)
+                offsets[index] = unit_offsets(shard.path, plan.reader.lines_per_unit)
             offset = offsets[index][unit]
         items.append({"part": part, "offset": offset})
     return items
 
 
-def embed_on_ray(job: _Job, done: dict[str, UnitRecord]) -> RunStats:
-    """Embed every pending unit on a Ray cluster; mark the run complete when all are."""
+def embed_on_ray(
+    plan: RunPlan, run: RunDirectory, done: dict[str, UnitRecord], reporter: Reporter
+) -> RunOutcome:
+    """Embed every pending unit on a Ray cluster, into the Parquet output of `run`."""
     try:
         import ray
         import ray.data
     except ImportError as e:
         raise BulkembedError("--engine ray needs Ray Data: pip install 'bulkembed[ray]'") from e
-    pending = _pending(job, done)
-    started = _connect(job.config.ray_address)
+    pending = _pending(plan, done)
+    started = _connect(plan.config.ray_address)
     try:
-        device, actors, threads = _actors(job.config.devices)
-        job.devices = [f"{device} x{actors} on Ray"]
-        job.reporter.info(
-            f"{job.spec.source} on Ray: {actors} {device} actor(s)"
+        device, actors, threads = _actors(plan.config.devices)
+        reporter.info(
+            f"{plan.spec.source} on Ray: {actors} {device} actor(s)"
             + (f" of {threads} thread(s)" if device == "cpu" else "")
             + f"; {len(pending)} unit(s) to embed"
             + (f", {len(done)} done before" if done else "")
         )
-        stats = RunStats()
+        outcome = RunOutcome(
+            RunStats(), f"{device} x{actors} on Ray", plan.dtype, plan.spec.max_batch_tokens
+        )
         if pending:
-            _run_dataset(job, pending, device, actors, threads, stats)
+            work = _Work(
+                reader=plan.reader,
+                settings=plan.tokenizer_settings,
+                fail_on_bad_records=plan.config.on_bad_record is OnBadRecord.FAIL,
+                spec=plan.spec,
+                dtype=plan.config.dtype,
+                output=str(run.output.resolve()),
+                shard=plan.config.shard,
+                output_format=plan.output_format,
+                device=device,
+                threads=threads,
+                tune_batch_tokens=plan.config.tune_batch_tokens,
+            )
+            outcome = _run_dataset(work, pending, actors, outcome, reporter)
     finally:
         if started:
             ray.shutdown()
-    job.mark_complete_if_whole()
-    return stats
+    return outcome
 
 
 @contextlib.contextmanager
@@ -319,29 +311,16 @@ def _quiet_ray_data() -> Iterator[None]:
 
 
 def _run_dataset(
-    job: _Job,
+    work: _Work,
     pending: list[dict[str, Any]],
-    device: str,
     actors: int,
-    threads: int,
-    stats: RunStats,
-) -> None:
-    """Read, tokenize, embed and commit `pending` units through Ray Data; count in `stats`."""
+    outcome: RunOutcome,
+    reporter: Reporter,
+) -> RunOutcome:
+    """Read, tokenize, embed and commit `pending` units through Ray Data; what the actors
+    did, added up."""
     import ray.data
 
-    work = _Work(
-        reader=job.reader,
-        settings=job.settings(),
-        fail_on_bad_records=job.config.on_bad_record is OnBadRecord.FAIL,
-        spec=job.spec,
-        dtype=job.config.dtype,
-        output=str(job.run.output.resolve()),
-        shard=job.config.shard,
-        output_format=job.output_format,
-        device=device,
-        threads=threads,
-        tune_batch_tokens=job.config.tune_batch_tokens,
-    )
     units = ray.data.from_items(pending, override_num_blocks=len(pending))
     tokenized = units.map_batches(
         _tokenize_units,
@@ -350,7 +329,7 @@ def _run_dataset(
         num_cpus=1,
         memory=TOKENIZE_TASK_MEMORY,
     )
-    resources = {"num_gpus": 1} if device == "cuda" else {"num_cpus": threads}
+    resources = {"num_gpus": 1} if work.device == "cuda" else {"num_cpus": work.threads}
     embedded = tokenized.map_batches(
         _UnitEmbedder,
         batch_size=1,
@@ -358,8 +337,10 @@ def _run_dataset(
         compute=ray.data.ActorPoolStrategy(size=actors),
         **resources,
     )
-    job.reporter.start(stats)
+    stats = outcome.stats
+    reporter.start(stats)
     dtypes: set[str] = set()
+    budgets: set[int] = set()
     checks: list[PrecisionCheck] = []
     busy = 0.0
     try:
@@ -373,10 +354,11 @@ def _run_dataset(
                 busy += float(row["encode_seconds"])
                 stats.encode_seconds = busy / actors
                 dtypes.add(row["dtype"])
+                budgets.add(int(row["budget"]))
                 precision = pickle.loads(row["precision"])
                 if precision is not None:
                     checks.append(precision)
-                job.reporter.update(stats)
+                reporter.update(stats)
     except BulkembedError:
         raise
     except Exception as e:  # Ray's own failures: an actor or a node lost, the object store full
@@ -387,6 +369,11 @@ def _run_dataset(
             "(BULKEMBED_DEBUG=1 shows Ray's report)"
         ) from e
     finally:
-        job.reporter.close()
-    job.computed_in = sorted(dtypes)
-    job.precision = min(checks, key=lambda c: c.lowest_cosine, default=None)
+        reporter.close()
+    return RunOutcome(
+        stats,
+        outcome.devices,
+        ",".join(sorted(dtypes)) or outcome.dtype,
+        min(budgets, default=outcome.max_batch_tokens),
+        min(checks, key=lambda c: c.lowest_cosine, default=None),
+    )

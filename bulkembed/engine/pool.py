@@ -47,15 +47,10 @@ def _serve(
     threading.Thread(target=exit_with_parent, args=(parent,), daemon=True).start()
     import torch
 
-    from bulkembed.devices import keep_memory_flat
-    from bulkembed.encoders import build_encoder
+    from bulkembed.engine.session import start_encoder
 
-    if device == "cpu":
-        torch.set_num_threads(threads)
-    keep_memory_flat()
     try:
-        encoder = build_encoder(spec, device, getattr(torch, dtype_name))
-        budget = encoder.tune_batch_tokens() if tune else None
+        encoder, budget = start_encoder(spec, device, getattr(torch, dtype_name), threads, tune)
     except Exception as e:  # reported to the parent, which raises it there
         results.put(("failed", device, f"{type(e).__name__}: {e}"))
         return

@@ -1,0 +1,169 @@
+"""The local engine: every pending unit streams through this machine's processes.
+
+Records stream from the inputs (done units skipped), lose repeated ids, stop at `--limit`,
+and go to tokenizer processes that run ahead of the model on a bounded queue. The unit loop
+(`embed_windows`) embeds them window by window on the run's devices, and a write-behind
+thread writes each window into its units' parts while the next one is embedded; a unit's
+part is committed, then marked done, with its last chunk.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from bulkembed.config import OnBadRecord
+from bulkembed.engine.plan import RunOutcome, RunPlan
+from bulkembed.engine.session import DeviceSession
+from bulkembed.engine.stream import embed_windows, fail_on_bad_records, part_schema
+from bulkembed.errors import OutputError
+from bulkembed.incremental import PreviousOutput, hash_contents
+from bulkembed.progress import Reporter, RunStats
+from bulkembed.sources import Chunk, SeenIds, count_records, drop_duplicate_ids, take
+from bulkembed.tokenize import TokenizerPool
+from bulkembed.units import SkippedUnits
+from bulkembed.writer import PartWriter, WriteBehind
+
+if TYPE_CHECKING:
+    from bulkembed.checkpoint import RunDirectory, UnitRecord
+    from bulkembed.contracts import Embeddings
+    from bulkembed.outputs import OutputFormat
+    from bulkembed.sinks import Sink
+
+
+class _Formatter:
+    """Embeddings as the output stores them; int8/uint8 ranges are calibrated on the first
+    window and stored in the run directory before any part is written."""
+
+    def __init__(self, output_format: OutputFormat, run: RunDirectory) -> None:
+        self.output_format = output_format
+        self.run = run
+
+    def __call__(self, embedded: Embeddings) -> Embeddings:
+        if self.output_format.needs_ranges and embedded.dense is not None:
+            calibrated = self.output_format.calibrated(embedded.dense)
+            assert calibrated.ranges is not None and calibrated.quantize is not None
+            self.run.write_quantization_ranges(calibrated.quantize, calibrated.ranges.tolist())
+            self.output_format = calibrated
+        return self.output_format.apply(embedded)
+
+
+def _output_format(plan: RunPlan, run: RunDirectory, done: dict[str, UnitRecord]) -> OutputFormat:
+    """The run's output format, with the int8/uint8 ranges of an earlier run if any."""
+    ranges = run.read_quantization_ranges()
+    output_format = plan.output_format
+    if output_format.quantize in ("int8", "uint8") and ranges is None and done:
+        raise OutputError(
+            f"{run.quantization_path} is missing but units are done with its ranges: "
+            "restore it, or use --overwrite"
+        )
+    if ranges is None:
+        return output_format
+    return replace(output_format, ranges=np.asarray(ranges, dtype=np.float32))
+
+
+def _pending_chunks(
+    plan: RunPlan, sink: Sink, done: dict[str, UnitRecord], previous: PreviousOutput | None
+) -> Iterator[Chunk]:
+    """The records still to embed: pending units, first id wins, up to the limit."""
+    config = plan.config
+    plan.reader.done = SkippedUnits(done, plan.my_units)
+    chunks: Iterator[Chunk] = iter(plan.reader)
+    seen = SeenIds()
+    mine = {k: v for k, v in done.items() if plan.my_units is None or k in plan.my_units}
+    for doc_id in sink.committed_ids(mine):
+        seen.add(doc_id)
+    chunks = drop_duplicate_ids(chunks, seen, list(plan.files))
+    if config.limit is not None:
+        chunks = take(chunks, config.limit - sum(r.rows for r in done.values()))
+    if config.on_bad_record is OnBadRecord.FAIL:
+        chunks = fail_on_bad_records(chunks)
+    chunks = hash_contents(chunks, plan.tokenizer_settings)
+    if previous is not None:
+        chunks = previous.carry_over(chunks)
+    return chunks
+
+
+def _start_counting(plan: RunPlan, reporter: Reporter) -> None:
+    """Count the documents in the background, for the progress bar's total and ETA."""
+    limit = plan.config.limit
+
+    def count() -> None:
+        total = count_records(list(plan.files))
+        reporter.set_total(min(total, limit) if limit is not None else total)
+
+    threading.Thread(target=count, name="bulkembed-count", daemon=True).start()
+
+
+def _describe(
+    plan: RunPlan, session: DeviceSession, done: int, previous: PreviousOutput | None
+) -> str:
+    """The start-up line: model, devices, outputs and the figures derived from the settings."""
+    spec, embedder = plan.spec, session.embedder
+    outputs = []
+    if embedder.dense_dim is not None:
+        pooling = spec.pooling.value if spec.pooling else "cls"
+        outputs.append(f"dense {embedder.dense_dim}-d ({pooling} pooling)")
+    if "sparse" in spec.outputs:
+        outputs.append("sparse")
+    if embedder.multivector_dim is not None:
+        outputs.append(f"multivector {embedder.multivector_dim}-d")
+    budget = session.budget
+    return (
+        f"{spec.source} on {', '.join(plan.devices)} ({plan.dtype}): "
+        f"{', '.join(outputs)}; max length {spec.max_length}; batches of {budget} "
+        f"tokens = {max(1, budget // spec.max_length)} docs at max length; "
+        f"{plan.workers} tokenizer process(es); {len(plan.files)} shard(s)"
+        + (f"; resuming after {done} done unit(s)" if done else "")
+        + (
+            f"; reusing the vectors of {previous.rows:,} document(s) in "
+            f"{previous.path} where the text is unchanged"
+            if previous is not None
+            else ""
+        )
+    )
+
+
+def embed_locally(
+    plan: RunPlan,
+    run: RunDirectory,
+    sink: Sink,
+    done: dict[str, UnitRecord],
+    previous: PreviousOutput | None,
+    reporter: Reporter,
+) -> RunOutcome:
+    """Embed every unit not in `done` (nor outside this `--shard`'s share) into `sink`."""
+    config = plan.config
+    devices = list(plan.devices)
+    session = DeviceSession(
+        plan.spec, devices, config.dtype, None, config.tune_batch_tokens, reporter
+    )
+    stats = RunStats()
+    try:
+        reporter.info(_describe(plan, session, len(done), previous))
+        output_format = _output_format(plan, run, done)
+        schema = part_schema(plan.reader, plan.spec, session.embedder, output_format)
+        writer = PartWriter(run, sink, schema)
+        reporter.start(stats)
+        if plan.my_units is None:
+            _start_counting(plan, reporter)
+        try:
+            chunks = _pending_chunks(plan, sink, done, previous)
+            with (
+                TokenizerPool(plan.tokenizer_settings, plan.workers) as pool,
+                WriteBehind(lambda window: window.write(writer)) as behind,
+            ):
+                formatted = _Formatter(output_format, run)
+                embed_windows(pool.map(chunks), session, formatted, behind.submit, stats, reporter)
+                behind.finish()
+            sink.finish()
+        finally:
+            writer.close()
+            reporter.close()
+    finally:
+        session.close()
+    return RunOutcome(stats, ",".join(devices), session.dtype, session.budget, session.precision)

@@ -1,0 +1,141 @@
+"""`plan_run`: one `bulkembed run` resolved before anything is embedded, into a frozen
+`RunPlan` (inputs found and their columns checked, model resolved, devices and output
+parsed, the units of a `--shard` share counted), and `RunOutcome`, what an engine reports
+back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from bulkembed.config import Engine, RunConfig, default_tokenize_workers
+from bulkembed.errors import BulkembedError
+from bulkembed.outputs import OutputFormat
+from bulkembed.sinks import OutputTarget, parse_output
+from bulkembed.sources import RecordReader, Shard, list_shards
+from bulkembed.tokenize import TokenizerSettings
+from bulkembed.units import counted_units, shard_parts
+
+if TYPE_CHECKING:
+    from bulkembed.model_spec import ModelSpec
+    from bulkembed.precision import PrecisionCheck
+    from bulkembed.progress import Reporter, RunStats
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """What a run reads, with which model on which devices, and where it writes.
+
+    `devices` are this machine's, resolved, for the local engine; for the Ray engine the
+    `--devices` text, resolved on the cluster. `dtype` is the dtype the run starts in as
+    far as this process can tell. `all_units` is every unit of the inputs, counted up front
+    for `--shard` and `--engine ray`; `my_units` the share of `--shard`."""
+
+    config: RunConfig
+    spec: ModelSpec
+    devices: tuple[str, ...]
+    dtype: str
+    files: tuple[Shard, ...]
+    reader: RecordReader
+    output_format: OutputFormat
+    target: OutputTarget
+    workers: int
+    all_units: tuple[str, ...] | None
+    my_units: frozenset[str] | None
+
+    @property
+    def tokenizer_settings(self) -> TokenizerSettings:
+        spec = self.spec
+        return TokenizerSettings(
+            spec.tokenizer_json, spec.max_length, spec.prompt, spec.lowercase, spec.prefix_token_id
+        )
+
+    def run_info(self, outcome: RunOutcome | None = None) -> dict[str, Any]:
+        """What `config.json` and `summary.json` say of the run's settings; with `outcome`,
+        as the engine found them (devices, dtype, tuned budget, precision check)."""
+        spec, config = self.spec, self.config
+        return {
+            "model": spec.source,
+            "recipe": spec.recipe,
+            "device": ",".join(self.devices) if outcome is None else outcome.devices,
+            "dtype": self.dtype if outcome is None else outcome.dtype,
+            "outputs": ",".join(spec.outputs),
+            "pooling": spec.pooling.value if spec.pooling else None,
+            "normalize": spec.normalize,
+            "max_length": spec.max_length,
+            "max_batch_tokens": (
+                spec.max_batch_tokens if outcome is None else outcome.max_batch_tokens
+            ),
+            "tokenize_workers": self.workers,
+            "output": self.target.label,
+            "dtype_check": (
+                None
+                if outcome is None or outcome.precision is None
+                else outcome.precision.describe()
+            ),
+            "shard": None if config.shard is None else config.shard.label,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class RunOutcome:
+    """What an engine did: its counters, the devices and dtype(s) it computed on, the token
+    budget it batched by, and the `--dtype auto` check it made (the worst, over Ray
+    actors)."""
+
+    stats: RunStats
+    devices: str
+    dtype: str
+    max_batch_tokens: int
+    precision: PrecisionCheck | None = None
+
+
+def plan_run(config: RunConfig, reporter: Reporter) -> RunPlan:
+    """Find the inputs and check their columns, resolve the model and the devices."""
+    from bulkembed.devices import resolve_devices, resolve_dtype
+    from bulkembed.engine.session import dtype_name
+    from bulkembed.model_spec import resolve_model
+
+    target = parse_output(config.output)
+    since = Path(config.since).resolve() if config.since is not None else None
+    if since is not None and target.path is not None and since == target.path.resolve():
+        raise BulkembedError("--since must name another output than --output")
+    skipped: list[str] = []
+    files = list_shards(config.inputs, exclude=target.path, skipped=skipped)
+    for directory in skipped:
+        reporter.warn(f"input directory {directory} cannot be read: its files are left out")
+    reader = RecordReader(
+        files,
+        config.text_column,
+        config.id_column,
+        lines_per_unit=config.records_per_unit,
+        keep_columns=config.keep_columns,
+    )
+    reader.check()
+    spec = resolve_model(config)
+    if config.engine is Engine.RAY:
+        # The cluster's devices, not this machine's: the Ray engine resolves both there.
+        devices, dtype = [config.devices], "float32"
+    else:
+        devices = resolve_devices(config.devices)
+        dtype = dtype_name(resolve_dtype(config.dtype, devices[0]))
+    distributed = config.shard is not None or config.engine is Engine.RAY
+    units = counted_units(files, config.records_per_unit) if distributed else None
+    workers = config.tokenize_workers
+    return RunPlan(
+        config=config,
+        spec=spec,
+        devices=tuple(devices),
+        dtype=dtype,
+        files=tuple(files),
+        reader=reader,
+        output_format=OutputFormat.for_run(config, spec),
+        target=target,
+        workers=default_tokenize_workers(devices[0]) if workers is None else workers,
+        all_units=None if units is None else tuple(units),
+        my_units=None
+        if units is None or config.shard is None
+        else shard_parts(units, config.shard),
+    )

@@ -1,0 +1,194 @@
+"""`embed_corpus`: one `bulkembed run` from configuration to summary.
+
+The run is planned (`plan_run`), its run directory opened (lock, fingerprint, ledger mended
+against the output), and the pending units handed to an engine: the local one, or Ray's.
+Both take the same plan and commit units the same way; they differ only in how they hand
+out the units. Afterwards the quarantine is rebuilt from the markers, the output marked
+complete once every unit is done, and the summary written.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import signal
+import tempfile
+import threading
+from collections.abc import Iterator
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from bulkembed import __version__
+from bulkembed.checkpoint import RunDirectory, UnitRecord
+from bulkembed.config import Engine, RunConfig, ShardSpec
+from bulkembed.engine.plan import RunOutcome, RunPlan, plan_run
+from bulkembed.errors import Interrupted, OutputError
+from bulkembed.incremental import PreviousOutput
+from bulkembed.progress import Reporter, RunStats
+from bulkembed.sinks import OutputTarget, Sink, make_sink
+from bulkembed.summary import fingerprint, summarize
+
+
+@contextlib.contextmanager
+def _stop_on_signals() -> Iterator[None]:
+    """Turn SIGINT and SIGTERM into `Interrupted`, so that cleanup runs and the lock drops."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signal_number: int, frame: object) -> None:
+        name = signal.Signals(signal_number).name
+        raise Interrupted(
+            signal_number,
+            f"stopped by {name}: committed parts are kept; run the same command again to resume",
+        )
+
+    previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+
+
+def _run_directory(target: OutputTarget, shard: ShardSpec | None) -> RunDirectory:
+    """The run's bookkeeping; a stream's lives in a temporary directory, removed at the end."""
+    meta = target.run_directory
+    if meta is None:
+        meta = Path(tempfile.mkdtemp(prefix="bulkembed-stream-"))
+    return RunDirectory(target.path or meta, meta=meta, label=target.label, shard=shard)
+
+
+def embed_corpus(config: RunConfig, reporter: Reporter | None = None) -> dict[str, Any]:
+    """Embed every document of `config.inputs` into `config.output`; return the summary.
+
+    An output that holds an unfinished run with the same settings is resumed; a finished
+    one is left as it is."""
+    reporter = reporter or Reporter()
+    with _stop_on_signals():
+        plan = plan_run(config, reporter)
+        sink = make_sink(plan.target, config, plan.spec.normalize)
+        run = _run_directory(plan.target, config.shard)
+        try:
+            summary = _run(plan, run, sink, reporter)
+        finally:
+            if not sink.resumable:
+                shutil.rmtree(run.meta, ignore_errors=True)
+    reporter.finish(summary)
+    return summary
+
+
+def _run(plan: RunPlan, run: RunDirectory, sink: Sink, reporter: Reporter) -> dict[str, Any]:
+    """Open the run directory, embed what is pending, write the summary."""
+    config = plan.config
+    settings = fingerprint(config, plan.spec, list(plan.files))
+    done = run.open(settings, config.overwrite, sink, plan.my_units)
+    for repair in run.repairs:
+        reporter.warn(repair)
+    try:
+        complete = run.is_complete()
+        previous: PreviousOutput | None = None
+        previous_rows = None
+        if config.since is not None and complete:
+            previous_rows = run.read_config().get("previous_rows")
+        elif config.since is not None:
+            previous = PreviousOutput(Path(config.since), settings)
+            previous_rows = previous.rows
+            _share_quantization(plan, run, previous)
+        spec_fields = {k: v for k, v in asdict(plan.spec).items() if k != "tokenizer_json"}
+        paths = [{"name": f.name, "path": str(f.path)} for f in plan.files]
+        run.write_config(
+            {
+                "version": __version__,
+                "fingerprint": settings,
+                "input_paths": paths,
+                "model": spec_fields,
+                "previous_rows": previous_rows,
+                **plan.run_info(),
+            }
+        )
+        if "sparse" in plan.spec.outputs:
+            _write_vocabulary(run, plan)
+        limited = config.limit is not None
+        if complete:
+            reporter.info(f"nothing to do: {plan.target.label} already holds every document")
+            return summarize(done, RunStats(), plan.run_info(), previous_rows, limited)
+        outcome = _dispatch(plan, run, sink, done, previous, reporter)
+        _mark_complete_if_whole(plan, run, reporter)
+        done = run.done_units()
+        # Lines a unit written twice (a lost Ray actor's) appended twice go.
+        run.rebuild_quarantine(done, plan.my_units)
+        summary = summarize(done, outcome.stats, plan.run_info(outcome), previous_rows, limited)
+        run.write_summary(summary)
+        return summary
+    finally:
+        if not sink.resumable:
+            _report_bad_records(run, reporter)
+        run.release_lock()
+
+
+def _dispatch(
+    plan: RunPlan,
+    run: RunDirectory,
+    sink: Sink,
+    done: dict[str, UnitRecord],
+    previous: PreviousOutput | None,
+    reporter: Reporter,
+) -> RunOutcome:
+    """Hand the pending units to the engine the configuration names."""
+    if plan.config.engine is Engine.RAY:
+        from bulkembed.engine.ray import embed_on_ray
+
+        return embed_on_ray(plan, run, done, reporter)
+    from bulkembed.engine.local import embed_locally
+
+    return embed_locally(plan, run, sink, done, previous, reporter)
+
+
+def _mark_complete_if_whole(plan: RunPlan, run: RunDirectory, reporter: Reporter) -> None:
+    """Mark the output complete once every unit is done: at once for a whole run; for a
+    `--shard` run, when the other shards' units are done too."""
+    done = run.done_units()
+    if plan.my_units is not None:
+        assert plan.all_units is not None and plan.config.shard is not None
+        pending = [u for u in plan.all_units if u not in done]
+        if pending:
+            reporter.info(
+                f"shard {plan.config.shard.label} is done; {len(pending)} unit(s) of other "
+                "shards are pending"
+            )
+            return
+    run.mark_complete(len(done))
+
+
+def _write_vocabulary(run: RunDirectory, plan: RunPlan) -> None:
+    """`vocab.json`, id -> token, so that loaders can turn sparse indices into terms."""
+    from tokenizers import Tokenizer
+
+    vocabulary = Tokenizer.from_str(plan.spec.tokenizer_json).get_vocab(with_added_tokens=True)
+    run.write_vocabulary(
+        {str(i): token for token, i in sorted(vocabulary.items(), key=lambda x: x[1])}
+    )
+
+
+def _share_quantization(plan: RunPlan, run: RunDirectory, previous: PreviousOutput) -> None:
+    """Carried-over rows keep the previous output's int8/uint8 scale: so must new ones."""
+    quantize = plan.output_format.quantize
+    if quantize not in ("int8", "uint8") or run.read_quantization_ranges() is not None:
+        return
+    assert quantize is not None
+    ranges = RunDirectory(previous.path).read_quantization_ranges()
+    if ranges is None:
+        raise OutputError(
+            f"--since {previous.path}: its _bulkembed/quantization.json is missing, so its "
+            "int8/uint8 vectors cannot be matched; restore it, or run without --since"
+        )
+    run.write_quantization_ranges(quantize, ranges)
+
+
+def _report_bad_records(run: RunDirectory, reporter: Reporter) -> None:
+    """A stream keeps no run directory: its bad records go to stderr, one JSON line each."""
+    if run.bad_records_path.exists():
+        for line in run.bad_records_path.read_text(encoding="utf-8").splitlines():
+            reporter.info(f"bad record: {line}")

@@ -1,0 +1,152 @@
+"""A model on a run's devices, ready to embed windows: the one way an encoder starts (CPU
+threads, memory settings, model load, token-budget probe) and the start-up precision check
+of `--dtype auto`. The local engine, each worker of the several-devices pool and each Ray
+actor start their models through here.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from bulkembed.config import DType
+from bulkembed.progress import Reporter, RunStats
+from bulkembed.windows import embed_window
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
+
+    from bulkembed.contracts import Embeddings
+    from bulkembed.encoders import Embedder, Encoder
+    from bulkembed.model_spec import ModelSpec
+    from bulkembed.precision import PrecisionCheck
+    from bulkembed.tokenize import TokenizedChunk
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """`bfloat16` for `torch.bfloat16`."""
+    return str(dtype).removeprefix("torch.")
+
+
+def start_encoder(
+    spec: ModelSpec, device: str, dtype: torch.dtype, threads: int | None, tune: bool
+) -> tuple[Encoder, int | None]:
+    """The encoder of `spec` on `device`, and with `tune` the token budget that fills the
+    device's memory (`Encoder.tune_batch_tokens`; None where memory does not bound batches).
+    `threads` caps torch's threads on a CPU shared with other encoders."""
+    import torch
+
+    from bulkembed.devices import keep_memory_flat
+    from bulkembed.encoders import build_encoder
+
+    if device == "cpu" and threads is not None:
+        torch.set_num_threads(threads)
+    keep_memory_flat()
+    encoder = build_encoder(spec, device, dtype)
+    return encoder, encoder.tune_batch_tokens() if tune else None
+
+
+class DeviceSession:
+    """The model of a run on its devices, in the dtype it computes in.
+
+    With `--dtype auto` and a half-precision candidate the model starts in float32 on the
+    first device, and the first window with a document settles the dtype (`settle`): its
+    first documents are embedded both ways and the candidate is kept only if they agree.
+    With several devices one worker process per device (`EncoderPool`) starts once the dtype
+    is known. `budget` is the token budget of a batch; `--max-batch-tokens auto` only ever
+    lowers it, so that batches packed before still fit."""
+
+    def __init__(
+        self,
+        spec: ModelSpec,
+        devices: list[str],
+        dtype: DType,
+        threads: int | None,
+        tune: bool,
+        reporter: Reporter,
+    ) -> None:
+        import torch
+
+        from bulkembed.devices import resolve_dtype
+
+        self.spec = spec
+        self.devices = devices
+        self.threads = threads
+        self.tune = tune
+        self.reporter = reporter
+        self.candidate = resolve_dtype(dtype, devices[0])
+        self.checking = dtype is DType.AUTO and self.candidate != torch.float32
+        self.budget = spec.max_batch_tokens
+        self.tuned = False
+        self.precision: PrecisionCheck | None = None
+        self.embedder: Embedder
+        if len(devices) > 1 and not self.checking:
+            self.embedder = self._start_pool()
+            return
+        start_dtype = torch.float32 if self.checking else self.candidate
+        encoder, budget = start_encoder(spec, devices[0], start_dtype, threads, tune)
+        self.embedder = encoder
+        self._use_budget(budget)
+
+    @property
+    def dtype(self) -> str:
+        """The dtype the run computes in: the candidate, unless its check failed."""
+        if self.precision is not None and not self.precision.passed:
+            return "float32"
+        return dtype_name(self.candidate)
+
+    def _start_pool(self) -> Embedder:
+        """One encoder process per device, in the run's dtype."""
+        from bulkembed.devices import cpu_threads_per_worker
+        from bulkembed.engine.pool import EncoderPool
+
+        threads = cpu_threads_per_worker(self.devices)
+        pool = EncoderPool(self.spec, self.devices, self.dtype, threads, self.tune)
+        self._use_budget(pool.batch_tokens)
+        return pool
+
+    def _use_budget(self, budget: int | None) -> None:
+        """Batch by `budget` tokens from now on (`--max-batch-tokens auto`)."""
+        if budget is None:
+            return
+        if self.tuned:
+            budget = min(budget, self.budget)
+        self.tuned = True
+        self.budget = budget
+        self.reporter.info(f"--max-batch-tokens auto: {budget} tokens per batch")
+
+    def settle(self, window: list[TokenizedChunk]) -> None:
+        """While `--dtype auto` awaits its check, make it on `window`'s first documents; a
+        window with no document to embed leaves it to the next one."""
+        import torch
+
+        from bulkembed.encoders import Encoder
+        from bulkembed.precision import check_on_window
+
+        if not self.checking:
+            return
+        assert isinstance(self.embedder, Encoder)
+        checked = check_on_window(self.embedder, window, self.candidate, self.budget)
+        if checked is None:
+            return
+        encoder, self.precision = checked
+        self.checking = False
+        self.reporter.info(f"--dtype auto: {self.precision.describe()}")
+        if len(self.devices) == 1:
+            self.embedder = encoder
+            return
+        # The check ran on the first device in this process: free it for its worker.
+        del encoder, checked
+        if self.devices[0].startswith("cuda"):
+            torch.cuda.empty_cache()
+        self.embedder = self._start_pool()
+
+    def embed(
+        self, window: list[TokenizedChunk], stats: RunStats, reporter: Reporter
+    ) -> tuple[Embeddings, np.ndarray]:
+        """Embeddings of the window's documents and the length each was padded to."""
+        return embed_window(window, self.embedder, self.budget, stats, reporter)
+
+    def close(self) -> None:
+        """Stop the device workers, if any."""
+        self.embedder.close()

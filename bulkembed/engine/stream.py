@@ -1,0 +1,91 @@
+"""The unit loop both engines share: tokenized chunks of one unit or many, in input order,
+gathered into windows, embedded on a `DeviceSession`, put in the output's format and handed
+to a part writer. The local engine streams every pending unit through it; a Ray actor runs
+it on one unit at a time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from bulkembed.errors import InputError
+from bulkembed.schema import output_schema
+from bulkembed.windows import window_tokens, windows
+from bulkembed.writer import PartWriter, write_window
+
+if TYPE_CHECKING:
+    import numpy as np
+    import pyarrow as pa
+
+    from bulkembed.contracts import Embeddings
+    from bulkembed.encoders import Embedder
+    from bulkembed.engine.session import DeviceSession
+    from bulkembed.model_spec import ModelSpec
+    from bulkembed.outputs import OutputFormat
+    from bulkembed.progress import Reporter, RunStats
+    from bulkembed.sources import Chunk, RecordReader
+    from bulkembed.tokenize import TokenizedChunk
+
+
+@dataclass(frozen=True, slots=True)
+class EmbeddedWindow:
+    """A window's chunks, their documents' vectors as the output stores them (input order),
+    and the length each document was padded to."""
+
+    chunks: list[TokenizedChunk]
+    vectors: Embeddings
+    padded: np.ndarray
+
+    def write(self, writer: PartWriter) -> Iterator[None]:
+        """Write the window chunk by chunk, yielding after each (see `write_window`)."""
+        return write_window(writer, self.chunks, self.vectors, self.padded)
+
+
+def part_schema(
+    reader: RecordReader, spec: ModelSpec, embedder: Embedder, output_format: OutputFormat
+) -> pa.Schema:
+    """The output's schema: the id type and passthrough columns that `reader` found, and
+    the columns of what `embedder` produces, in `output_format`."""
+    assert reader.id_type is not None
+    dense, multivector = embedder.dense_dim, embedder.multivector_dim
+    return output_schema(
+        reader.id_type,
+        dense=None if dense is None else output_format.dense_type(dense),
+        sparse="sparse" in spec.outputs,
+        multivector=None if multivector is None else output_format.multivector_type(multivector),
+        passthrough=reader.column_types,
+    )
+
+
+def fail_on_bad_records(chunks: Iterable[Chunk]) -> Iterator[Chunk]:
+    """`--on-bad-record fail`: the chunks, until one holds a bad record."""
+    for chunk in chunks:
+        if chunk.bad:
+            bad = chunk.bad[0]
+            raise InputError(
+                f"bad record at {bad.where()}: {bad.reason} "
+                "(--on-bad-record skip sets such records aside and goes on)"
+            )
+        yield chunk
+
+
+def embed_windows(
+    tokenized: Iterator[TokenizedChunk],
+    session: DeviceSession,
+    formatted: Callable[[Embeddings], Embeddings],
+    write: Callable[[EmbeddedWindow], None],
+    stats: RunStats,
+    reporter: Reporter,
+) -> None:
+    """Embed `tokenized` window by window on `session`, and `write` each window's vectors
+    as `formatted` makes them, in input order; count into `stats`."""
+    size = window_tokens(session.budget, session.embedder.multivector_dim)
+    for window in windows(tokenized, size):
+        session.settle(window)
+        embedded, padded = session.embed(window, stats, reporter)
+        write(EmbeddedWindow(window, formatted(embedded), padded))
+        carried = [c.chunk.carried for c in window if c.chunk.carried is not None]
+        stats.carried += sum(len(c.records.positions) for c in carried)
+        reporter.update(stats)
