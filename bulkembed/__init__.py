@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from bulkembed.version import __version__
+
 __all__ = ["__version__", "embed_corpus"]
 
 if TYPE_CHECKING:

@@ -13,12 +13,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from bulkembed.batching import Batch, input_order, pack_batches
-from bulkembed.encoders import Embeddings, Encoder, TokenBatch
+from bulkembed.contracts import Embeddings, TokenBatch
 from bulkembed.progress import Reporter, RunStats
 from bulkembed.tokenize import TokenizedChunk
 
 if TYPE_CHECKING:
-    from bulkembed.encoder_pool import EncoderPool
+    from bulkembed.encoders import Embedder
 
 # A window holds this many full batches' worth of tokens before it is sorted and packed:
 # enough that every length finds neighbours of a similar length, small enough to stay a
@@ -108,7 +108,7 @@ def windows(chunks: Iterator[TokenizedChunk], max_tokens: int) -> Iterator[list[
 
 def embed_window(
     window: list[TokenizedChunk],
-    encoder: Encoder | EncoderPool,
+    encoder: Embedder,
     max_batch_tokens: int,
     stats: RunStats,
     reporter: Reporter,

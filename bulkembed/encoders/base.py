@@ -153,9 +153,7 @@ class Encoder(ABC):
         """This encoder computing in `dtype`: on a CPU the same float32 weights under
         autocast (no second copy of the model in memory), elsewhere a new encoder."""
         if self.device != "cpu":
-            from bulkembed.encoders import build_encoder
-
-            return build_encoder(self.spec, self.device, dtype)
+            return type(self)(self.spec, self.device, dtype)
         twin = copy.copy(self)
         twin.dtype = dtype
         twin.autocast = str(dtype) != "torch.float32"

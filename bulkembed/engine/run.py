@@ -19,7 +19,6 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from bulkembed import __version__
 from bulkembed.checkpoint import RunDirectory, UnitRecord
 from bulkembed.config import Engine, RunConfig, ShardSpec
 from bulkembed.engine.plan import RunOutcome, RunPlan, plan_run
@@ -28,6 +27,7 @@ from bulkembed.incremental import PreviousOutput
 from bulkembed.progress import Reporter, RunStats
 from bulkembed.sinks import OutputTarget, Sink, make_sink
 from bulkembed.summary import fingerprint, summarize
+from bulkembed.version import __version__
 
 
 @contextlib.contextmanager

@@ -1,7 +1,7 @@
-"""A model on a run's devices, ready to embed windows: the one way an encoder starts (CPU
-threads, memory settings, model load, token-budget probe) and the start-up precision check
-of `--dtype auto`. The local engine, each worker of the several-devices pool and each Ray
-actor start their models through here.
+"""A model on a run's devices, ready to embed windows: the encoder started on the first
+device (`start_encoder`: CPU threads, memory settings, model load, token-budget probe), the
+start-up precision check of `--dtype auto`, and with several devices the pool of workers
+that start theirs the same way. The local engine and each Ray actor hold one session.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     import torch
 
     from bulkembed.contracts import Embeddings
-    from bulkembed.encoders import Embedder, Encoder
+    from bulkembed.encoders import Embedder
     from bulkembed.model_spec import ModelSpec
     from bulkembed.precision import PrecisionCheck
     from bulkembed.tokenize import TokenizedChunk
@@ -26,24 +26,6 @@ if TYPE_CHECKING:
 def dtype_name(dtype: torch.dtype) -> str:
     """`bfloat16` for `torch.bfloat16`."""
     return str(dtype).removeprefix("torch.")
-
-
-def start_encoder(
-    spec: ModelSpec, device: str, dtype: torch.dtype, threads: int | None, tune: bool
-) -> tuple[Encoder, int | None]:
-    """The encoder of `spec` on `device`, and with `tune` the token budget that fills the
-    device's memory (`Encoder.tune_batch_tokens`; None where memory does not bound batches).
-    `threads` caps torch's threads on a CPU shared with other encoders."""
-    import torch
-
-    from bulkembed.devices import keep_memory_flat
-    from bulkembed.encoders import build_encoder
-
-    if device == "cpu" and threads is not None:
-        torch.set_num_threads(threads)
-    keep_memory_flat()
-    encoder = build_encoder(spec, device, dtype)
-    return encoder, encoder.tune_batch_tokens() if tune else None
 
 
 class DeviceSession:
@@ -68,6 +50,7 @@ class DeviceSession:
         import torch
 
         from bulkembed.devices import resolve_dtype
+        from bulkembed.encoders import start_encoder
 
         self.spec = spec
         self.devices = devices

@@ -5,11 +5,11 @@ from __future__ import annotations
 import sys
 
 from bulkembed.config import RunConfig, StreamFormat
-from bulkembed.sinks import OutputTarget
 from bulkembed.sinks.base import Sink
 from bulkembed.sinks.lance import IndexSettings, LanceSink
 from bulkembed.sinks.parquet import ParquetSink
 from bulkembed.sinks.stream import StreamSink
+from bulkembed.sinks.target import OutputTarget
 
 
 def make_sink(target: OutputTarget, config: RunConfig, normalize: bool) -> Sink:

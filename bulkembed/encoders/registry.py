@@ -1,0 +1,64 @@
+"""The encoder registry: the class of each model family, and how an encoder starts.
+
+Built-in families are imported only when first used, so that importing bulkembed does not
+import torch. Tests and plugins add families with `register_encoder`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+from bulkembed.errors import ModelError
+
+if TYPE_CHECKING:
+    import torch
+
+    from bulkembed.encoders.base import Encoder
+    from bulkembed.model_spec import ModelSpec
+
+_BUILT_IN = {
+    "dense": "bulkembed.encoders.dense:DenseEncoder",
+    "bge-m3": "bulkembed.encoders.bge_m3:BGEM3Encoder",
+    "splade": "bulkembed.encoders.splade:SpladeEncoder",
+    "colbert": "bulkembed.encoders.colbert:ColbertEncoder",
+}
+_REGISTRY: dict[str, type[Encoder]] = {}
+
+
+def register_encoder(family: str, encoder: type[Encoder]) -> None:
+    """Make `family` (as named in recipes) build `encoder`."""
+    _REGISTRY[family] = encoder
+
+
+def _lookup(family: str) -> type[Encoder]:
+    if family not in _REGISTRY and family in _BUILT_IN:
+        module, name = _BUILT_IN[family].split(":")
+        register_encoder(family, getattr(importlib.import_module(module), name))
+    if family not in _REGISTRY:
+        known = ", ".join(sorted(set(_BUILT_IN) | set(_REGISTRY)))
+        raise ModelError(f"unknown model family '{family}' (known: {known})")
+    return _REGISTRY[family]
+
+
+def build_encoder(spec: ModelSpec, device: str, dtype: torch.dtype) -> Encoder:
+    """The encoder for `spec.family`, loaded on `device`."""
+    return _lookup(spec.family)(spec, device, dtype)
+
+
+def start_encoder(
+    spec: ModelSpec, device: str, dtype: torch.dtype, threads: int | None, tune: bool
+) -> tuple[Encoder, int | None]:
+    """The encoder of `spec` on `device`, and with `tune` the token budget that fills the
+    device's memory (`Encoder.tune_batch_tokens`; None where memory does not bound batches).
+    `threads` caps torch's threads on a CPU shared with other encoders. The local engine,
+    each worker of the several-devices pool and each Ray actor start encoders here."""
+    import torch
+
+    from bulkembed.devices import keep_memory_flat
+
+    if device == "cpu" and threads is not None:
+        torch.set_num_threads(threads)
+    keep_memory_flat()
+    encoder = build_encoder(spec, device, dtype)
+    return encoder, encoder.tune_batch_tokens() if tune else None
