@@ -59,12 +59,12 @@ def main() -> None:
                 "output_ids_equal_input_ids": sorted(vectors) == sorted(ids),
                 "words_min": min(words),
                 "words_max": max(words),
-                "truncated": summary["truncated"],
+                "truncated": summary.truncated,
                 "cosine_min": round(float(cosines.min()), 7),
                 "cosine_mean": round(float(cosines.mean()), 7),
                 "below_threshold": int((cosines < THRESHOLD).sum()),
                 "norm_max_deviation": round(float(np.abs(norms - 1).max()), 7),
-                "padding_efficiency": summary["padding_efficiency"],
+                "padding_efficiency": summary.padding_efficiency,
             }
         )
     )

@@ -10,9 +10,10 @@ __all__ = ["__version__", "embed_corpus"]
 
 if TYPE_CHECKING:
     from bulkembed.config import RunConfig
+    from bulkembed.summary import Summary
 
 
-def embed_corpus(config: RunConfig, **kwargs: Any) -> dict[str, Any]:
+def embed_corpus(config: RunConfig, **kwargs: Any) -> Summary:
     """Embed a corpus as `bulkembed run` does; see `bulkembed.engine.run.embed_corpus`."""
     from bulkembed.engine.run import embed_corpus as run
 

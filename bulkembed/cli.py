@@ -17,11 +17,13 @@ from bulkembed.config import (
     DType,
     DTypeOut,
     Engine,
+    IndexType,
     OnBadRecord,
     Pooling,
     Quantize,
     RunConfig,
     ShardSpec,
+    StreamFormat,
     find_recipe,
     list_recipes,
 )
@@ -195,7 +197,7 @@ KeepColumns = Annotated[
     ),
 ]
 StreamFormatOption = Annotated[
-    str | None,
+    StreamFormat | None,
     typer.Option(
         "--stream-format",
         help="With --output -: jsonl (one JSON object per line, the default) or arrow "
@@ -209,8 +211,8 @@ Index = Annotated[
         help="LanceDB: build vector indexes on vector and multivector once all rows are in.",
     ),
 ]
-IndexType = Annotated[
-    str,
+IndexTypeOption = Annotated[
+    IndexType,
     typer.Option(
         help="auto (IVF_HNSW_SQ below 1M rows, IVF_PQ from 1M), ivf_pq, ivf_hnsw_sq or ivf_flat."
     ),
@@ -354,7 +356,7 @@ def run(
     keep_columns: KeepColumns = None,
     stream_format: StreamFormatOption = None,
     index: Index = False,
-    index_type: IndexType = "auto",
+    index_type: IndexTypeOption = IndexType.AUTO,
     index_partitions: IndexPartitions = None,
     fts: Fts = False,
     since: Since = None,

@@ -234,10 +234,12 @@ class RunConfig:
                 object.__setattr__(self, name, (value,))
             elif value is not None:
                 object.__setattr__(self, name, tuple(value))
-        if isinstance(self.shard, str):
-            object.__setattr__(self, "shard", ShardSpec.parse(self.shard))
-        if isinstance(self.output, os.PathLike):
-            object.__setattr__(self, "output", os.fspath(self.output))
+        shard: object = self.shard
+        if isinstance(shard, str):
+            object.__setattr__(self, "shard", ShardSpec.parse(shard))
+        output: object = self.output
+        if isinstance(output, os.PathLike):
+            object.__setattr__(self, "output", os.fspath(output))
 
     def _check_distribution(self) -> None:
         """`--shard` and `--engine ray` commit units from several processes at once into one

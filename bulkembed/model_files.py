@@ -68,7 +68,8 @@ def model_version(source: str, revision: str | None, config_file: Path) -> str:
     return f"sha256:{digest.hexdigest()[:16]}"
 
 
-def read_json(path: Path | None) -> dict[str, Any] | None:
+def read_json(path: Path | None) -> Any:
+    """The JSON value in `path` (None when there is no file)."""
     if path is None:
         return None
     try:

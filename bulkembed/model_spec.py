@@ -142,11 +142,10 @@ def _special_token_ids(tokenizer: Any) -> tuple[int, ...]:
 def _pick_recipe(config: RunConfig) -> tuple[Recipe | None, str]:
     """The recipe in force and the model source (hub id or folder) to load weights from."""
     if config.recipe is not None:
-        recipe = find_recipe(config.recipe) or _recipe_from_path(config.recipe)
-        return recipe, config.model
-    recipe = find_recipe(config.model) or _recipe_for_hub_id(config.model)
-    if recipe is not None:
-        return recipe, recipe.model
+        return find_recipe(config.recipe) or _recipe_from_path(config.recipe), config.model
+    named = find_recipe(config.model) or _recipe_for_hub_id(config.model)
+    if named is not None:
+        return named, named.model
     if config.model.endswith((".yaml", ".yml")) and Path(config.model).is_file():
         recipe = load_recipe_file(Path(config.model))
         return recipe, recipe.model

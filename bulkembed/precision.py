@@ -76,11 +76,11 @@ def lowest_cosine(reference: Embeddings, candidate: Embeddings) -> float:
                 return 0.0
             cosines.append(_row_cosines(a, b))
     if reference.sparse is not None and candidate.sparse is not None:
-        for a, b in zip(reference.sparse, candidate.sparse, strict=True):
-            terms = np.union1d(a.indices, b.indices)
+        for left, right in zip(reference.sparse, candidate.sparse, strict=True):
+            terms = np.union1d(left.indices, right.indices)
             dense_a, dense_b = np.zeros((1, len(terms))), np.zeros((1, len(terms)))
-            dense_a[0, np.searchsorted(terms, a.indices)] = a.values
-            dense_b[0, np.searchsorted(terms, b.indices)] = b.values
+            dense_a[0, np.searchsorted(terms, left.indices)] = left.values
+            dense_b[0, np.searchsorted(terms, right.indices)] = right.values
             cosines.append(_row_cosines(dense_a, dense_b))
     return float(min(c.min() for c in cosines if len(c)))
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from rich.console import Console
 from rich.progress import (
@@ -68,21 +68,17 @@ def _rates(stats: RunStats) -> str:
     )
 
 
-class Reporter:
-    """Prints nothing but errors and warnings (`--quiet`); the base of the other reporters."""
-
-    def __init__(self) -> None:
-        self.console = Console(stderr=True, highlight=False)
+class Reporter(Protocol):
+    """What a run tells its user, as it goes."""
 
     def info(self, message: str) -> None:
         """A line about the run before it starts (model, device, derived figures)."""
 
     def warn(self, message: str) -> None:
         """Something the user should know even with `--quiet` (a mended ledger)."""
-        self.console.print(f"warning: {message}", soft_wrap=True, markup=False)
 
     def start(self, stats: RunStats) -> None:
-        """The run begins; `stats.total` may be set later by `set_total`."""
+        """The run begins; the total may come later, by `set_total`."""
 
     def set_total(self, total: int) -> None:
         """Documents to embed, once counted."""
@@ -97,7 +93,37 @@ class Reporter:
         """Release the terminal, whatever happened."""
 
 
-class LogReporter(Reporter):
+class QuietReporter:
+    """Prints nothing but warnings (`--quiet`, the Python API, Ray actors); the other
+    reporters add to it."""
+
+    def __init__(self) -> None:
+        self.console = Console(stderr=True, highlight=False)
+
+    def info(self, message: str) -> None:
+        """A line about the run before it starts (model, device, derived figures)."""
+
+    def warn(self, message: str) -> None:
+        """Something the user should know even with `--quiet` (a mended ledger)."""
+        self.console.print(f"warning: {message}", soft_wrap=True, markup=False)
+
+    def start(self, stats: RunStats) -> None:
+        """The run begins; the total may come later, by `set_total`."""
+
+    def set_total(self, total: int) -> None:
+        """Documents to embed, once counted."""
+
+    def update(self, stats: RunStats) -> None:
+        """Counters moved."""
+
+    def finish(self, summary: dict[str, Any]) -> None:
+        """The run ended; `summary` is what `summary.json` holds."""
+
+    def close(self) -> None:
+        """Release the terminal, whatever happened."""
+
+
+class LogReporter(QuietReporter):
     """A plain line every `interval` seconds, for logs."""
 
     def __init__(self, interval: float = LOG_INTERVAL_SECONDS) -> None:
@@ -163,7 +189,7 @@ class BarReporter(LogReporter):
 def make_reporter(quiet: bool) -> Reporter:
     """The reporter for this terminal: silent, a progress bar, or log lines."""
     if quiet:
-        return Reporter()
+        return QuietReporter()
     return BarReporter() if sys.stderr.isatty() else LogReporter()
 
 

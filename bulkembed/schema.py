@@ -77,12 +77,14 @@ def record_batch(
         elif field.name in passthrough:
             columns.append(passthrough[field.name])
         elif field.name == "dense":
+            assert embeddings.dense is not None
             columns.append(_vectors(embeddings.dense, field.type))
         elif field.name == "sparse":
-            rows = embeddings.sparse
-            offsets = _offsets([len(r.indices) for r in rows])
-            indices = np.concatenate([r.indices for r in rows]).astype(np.int32)
-            values = np.concatenate([r.values for r in rows]).astype(np.float32)
+            assert embeddings.sparse is not None
+            sparse = embeddings.sparse
+            offsets = _offsets([len(r.indices) for r in sparse])
+            indices = np.concatenate([r.indices for r in sparse]).astype(np.int32)
+            values = np.concatenate([r.values for r in sparse]).astype(np.float32)
             columns.append(
                 pa.StructArray.from_arrays(
                     [
@@ -93,6 +95,7 @@ def record_batch(
                 )
             )
         elif field.name == "multivector":
+            assert embeddings.multivector is not None
             rows = embeddings.multivector
             kind = field.type.value_type
             flat = np.concatenate(rows) if rows else np.empty((0, kind.list_size), np.float32)

@@ -3,6 +3,7 @@ resume, and the summary of what the output holds."""
 
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -57,20 +58,56 @@ def _input(shard: Shard, verify: bool) -> dict[str, Any]:
     return found
 
 
-def _incremental_counts(
-    done: dict[str, UnitRecord], previous_rows: int, limited: bool
-) -> dict[str, int | None]:
-    """New, changed, unchanged and deleted documents against the `--since` output. With
-    `--limit` the documents past it are not read: how many were deleted is unknown."""
+@dataclass(frozen=True, slots=True)
+class Changes:
+    """Documents against the `--since` output: new, changed, carried over unchanged, and
+    deleted (None with `--limit`, since the documents past it are not read)."""
+
+    new: int
+    changed: int
+    unchanged: int
+    deleted: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Summary:
+    """What the output holds, over every run that wrote it (`docs` ... `parts`), this run's
+    figures (`docs_this_run` ... `device_idle_fraction`) and settings (`run`: model,
+    device, dtype, ...). Written as `summary.json` (`as_dict`)."""
+
+    docs: int
+    changes: Changes | None
+    tokens: int
+    padding_efficiency: float
+    bad_records: int
+    truncated: int
+    units: int
+    parts: int
+    docs_this_run: int
+    batches_this_run: int
+    seconds: float
+    docs_per_s: float
+    tokens_per_s: float
+    encode_seconds: float
+    device_idle_fraction: float
+    run: dict[str, Any]
+
+    def as_dict(self) -> dict[str, Any]:
+        """`summary.json`: the figures flat, the `--since` counts after `docs`, then the
+        settings."""
+        figures = {f: getattr(self, f) for f in self.__dataclass_fields__}
+        changes, run = figures.pop("changes"), figures.pop("run")
+        docs = {"docs": figures.pop("docs")}
+        return {**docs, **({} if changes is None else asdict(changes)), **figures, **run}
+
+
+def _changes(done: dict[str, UnitRecord], previous_rows: int, limited: bool) -> Changes:
+    """New, changed, unchanged and deleted documents against the `--since` output."""
     rows = sum(r.rows for r in done.values())
     carried = sum(r.carried for r in done.values())
     changed = sum(r.changed for r in done.values())
-    return {
-        "new": rows - carried - changed,
-        "changed": changed,
-        "unchanged": carried,
-        "deleted": None if limited else previous_rows - carried - changed,
-    }
+    deleted = None if limited else previous_rows - carried - changed
+    return Changes(rows - carried - changed, changed, carried, deleted)
 
 
 def summarize(
@@ -79,27 +116,26 @@ def summarize(
     run_info: dict[str, Any],
     previous_rows: int | None = None,
     limited: bool = False,
-) -> dict:
+) -> Summary:
     """The whole output's figures (over every run that wrote it) and this run's speed;
     with `previous_rows` (`--since`), the counts against the previous output."""
     tokens = sum(r.tokens for r in done.values())
     padded = sum(r.padded_tokens for r in done.values())
-    incremental = {} if previous_rows is None else _incremental_counts(done, previous_rows, limited)
-    return {
-        "docs": sum(r.rows for r in done.values()),
-        **incremental,
-        "tokens": tokens,
-        "padding_efficiency": round(tokens / padded, 4) if padded else 1.0,
-        "bad_records": sum(r.bad_records for r in done.values()),
-        "truncated": sum(r.truncated for r in done.values()),
-        "units": len(done),
-        "parts": sum(1 for r in done.values() if r.rows),
-        "docs_this_run": stats.docs,
-        "batches_this_run": stats.batches,
-        "seconds": round(stats.seconds, 3),
-        "docs_per_s": round(stats.docs_per_s, 2),
-        "tokens_per_s": round(stats.tokens_per_s, 1),
-        "encode_seconds": round(stats.encode_seconds, 3),
-        "device_idle_fraction": round(stats.device_idle_fraction, 3),
-        **run_info,
-    }
+    return Summary(
+        docs=sum(r.rows for r in done.values()),
+        changes=None if previous_rows is None else _changes(done, previous_rows, limited),
+        tokens=tokens,
+        padding_efficiency=round(tokens / padded, 4) if padded else 1.0,
+        bad_records=sum(r.bad_records for r in done.values()),
+        truncated=sum(r.truncated for r in done.values()),
+        units=len(done),
+        parts=sum(1 for r in done.values() if r.rows),
+        docs_this_run=stats.docs,
+        batches_this_run=stats.batches,
+        seconds=round(stats.seconds, 3),
+        docs_per_s=round(stats.docs_per_s, 2),
+        tokens_per_s=round(stats.tokens_per_s, 1),
+        encode_seconds=round(stats.encode_seconds, 3),
+        device_idle_fraction=round(stats.device_idle_fraction, 3),
+        run=run_info,
+    )

@@ -90,6 +90,7 @@ class PartWriter:
         if batches:
             rows = pa.Table.from_batches(batches)
             if len(batches) > 1:
+                assert chunk.carried is not None
                 positions = chunk.positions + chunk.carried.records.positions
                 rows = rows.take(pa.array(np.argsort(positions, kind="stable"), pa.int64()))
             for batch in rows.combine_chunks().to_batches():

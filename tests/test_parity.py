@@ -38,5 +38,5 @@ def test_minilm_matches_sentence_transformers_on_real_text(tmp_path, minilm):
     np.testing.assert_allclose(np.linalg.norm(ours, axis=1), 1.0, rtol=1e-5)
     cosines = (ours * reference).sum(axis=1)
     assert cosines.min() >= 0.9999, f"lowest cosine {cosines.min():.6f}"
-    assert summary["truncated"] > 0  # the sample holds documents past 256 tokens
-    assert summary["docs"] == PARITY_DOCS
+    assert summary.truncated > 0  # the sample holds documents past 256 tokens
+    assert summary.docs == PARITY_DOCS

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
+from bulkembed.config import Pooling
 from bulkembed.contracts import Embeddings, TokenBatch
 from bulkembed.encoders.base import Encoder, load_model
 from bulkembed.encoders.pooling import pool
@@ -30,7 +31,7 @@ class DenseEncoder(Encoder):
     def embed(self, batch: TokenBatch) -> Embeddings:
         input_ids, attention_mask = self.padded(batch)
         hidden = self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-        vectors = pool(hidden, attention_mask, self.spec.pooling)
+        vectors = pool(hidden, attention_mask, self.spec.pooling or Pooling.CLS)
         if self.spec.normalize:
             vectors = F.normalize(vectors, p=2, dim=1)
         return Embeddings(dense=vectors.cpu().numpy())

@@ -19,7 +19,7 @@ import numpy as np
 from bulkembed.config import OnBadRecord
 from bulkembed.engine.plan import RunOutcome, RunPlan
 from bulkembed.engine.session import DeviceSession
-from bulkembed.engine.stream import embed_windows, fail_on_bad_records, part_schema
+from bulkembed.engine.stream import EmbeddedWindow, embed_windows, fail_on_bad_records, part_schema
 from bulkembed.errors import OutputError
 from bulkembed.incremental import PreviousOutput, hash_contents
 from bulkembed.progress import Reporter, RunStats
@@ -155,7 +155,7 @@ def embed_locally(
             chunks = _pending_chunks(plan, sink, done, previous)
             with (
                 TokenizerPool(plan.tokenizer_settings, plan.workers) as pool,
-                WriteBehind(lambda window: window.write(writer)) as behind,
+                WriteBehind[EmbeddedWindow](lambda window: window.write(writer)) as behind,
             ):
                 formatted = _Formatter(output_format, run)
                 embed_windows(pool.map(chunks), session, formatted, behind.submit, stats, reporter)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import logging
 import pickle
 from collections.abc import Iterator
@@ -34,7 +35,7 @@ from bulkembed.errors import BulkembedError
 from bulkembed.incremental import hash_contents
 from bulkembed.outputs import OutputFormat
 from bulkembed.precision import PrecisionCheck
-from bulkembed.progress import Reporter, RunStats
+from bulkembed.progress import QuietReporter, Reporter, RunStats
 from bulkembed.sinks import ParquetSink
 from bulkembed.sources import Chunk, RecordReader, SeenIds, drop_duplicate_ids, unit_offsets
 from bulkembed.tokenize import TokenizedChunk, TokenizerPool, TokenizerSettings
@@ -124,7 +125,7 @@ class _UnitEmbedder:
 
     def __init__(self, work: _Work) -> None:
         self.work = work
-        self.reporter = Reporter()
+        self.reporter = QuietReporter()
         self.session = DeviceSession(
             work.spec,
             [work.device],
@@ -180,7 +181,7 @@ def _connect(address: str | None) -> bool:
 
     if ray.is_initialized():
         return False
-    options = {"logging_level": logging.ERROR, "log_to_driver": False}
+    options: dict[str, Any] = {"logging_level": logging.ERROR, "log_to_driver": False}
     if address is not None:
         try:
             ray.init(address=address, **options)
@@ -323,13 +324,14 @@ def _run_dataset(
 
     units = ray.data.from_items(pending, override_num_blocks=len(pending))
     tokenized = units.map_batches(
-        _tokenize_units,
+        functools.partial(_tokenize_units, work=work),
         batch_size=1,
-        fn_kwargs={"work": work},
         num_cpus=1,
         memory=TOKENIZE_TASK_MEMORY,
     )
-    resources = {"num_gpus": 1} if work.device == "cuda" else {"num_cpus": work.threads}
+    resources: dict[str, Any] = (
+        {"num_gpus": 1} if work.device == "cuda" else {"num_cpus": work.threads}
+    )
     embedded = tokenized.map_batches(
         _UnitEmbedder,
         batch_size=1,

@@ -17,16 +17,15 @@ import threading
 from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
 
 from bulkembed.checkpoint import RunDirectory, UnitRecord
 from bulkembed.config import Engine, RunConfig, ShardSpec
 from bulkembed.engine.plan import RunOutcome, RunPlan, plan_run
 from bulkembed.errors import Interrupted, OutputError
 from bulkembed.incremental import PreviousOutput
-from bulkembed.progress import Reporter, RunStats
+from bulkembed.progress import QuietReporter, Reporter, RunStats
 from bulkembed.sinks import OutputTarget, Sink, make_sink
-from bulkembed.summary import fingerprint, summarize
+from bulkembed.summary import Summary, fingerprint, summarize
 from bulkembed.version import __version__
 
 
@@ -60,12 +59,12 @@ def _run_directory(target: OutputTarget, shard: ShardSpec | None) -> RunDirector
     return RunDirectory(target.path or meta, meta=meta, label=target.label, shard=shard)
 
 
-def embed_corpus(config: RunConfig, reporter: Reporter | None = None) -> dict[str, Any]:
+def embed_corpus(config: RunConfig, reporter: Reporter | None = None) -> Summary:
     """Embed every document of `config.inputs` into `config.output`; return the summary.
 
     An output that holds an unfinished run with the same settings is resumed; a finished
     one is left as it is."""
-    reporter = reporter or Reporter()
+    reporter = reporter or QuietReporter()
     with _stop_on_signals():
         plan = plan_run(config, reporter)
         sink = make_sink(plan.target, config, plan.spec.normalize)
@@ -75,11 +74,11 @@ def embed_corpus(config: RunConfig, reporter: Reporter | None = None) -> dict[st
         finally:
             if not sink.resumable:
                 shutil.rmtree(run.meta, ignore_errors=True)
-    reporter.finish(summary)
+    reporter.finish(summary.as_dict())
     return summary
 
 
-def _run(plan: RunPlan, run: RunDirectory, sink: Sink, reporter: Reporter) -> dict[str, Any]:
+def _run(plan: RunPlan, run: RunDirectory, sink: Sink, reporter: Reporter) -> Summary:
     """Open the run directory, embed what is pending, write the summary."""
     config = plan.config
     settings = fingerprint(config, plan.spec, list(plan.files))
@@ -120,7 +119,7 @@ def _run(plan: RunPlan, run: RunDirectory, sink: Sink, reporter: Reporter) -> di
         # Lines a unit written twice (a lost Ray actor's) appended twice go.
         run.rebuild_quarantine(done, plan.my_units)
         summary = summarize(done, outcome.stats, plan.run_info(outcome), previous_rows, limited)
-        run.write_summary(summary)
+        run.write_summary(summary.as_dict())
         return summary
     finally:
         if not sink.resumable:

@@ -1,0 +1,45 @@
+"""`RunConfig` as a Python caller builds it: strings for enums, one input as a string."""
+
+import pytest
+
+from bulkembed.config import DType, Engine, IndexType, Quantize, RunConfig, ShardSpec, StreamFormat
+from bulkembed.errors import BulkembedError
+
+
+def test_strings_become_the_enums_and_one_input_path_is_one_input(tmp_path):
+    config = RunConfig(
+        inputs=str(tmp_path / "x.jsonl"),
+        output=tmp_path / "out",
+        model="m",
+        dtype="float32",
+        quantize="binary",
+        engine="local",
+        shard="1/3",
+        keep_columns="title",
+    )
+    assert config.inputs == (str(tmp_path / "x.jsonl"),)
+    assert config.output == str(tmp_path / "out")
+    assert config.dtype is DType.FLOAT32
+    assert config.quantize is Quantize.BINARY
+    assert config.engine is Engine.LOCAL
+    assert config.shard == ShardSpec(1, 3)
+    assert config.keep_columns == ("title",)
+    stream = RunConfig(inputs=("a", "b"), output="-", model="m", stream_format="arrow")
+    assert stream.inputs == ("a", "b") and stream.stream_format is StreamFormat.ARROW
+    lance = RunConfig(inputs="a", output="lancedb://db", model="m", index_type="ivf_pq")
+    assert lance.index_type is IndexType.IVF_PQ
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("dtype", "f32", "--dtype: choose one of auto, float32, float16, bfloat16 (got 'f32')"),
+        ("on_bad_record", "ignore", "--on-bad-record: choose skip or fail (got 'ignore')"),
+        ("pooling", "max", "--pooling: choose one of cls, mean, last-token (got 'max')"),
+        ("shard", "3/3", "--shard 3/3: expected I/N with 0 <= I < N"),
+    ],
+)
+def test_a_bad_value_is_one_line_before_anything_loads(field, value, message):
+    with pytest.raises(BulkembedError) as raised:
+        RunConfig(inputs="a.jsonl", output="out", model="m", **{field: value})
+    assert str(raised.value).startswith(message)
