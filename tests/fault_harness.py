@@ -17,15 +17,14 @@ import time
 
 from lancedb.table import LanceTable
 
-from bulkembed import cli
+from bulkembed import cli, tokenize
 from bulkembed.checkpoint import RunDirectory
 from bulkembed.encoders.base import Encoder
 from bulkembed.sinks.lance import LanceSink
 from bulkembed.sinks.parquet import ParquetSink
-from bulkembed.tokenize import TokenizerPool
 
 STAGES = {
-    "tokenize": (TokenizerPool, "_result", False),
+    "tokenize": (tokenize, "_tokenized", False),
     "encode": (Encoder, "embed_within_memory", False),
     "write": (ParquetSink, "write", True),
     "commit": (RunDirectory, "mark_done", False),
