@@ -11,9 +11,12 @@ compacted, its index not built yet), indexed (an index of it was just built).
 
 import os
 import signal
+import subprocess
 import sys
+import tempfile
 import threading
 import time
+import traceback
 
 from lancedb.table import LanceTable
 
@@ -55,6 +58,49 @@ def signal_at(stage: str, n: int, signal_number: int) -> None:
         return result
 
     setattr(owner, name, wrapper)
+
+
+def run_forked(
+    stage: str, n: int, signal_name: str, arguments: list[str], timeout: float = 300
+) -> subprocess.CompletedProcess:
+    """What `python fault_harness.py STAGE N SIGNAL -- ARGUMENTS` does, in a forked child of
+    this process, which has torch imported already: a test that kills many runs saves the
+    seconds each new interpreter takes to start. The child computes on one thread, since
+    OpenMP's thread pool does not survive a fork. Not for LanceDB runs: its runtime does
+    not survive a fork either."""
+    import torch
+
+    with tempfile.TemporaryFile() as errors:
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                os.dup2(errors.fileno(), 2)
+                sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+                sys.stdout = open(os.devnull, "w")  # noqa: SIM115
+                os.environ["TOKENIZERS_PARALLELISM"] = "false"
+                torch.set_num_threads(1)
+                signal_at(stage, n, getattr(signal, signal_name))
+                try:
+                    cli.app(arguments, prog_name="bulkembed")
+                    code = 0
+                except SystemExit as e:
+                    code = e.code if isinstance(e.code, int) else 1
+            except BaseException:
+                traceback.print_exc()
+            finally:
+                sys.stderr.flush()
+                os._exit(code)
+        deadline = time.monotonic() + timeout
+        while (status := os.waitpid(pid, os.WNOHANG))[0] == 0:
+            if time.monotonic() > deadline:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                raise subprocess.TimeoutExpired(arguments, timeout)
+            time.sleep(0.02)
+        errors.seek(0)
+        stderr = errors.read().decode("utf-8", errors="replace")
+    return subprocess.CompletedProcess(arguments, os.waitstatus_to_exitcode(status[1]), "", stderr)
 
 
 if __name__ == "__main__":

@@ -2,8 +2,6 @@
 exactly the uninterrupted run's, or the rerun refuses in one line naming what it found."""
 
 import json
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
@@ -11,13 +9,13 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 from conftest import sample_texts, write_mixed_corpus
+from fault_harness import run_forked
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from bulkembed.cli import app
 
-HARNESS = Path(__file__).with_name("fault_harness.py")
 # Units of the corpus: 8 Parquet row groups and 1 JSONL unit.
 UNITS = 9
 
@@ -108,10 +106,7 @@ def test_crashes_and_damage_end_in_the_uninterrupted_output_or_a_one_line_refusa
         arguments = _arguments(reference.corpus, model, out)
         damaged = []
         for units, damage in rounds:
-            command = [sys.executable, str(HARNESS), "marked", str(units), "SIGKILL", "--"]
-            killed = subprocess.run(
-                [*command, *arguments], capture_output=True, text=True, timeout=300
-            )
+            killed = run_forked("marked", units, "SIGKILL", arguments)
             if killed.returncode != -9:
                 # Done before the kill (units already done in an earlier round), or refused.
                 assert killed.returncode in (0, 1), killed.stderr

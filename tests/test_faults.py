@@ -3,12 +3,12 @@
 import random
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from conftest import read_output, sample_texts, write_mixed_corpus
+from fault_harness import run_forked
 from typer.testing import CliRunner
 
 from bulkembed.checkpoint import RunDirectory
@@ -16,7 +16,6 @@ from bulkembed.cli import app
 from bulkembed.encoders import Embeddings, Encoder, TokenBatch
 from bulkembed.errors import ModelError
 
-HARNESS = Path(__file__).with_name("fault_harness.py")
 STAGES = ["tokenize", "encode", "write", "commit", "marked"]
 
 
@@ -43,11 +42,6 @@ def _arguments(corpus, model, out):
     ]  # fmt: skip
 
 
-def _harness(stage, n, signal_name, arguments):
-    command = [sys.executable, str(HARNESS), stage, str(n), signal_name, "--", *arguments]
-    return subprocess.run(command, capture_output=True, text=True, timeout=300)
-
-
 @pytest.mark.slow
 def test_sigkill_at_20_points_then_rerun_equals_an_uninterrupted_run(tmp_path, tiny_st):
     corpus, records = _corpus(tmp_path)
@@ -61,7 +55,7 @@ def test_sigkill_at_20_points_then_rerun_equals_an_uninterrupted_run(tmp_path, t
     rng = random.Random(20261122)
     points = [(rng.choice(STAGES), rng.randint(1, 3)) for _ in range(20)]
     for stage, n in points:
-        killed = _harness(stage, n, "SIGKILL", _arguments(corpus, model, out))
+        killed = run_forked(stage, n, "SIGKILL", _arguments(corpus, model, out))
         assert killed.returncode == -9, (stage, n, killed.stderr[-2000:])
     assert {stage for stage, _ in points} == set(STAGES)
     assert len(RunDirectory(out).done_units()) < 130  # work was left for the final run
@@ -91,7 +85,7 @@ def test_sigterm_and_sigint_stop_cleanly_and_say_how_to_resume(
     corpus, records = _corpus(tmp_path)
     out = tmp_path / "out"
     arguments = _arguments(corpus, tiny_st("mean"), out)
-    stopped = _harness("marked", 5, signal_name, arguments)
+    stopped = run_forked("marked", 5, signal_name, arguments)
     assert stopped.returncode == code, stopped.stderr
     assert stopped.stderr.strip().splitlines()[-1] == (
         f"error: stopped by {signal_name}: committed parts are kept; "
