@@ -3,13 +3,43 @@ bulkembed. Sources, encoders, sinks and the run directory all speak in these."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 # The run directory inside an output (`OUT/_bulkembed/`, `DB/_bulkembed/TABLE/`).
 RUN_DIRECTORY = "_bulkembed"
+
+
+def part_name(file: int, unit: int) -> str:
+    """The name of a unit of work, and of its part: `part-<input file>-<unit>`."""
+    return f"part-{file:05d}-{unit:06d}"
+
+
+def part_unit(part: str) -> tuple[int, int]:
+    """(input file, unit) of a part name `part-<input file>-<unit>`."""
+    _, file, unit = part.split("-")
+    return int(file), int(unit)
+
+
+@dataclass(frozen=True, slots=True)
+class UnitRecord:
+    """What a committed unit of work holds; the content of its done-marker.
+
+    `carried` rows were copied from a previous output (`--since`), `changed` of them or of
+    the others had another text there; `version` is where the sink found the unit (a
+    LanceDB table version)."""
+
+    part: str
+    rows: int
+    bad_records: int
+    truncated: int
+    tokens: int
+    padded_tokens: int
+    carried: int = 0
+    changed: int = 0
+    version: int | None = field(default=None)
 
 
 @dataclass(frozen=True, slots=True)

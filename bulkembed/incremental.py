@@ -27,8 +27,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from bulkembed.checkpoint import RunDirectory, describe_changes
 from bulkembed.errors import BulkembedError
+from bulkembed.run_dir import RunDirectory, describe_changes
 from bulkembed.schema import CONTENT_HASH, EMBEDDING_COLUMNS
 from bulkembed.sinks import ParquetSink
 from bulkembed.sources import Chunk

@@ -1,61 +1,13 @@
-"""What a run directory records of a run: the fingerprint of its settings, checked on
-resume, and the summary of what the output holds."""
+"""The summary of a run: what the output holds, this run's figures and its settings."""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bulkembed.sources.files import content_digest
-
 if TYPE_CHECKING:
-    from bulkembed.checkpoint import UnitRecord
-    from bulkembed.config import RunConfig
-    from bulkembed.model_spec import ModelSpec
+    from bulkembed.contracts import UnitRecord
     from bulkembed.progress import RunStats
-    from bulkembed.sources import Shard
-
-
-def fingerprint(config: RunConfig, spec: ModelSpec, shards: list[Shard]) -> dict[str, Any]:
-    """The settings that decide what the output holds. A run resumes only if they match.
-
-    Inputs count by name, size and modification time (and content, with `--verify-inputs`),
-    and a local model by its folder's name and content, so a corpus or a model folder that
-    moved still resumes. `--dtype` counts as given: with `auto` a run may resume on another
-    kind of device."""
-    return {
-        # How inputs are cut into units: done markers name units by number.
-        "units": f"parquet row groups; {config.records_per_unit} jsonl lines",
-        "model": Path(spec.source).name if spec.local else spec.source,
-        "model_version": spec.version,
-        "family": spec.family,
-        "outputs": list(spec.outputs),
-        "sparse_top_k": spec.sparse_top_k,
-        "dim": config.dim,
-        "dtype_out": config.dtype_out.value,
-        "quantize": None if config.quantize is None else config.quantize.value,
-        "pooling": spec.pooling.value if spec.pooling else None,
-        "normalize": spec.normalize,
-        "max_length": spec.max_length,
-        "prompt": spec.prompt,
-        "lowercase": spec.lowercase,
-        "dtype": config.dtype.value,
-        "text_column": config.text_column,
-        "id_column": config.id_column,
-        "limit": config.limit,
-        "inputs": [_input(s, config.verify_inputs) for s in shards],
-        "keep_columns": list(config.keep_columns),
-        "since": str(Path(config.since).resolve()) if config.since else None,
-    }
-
-
-def _input(shard: Shard, verify: bool) -> dict[str, Any]:
-    """An input as the fingerprint knows it; with `verify`, a digest of its content."""
-    found: dict[str, Any] = {"name": shard.name, "size": shard.size, "modified": shard.modified}
-    if verify and shard.format != "hf":
-        found["content"] = content_digest(shard.path)
-    return found
 
 
 @dataclass(frozen=True, slots=True)

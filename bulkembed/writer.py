@@ -19,8 +19,8 @@ from typing import Generic, TypeVar
 import numpy as np
 import pyarrow as pa
 
-from bulkembed.checkpoint import RunDirectory, UnitRecord
-from bulkembed.contracts import Embeddings
+from bulkembed.contracts import Embeddings, UnitRecord
+from bulkembed.run_dir import RunDirectory
 from bulkembed.schema import CONTENT_HASH, record_batch
 from bulkembed.sinks import Sink
 from bulkembed.sources.records import BadRecord, Carried
@@ -107,7 +107,7 @@ class PartWriter:
             kept = bad if len(json.dumps(bad, default=str)) <= LABEL_BAD_RECORDS_BYTES else None
             label = {"run": self.run.run_id, "unit": {**asdict(record), "bad": kept}}
             found = self.sink.commit(chunk.part, label)
-            self.run.quarantine(bad, chunk.part)
+            self.run.quarantine.append(bad, chunk.part)
             self.run.mark_done(replace(record, **found), bad)
 
     def close(self) -> None:

@@ -21,8 +21,8 @@ import traceback
 from lancedb.table import LanceTable
 
 from bulkembed import cli, tokenize
-from bulkembed.checkpoint import RunDirectory
 from bulkembed.encoders.base import Encoder
+from bulkembed.run_dir import RunDirectory
 from bulkembed.sinks.lance import LanceSink
 from bulkembed.sinks.parquet import ParquetSink
 

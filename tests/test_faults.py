@@ -11,10 +11,10 @@ from conftest import read_output, sample_texts, write_mixed_corpus
 from fault_harness import run_forked
 from typer.testing import CliRunner
 
-from bulkembed.checkpoint import RunDirectory
 from bulkembed.cli import app
 from bulkembed.encoders import Embeddings, Encoder, TokenBatch
 from bulkembed.errors import ModelError
+from bulkembed.run_dir import RunDirectory
 
 STAGES = ["tokenize", "encode", "write", "commit", "marked"]
 

@@ -12,8 +12,8 @@ import pytest
 from conftest import sample_texts, write_jsonl, write_parquet
 from typer.testing import CliRunner
 
-from bulkembed.checkpoint import UnitRecord
 from bulkembed.cli import app
+from bulkembed.contracts import UnitRecord
 from bulkembed.errors import OutputError
 from bulkembed.sinks import LanceSink, parse_output
 from bulkembed.sinks import lance as lance_module

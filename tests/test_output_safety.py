@@ -9,8 +9,8 @@ import pytest
 from conftest import read_output, sample_texts, write_jsonl, write_parquet
 from typer.testing import CliRunner
 
-from bulkembed.checkpoint import RunDirectory
 from bulkembed.cli import app
+from bulkembed.run_dir import RunDirectory
 
 runner = CliRunner()
 

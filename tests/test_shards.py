@@ -111,8 +111,8 @@ def test_shard_options_that_cannot_work_are_refused(tmp_path, tiny_st, extra, me
 
 
 def test_the_same_shard_cannot_run_twice_at_once(tmp_path):
-    from bulkembed.checkpoint import LockedError, RunDirectory
     from bulkembed.config import ShardSpec
+    from bulkembed.run_dir import LockedError, RunDirectory
 
     (tmp_path / "_bulkembed").mkdir()
     first = RunDirectory(tmp_path, shard=ShardSpec(0, 2))
@@ -131,9 +131,9 @@ def test_the_same_shard_cannot_run_twice_at_once(tmp_path):
 
 
 def test_the_first_shard_fixes_the_settings_and_n_for_the_others(tmp_path):
-    from bulkembed.checkpoint import RunDirectory
     from bulkembed.config import ShardSpec
     from bulkembed.errors import OutputError
+    from bulkembed.run_dir import RunDirectory
     from bulkembed.sinks import ParquetSink
 
     def open_shard(index, count, fingerprint):

@@ -235,19 +235,14 @@ def status(
     """Progress of a run: units done and pending, documents, bad records, lock."""
 
     def action() -> None:
-        from bulkembed.checkpoint import RunDirectory, run_status
         from bulkembed.progress import print_status
-        from bulkembed.sinks import LanceSink, ParquetSink, Sink, parse_output
+        from bulkembed.run_dir import RunDirectory
+        from bulkembed.run_dir.status import run_status
+        from bulkembed.sinks import parse_output, sink_of
 
         target = parse_output(output)
-        if target.path is None or target.run_directory is None:
-            raise BulkembedError("a stream (--output -) keeps no run directory to report on")
-        run = RunDirectory(target.path, meta=target.run_directory, label=target.label)
-        if target.kind == "parquet":
-            sink: Sink = ParquetSink(target.path)
-        else:
-            sink = LanceSink(target.path, target.table or "")
-        figures = run_status(run, sink)
+        sink = sink_of(target)
+        figures = run_status(RunDirectory.for_target(target, None), sink)
         if as_json:
             typer.echo(json.dumps(figures))
         else:

@@ -29,9 +29,9 @@ from bulkembed.units import SkippedUnits
 from bulkembed.writer import PartWriter, WriteBehind
 
 if TYPE_CHECKING:
-    from bulkembed.checkpoint import RunDirectory, UnitRecord
-    from bulkembed.contracts import Embeddings
+    from bulkembed.contracts import Embeddings, UnitRecord
     from bulkembed.outputs import OutputFormat
+    from bulkembed.run_dir import RunDirectory
     from bulkembed.sinks import Sink
 
 

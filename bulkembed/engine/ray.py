@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from bulkembed.checkpoint import RunDirectory, UnitRecord
 from bulkembed.config import DType, OnBadRecord, ShardSpec
+from bulkembed.contracts import UnitRecord, part_unit
 from bulkembed.engine.plan import RunOutcome, RunPlan
 from bulkembed.engine.session import DeviceSession
 from bulkembed.engine.stream import EmbeddedWindow, embed_windows, fail_on_bad_records, part_schema
@@ -36,6 +36,7 @@ from bulkembed.incremental import hash_contents
 from bulkembed.outputs import OutputFormat
 from bulkembed.precision import PrecisionCheck
 from bulkembed.progress import QuietReporter, Reporter, RunStats
+from bulkembed.run_dir import RunDirectory
 from bulkembed.sinks import ParquetSink
 from bulkembed.sources import Chunk, RecordReader, SeenIds, drop_duplicate_ids, unit_offsets
 from bulkembed.tokenize import TokenizedChunk, TokenizerPool, TokenizerSettings
@@ -73,12 +74,6 @@ class _Work:
     tune_batch_tokens: bool
 
 
-def _unit(part: str) -> tuple[int, int]:
-    """(shard index, unit number) of a part name `part-<shard>-<unit>`."""
-    _, shard, unit = part.split("-")
-    return int(shard), int(unit)
-
-
 def _one_unit(chunks: Iterator[Chunk]) -> Iterator[Chunk]:
     """The chunks up to the unit's last: the rest of the file is not read."""
     for chunk in chunks:
@@ -94,7 +89,7 @@ def _tokenize_unit(part: str, offset: int, work: _Work) -> list[TokenizedChunk]:
 
     reader = copy.copy(work.reader)
     reader.done = SkippedUnits(done=(), mine=frozenset([part]))
-    shard, unit = _unit(part)
+    shard, unit = part_unit(part)
     chunks = _one_unit(reader.read_unit(shard, unit, offset if offset >= 0 else None))
     # Repeated ids are found within the unit: the units of a cluster run side by side.
     chunks = drop_duplicate_ids(chunks, SeenIds(), reader.shards)
@@ -239,7 +234,7 @@ def _pending(plan: RunPlan, done: dict[str, UnitRecord]) -> list[dict[str, Any]]
     offsets: dict[int, list[int]] = {}
     items = []
     for part in pending:
-        index, unit = _unit(part)
+        index, unit = part_unit(part)
         shard = plan.files[index]
         offset = -1
         if shard.format == "jsonl" and not shard.path.name.lower().endswith(".gz"):

@@ -12,20 +12,20 @@ from __future__ import annotations
 import contextlib
 import shutil
 import signal
-import tempfile
 import threading
 from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 
-from bulkembed.checkpoint import RunDirectory, UnitRecord
-from bulkembed.config import Engine, RunConfig, ShardSpec
+from bulkembed.config import Engine, RunConfig
+from bulkembed.contracts import UnitRecord
 from bulkembed.engine.plan import RunOutcome, RunPlan, plan_run
 from bulkembed.errors import Interrupted, OutputError
 from bulkembed.incremental import PreviousOutput
 from bulkembed.progress import QuietReporter, Reporter, RunStats
-from bulkembed.sinks import OutputTarget, Sink, make_sink
-from bulkembed.summary import Summary, fingerprint, summarize
+from bulkembed.run_dir import RunDirectory, fingerprint
+from bulkembed.sinks import Sink, make_sink
+from bulkembed.summary import Summary, summarize
 from bulkembed.version import __version__
 
 
@@ -51,14 +51,6 @@ def _stop_on_signals() -> Iterator[None]:
             signal.signal(number, handler)
 
 
-def _run_directory(target: OutputTarget, shard: ShardSpec | None) -> RunDirectory:
-    """The run's bookkeeping; a stream's lives in a temporary directory, removed at the end."""
-    meta = target.run_directory
-    if meta is None:
-        meta = Path(tempfile.mkdtemp(prefix="bulkembed-stream-"))
-    return RunDirectory(target.path or meta, meta=meta, label=target.label, shard=shard)
-
-
 def embed_corpus(config: RunConfig, reporter: Reporter | None = None) -> Summary:
     """Embed every document of `config.inputs` into `config.output`; return the summary.
 
@@ -68,7 +60,7 @@ def embed_corpus(config: RunConfig, reporter: Reporter | None = None) -> Summary
     with _stop_on_signals():
         plan = plan_run(config, reporter)
         sink = make_sink(plan.target, config, plan.spec.normalize)
-        run = _run_directory(plan.target, config.shard)
+        run = RunDirectory.for_target(plan.target, config.shard)
         try:
             summary = _run(plan, run, sink, reporter)
         finally:
@@ -104,6 +96,7 @@ def _run(plan: RunPlan, run: RunDirectory, sink: Sink, reporter: Reporter) -> Su
                 "input_paths": paths,
                 "model": spec_fields,
                 "previous_rows": previous_rows,
+                "records_per_unit": config.records_per_unit,
                 **plan.run_info(),
             }
         )

@@ -4,7 +4,7 @@
 """
 
 from bulkembed.sinks.base import Sink
-from bulkembed.sinks.factory import make_sink
+from bulkembed.sinks.factory import make_sink, sink_of
 from bulkembed.sinks.lance import IndexSettings, LanceSink
 from bulkembed.sinks.parquet import ParquetSink
 from bulkembed.sinks.stream import StreamFormat, StreamSink
@@ -20,4 +20,5 @@ __all__ = [
     "StreamSink",
     "make_sink",
     "parse_output",
+    "sink_of",
 ]

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 if TYPE_CHECKING:
-    from bulkembed.checkpoint import UnitRecord
+    from bulkembed.contracts import UnitRecord
 
 
 @dataclass(slots=True)

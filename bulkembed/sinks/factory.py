@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 
 from bulkembed.config import RunConfig, StreamFormat
+from bulkembed.errors import BulkembedError
 from bulkembed.sinks.base import Sink
 from bulkembed.sinks.lance import IndexSettings, LanceSink
 from bulkembed.sinks.parquet import ParquetSink
@@ -27,4 +28,13 @@ def make_sink(target: OutputTarget, config: RunConfig, normalize: bool) -> Sink:
             index = IndexSettings(config.index_type.value, config.index_partitions, metric)
         fts = config.text_column if config.fts else None
         return LanceSink(target.path, target.table or "", index, fts)
+    return ParquetSink(target.path)
+
+
+def sink_of(target: OutputTarget) -> Sink:
+    """The sink of an existing output, to read what it holds (`bulkembed status`)."""
+    if target.path is None:
+        raise BulkembedError("a stream (--output -) keeps no run directory to report on")
+    if target.kind == "lancedb":
+        return LanceSink(target.path, target.table or "")
     return ParquetSink(target.path)

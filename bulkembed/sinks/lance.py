@@ -32,7 +32,7 @@ from bulkembed.errors import OutputError
 from bulkembed.sinks.base import Recovered, Sink
 
 if TYPE_CHECKING:
-    from bulkembed.checkpoint import UnitRecord
+    from bulkembed.contracts import UnitRecord
 
 DEFAULT_TABLE = "embeddings"
 # Rows of a unit wait in memory until they hold this many bytes or the unit ends: fewer,
@@ -276,6 +276,7 @@ class LanceSink(Sink):
             table.optimize(cleanup_older_than=timedelta(0))
         rows = table.count_rows()
         if self.index is not None and rows:
+            assert self.schema is not None
             kind, partitions = self.index.choose(rows)
             for column, metric in (("vector", self.index.metric), ("multivector", "cosine")):
                 if column in self.schema.names:

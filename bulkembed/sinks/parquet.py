@@ -26,7 +26,7 @@ from bulkembed.sinks.base import Recovered, Sink
 from bulkembed.sources.files import READ_ERRORS
 
 if TYPE_CHECKING:
-    from bulkembed.checkpoint import UnitRecord
+    from bulkembed.contracts import UnitRecord
 
 TEMPORARY_SUFFIX = ".parquet.tmp"
 # The footer key of a part's label.

@@ -12,7 +12,7 @@ from bulkembed.sources.files import (
 )
 from bulkembed.sources.filters import SeenIds, drop_duplicate_ids, take
 from bulkembed.sources.reader import RecordReader
-from bulkembed.sources.records import BadRecord, Chunk, Shard, part_name
+from bulkembed.sources.records import BadRecord, Chunk, Shard
 
 __all__ = [
     "BadRecord",
@@ -23,7 +23,6 @@ __all__ = [
     "count_records",
     "drop_duplicate_ids",
     "list_shards",
-    "part_name",
     "take",
     "unit_names",
     "unit_offsets",

@@ -312,7 +312,7 @@ def unit_names(shards: list[Shard], lines_per_unit: int = DEFAULT_RECORDS_PER_UN
     lines and rows. Streamed datasets cannot be counted without reading them: not here."""
     import pyarrow.parquet as pq
 
-    from bulkembed.sources.records import part_name
+    from bulkembed.contracts import part_name
 
     names = []
     for index, shard in enumerate(shards):

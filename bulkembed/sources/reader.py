@@ -16,10 +16,11 @@ from typing import Any
 import pyarrow as pa
 
 from bulkembed.config import DEFAULT_RECORDS_PER_UNIT
+from bulkembed.contracts import part_name
 from bulkembed.errors import InputError
 from bulkembed.sources.files import READ_ERRORS, open_arrow, open_lines
 from bulkembed.sources.hf import dataset_records
-from bulkembed.sources.records import BadRecord, Chunk, Rows, Shard, part_name
+from bulkembed.sources.records import BadRecord, Chunk, Rows, Shard
 
 DEFAULT_ID_COLUMN = "id"
 DEFAULT_CHUNK_SIZE = 512

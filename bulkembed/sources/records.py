@@ -9,6 +9,8 @@ from typing import Any
 
 import pyarrow as pa
 
+from bulkembed.contracts import part_name
+
 
 @dataclass(frozen=True, slots=True)
 class Shard:
@@ -123,10 +125,6 @@ class Carried:
             Carried(self.records.rows(head), self.embeddings.slice(0, cut)),
             Carried(self.records.rows(tail), self.embeddings.slice(cut)),
         )
-
-
-def part_name(shard: int, unit: int) -> str:
-    return f"part-{shard:05d}-{unit:06d}"
 
 
 @dataclass(slots=True)

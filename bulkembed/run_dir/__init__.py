@@ -1,0 +1,300 @@
+"""The run directory `OUT/_bulkembed/`: configuration, lock, ledger, quarantine, summary.
+
+Resume rests on one ordering: a unit's part is committed by the sink (for Parquet: written
+under a temporary name, then renamed) before its done-marker `done/<part>.json` is written,
+also atomically. So on any restart, in `reconcile`:
+
+- a marker names a unit whose rows are all in its part: the unit is skipped;
+- a complete part without a marker (a crash between the two writes, or a lost marker) is
+  taken back into the ledger when its footer says this run wrote it; rows of a unit cut
+  short are dropped and redone;
+- a marker whose rows are gone (a part deleted by hand) is forgotten: the unit is embedded
+  again, and the output is not complete until it is (`complete` names how many units
+  there are, so a unit that lost both its marker and its part is found too);
+- what cannot be told apart from a file bulkembed did not write is refused, never deleted.
+
+A unit's bad records are kept in its marker too; `bad_records.jsonl` is rebuilt from the
+markers at every start, so a replayed unit does not report its bad records twice and a lost
+or damaged quarantine file comes back whole.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Collection
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from bulkembed.contracts import RUN_DIRECTORY, UnitRecord
+from bulkembed.errors import OutputError
+from bulkembed.run_dir.files import (
+    CONFIG_FILE,
+    MARKER,
+    OWN_FILES,
+    OWN_NAMES,
+    TEMPORARY,
+    read_json,
+    write_json_atomically,
+)
+from bulkembed.run_dir.fingerprint import describe_changes, fingerprint
+from bulkembed.run_dir.ledger import Ledger
+from bulkembed.run_dir.lock import LockedError, RunLock
+from bulkembed.run_dir.quarantine import Quarantine
+
+if TYPE_CHECKING:
+    from bulkembed.config import ShardSpec
+    from bulkembed.sinks import OutputTarget, Sink
+
+__all__ = ["LockedError", "RunDirectory", "describe_changes", "fingerprint"]
+
+
+class RunDirectory:
+    """The bookkeeping of a run: by default in `OUT/_bulkembed/`, next to the Parquet parts.
+
+    `label` names the output in messages (default: `output`)."""
+
+    def __init__(
+        self,
+        output: Path,
+        meta: Path | None = None,
+        label: str | None = None,
+        shard: ShardSpec | None = None,
+    ) -> None:
+        self.output = output
+        self.label = label or str(output)
+        self.meta = meta or output / RUN_DIRECTORY
+        self.shard = shard
+        self.config_path = self.meta / CONFIG_FILE
+        self.summary_path = self.meta / "summary.json"
+        self.shards_path = self.meta / "shards.json"
+        self.ledger = Ledger(self.meta)
+        self.done_dir = self.ledger.done_dir
+        self.complete_path = self.ledger.complete_path
+        self.lock = RunLock(self.meta, self.label, shard)
+        self.lock_path = self.lock.lock_path
+        quarantine = "bad_records.jsonl"
+        if shard is not None:
+            quarantine = f"bad_records.shard-{shard.index}-of-{shard.count}.jsonl"
+        self.bad_records_path = self.meta / quarantine
+        self.quarantine = Quarantine(self.bad_records_path)
+        self._run_id: str | None = None
+        # What `reconcile` found and mended, one line each, for the run to report.
+        self.repairs: list[str] = []
+
+    @classmethod
+    def for_target(cls, target: OutputTarget, shard: ShardSpec | None) -> RunDirectory:
+        """The bookkeeping of `--output`; a stream's lives in a temporary directory, which
+        the run removes at the end."""
+        import tempfile
+
+        meta = target.run_directory
+        if meta is None:
+            meta = Path(tempfile.mkdtemp(prefix="bulkembed-stream-"))
+        return cls(target.path or meta, meta=meta, label=target.label, shard=shard)
+
+    def open(
+        self,
+        fingerprint: dict[str, Any],
+        overwrite: bool,
+        sink: Sink,
+        parts: Collection[str] | None = None,
+    ) -> dict[str, UnitRecord]:
+        """Lock the directory and make it and `sink` ready to run `fingerprint`; return the
+        done units (of every run that shares the output).
+
+        A directory holding a run with another fingerprint is refused unless `overwrite`,
+        which removes bulkembed's own files from it and from the sink, and nothing else.
+        With `parts` (the units of a `--shard` run) only what those units left half-done
+        is cleaned up: other shards may be running.
+        """
+        fresh = not self.config_path.exists()
+        marked = self.ledger.marked()
+        if fresh and marked and not overwrite:
+            start_over = "remove the output" if self.shard else "pass --overwrite"
+            raise OutputError(
+                f"{self.config_path} is missing but {len(marked)} unit(s) are marked done: "
+                f"the settings they were embedded with are unknown; {start_over} to start over"
+            )
+        if fresh and not marked:
+            # With markers, the ledger shows what bulkembed wrote there.
+            sink.check_foreign(overwrite)
+        try:
+            self.meta.mkdir(parents=True, exist_ok=True)
+            self.lock.acquire()
+        except OSError as e:
+            raise OutputError(
+                f"cannot write to {self.label}: {e.strerror or e}; choose another --output"
+            ) from e
+        try:
+            if overwrite:
+                sink.remove(marked)
+                self._remove_previous()
+            elif self.shard is not None:
+                self._join_shards(fingerprint)
+            elif not fresh:
+                self._check_fingerprint(fingerprint)
+            if self.config_path.exists():
+                self._run_id = self.read_config().get("run")
+            self._run_id = self._run_id or secrets.token_hex(8)
+            self.done_dir.mkdir(exist_ok=True)
+            return self.reconcile(sink, parts)
+        except BaseException:
+            self.lock.release()
+            raise
+
+    @property
+    def run_id(self) -> str:
+        """The id of the run that owns this directory, kept in its configuration and in
+        the footer of every part it writes."""
+        if self._run_id is None:
+            self._run_id = self.read_config().get("run")
+            if self._run_id is None:
+                raise OutputError(f"{self.config_path} names no run: the output is damaged")
+        return self._run_id
+
+    def _join_shards(self, fingerprint: dict[str, Any]) -> None:
+        """The first `--shard` run to start fixes the settings and N, atomically; the others
+        must match both."""
+        assert self.shard is not None
+        claim = {"fingerprint": fingerprint, "run": secrets.token_hex(8)}
+        if not write_json_atomically(self.config_path, claim, exclusive=True):
+            self._check_fingerprint(fingerprint)
+        count = {"count": self.shard.count}
+        if not write_json_atomically(self.shards_path, count, exclusive=True):
+            before = read_json(self.shards_path).get("count")
+            if before != self.shard.count:
+                raise OutputError(
+                    f"{self.label} is shared out among runs with --shard I/{before}: pass the "
+                    "same N, or remove the output to start over with another"
+                )
+
+    def _check_fingerprint(self, fingerprint: dict[str, Any]) -> None:
+        before = read_json(self.config_path).get("fingerprint", {})
+        changes = describe_changes(before, fingerprint)
+        if changes:
+            raise OutputError(
+                f"{self.label} holds a run with other settings ({'; '.join(changes)}): "
+                "pass --overwrite to start over, or choose another --output"
+            )
+
+    def acquire_lock(self) -> None:
+        """Hold the output for this run (see `RunLock.acquire`)."""
+        self.lock.acquire()
+
+    def release_lock(self) -> None:
+        self.lock.release()
+
+    def lock_holder(self) -> str | None:
+        """Who holds the output now (`pid N on HOST`, or shard runs), or None."""
+        return self.lock.holder()
+
+    def _remove_previous(self) -> None:
+        """Delete the bookkeeping (the sink has removed the rows): the files bulkembed
+        writes here, by name, and nothing else. The ledger goes first and the configuration
+        last, so an interrupted removal leaves a state the next run checks and reconciles
+        like any other."""
+        if self.done_dir.is_dir():
+            for path in self.done_dir.iterdir():
+                if MARKER.fullmatch(path.name) or TEMPORARY.fullmatch(path.name):
+                    path.unlink()
+        for path in self.meta.iterdir():
+            own = path.name in OWN_FILES or OWN_NAMES.fullmatch(path.name)
+            if own and path.is_file() and path != self.lock_path:
+                path.unlink()
+        self.config_path.unlink(missing_ok=True)
+
+    # The ledger.
+
+    def done_units(self) -> dict[str, UnitRecord]:
+        """Every committed unit, by part name; a damaged marker counts as none."""
+        return self.ledger.units()[0]
+
+    def reconcile(self, sink: Sink, parts: Collection[str] | None = None) -> dict[str, UnitRecord]:
+        """Drop what a crash left half-done, here and in the sink (only in `parts`, when
+        given); take back parts whose marker was lost and forget units whose rows are gone,
+        noting each in `repairs`; return the done units."""
+        temporaries = list(self.done_dir.glob(".*.tmp"))
+        if parts is None:
+            temporaries += self.meta.glob(".*.tmp")
+        for path in temporaries:
+            ours = TEMPORARY.fullmatch(path.name)
+            if ours and (parts is None or path.name[1:].split(".")[0] in parts):
+                path.unlink(missing_ok=True)
+        done, damaged = self.ledger.units()
+        recovered = sink.reconcile(done, self.run_id, parts)
+        for fields in recovered.adopted:
+            bad = fields.pop("bad", [])
+            record = UnitRecord(**fields)
+            self.mark_done(record, bad)
+            done[record.part] = record
+            self.repairs.append(
+                f"{record.part}: its done-marker was missing or damaged; the part is complete "
+                "and was written by this run, so it is kept"
+            )
+        forgotten = [p for p in damaged if p not in done and (parts is None or p in parts)]
+        for part in forgotten:
+            self.ledger.forget(part)
+            self.repairs.append(f"{part}: its done-marker is damaged; embedding the unit again")
+        for part in recovered.lost:
+            self.ledger.forget(part)
+            del done[part]
+            self.repairs.append(
+                f"{part}: its rows are missing from {sink.description} although the unit was "
+                "marked done; embedding the unit again"
+            )
+        # Other shards may be marking units done meanwhile: a shard run takes `complete` back
+        # only for units of its own that it forgot.
+        if forgotten or recovered.lost or (parts is None and not self.is_complete(done)):
+            self.complete_path.unlink(missing_ok=True)
+        self.rebuild_quarantine(done, parts)
+        return done
+
+    def mark_done(self, record: UnitRecord, bad: list[dict[str, Any]]) -> None:
+        """Record a unit, with its bad records, as committed; call only once its part is in
+        place."""
+        self.ledger.mark_done(record, bad)
+
+    def mark_complete(self, units: int) -> None:
+        """Every unit of the inputs is done: there are `units` of them."""
+        self.ledger.mark_complete(units)
+
+    def is_complete(self, done: Collection[str] | None = None) -> bool:
+        """Whether every unit is done (`Ledger.is_complete`)."""
+        return self.ledger.is_complete(done)
+
+    def rebuild_quarantine(
+        self, done: dict[str, UnitRecord], parts: Collection[str] | None = None
+    ) -> None:
+        """Write the quarantine anew from the markers of the done units (of `parts` only,
+        when given). A whole run on an output that `--shard` runs wrote leaves their
+        quarantine files as they are."""
+        if parts is None and self.shards_path.exists():
+            return
+        self.quarantine.rebuild(done, parts, self.ledger.read)
+
+    # Configuration and summary.
+
+    def read_config(self) -> dict[str, Any]:
+        return read_json(self.config_path)
+
+    def write_config(self, config: dict[str, Any]) -> None:
+        write_json_atomically(self.config_path, {**config, "run": self.run_id})
+
+    def write_summary(self, summary: dict[str, Any]) -> None:
+        write_json_atomically(self.summary_path, summary)
+
+    def write_vocabulary(self, vocabulary: dict[str, str]) -> None:
+        write_json_atomically(self.meta / "vocab.json", vocabulary)
+
+    @property
+    def quantization_path(self) -> Path:
+        return self.meta / "quantization.json"
+
+    def read_quantization_ranges(self) -> list[list[float]] | None:
+        """The int8/uint8 ranges ([min per dimension, max per dimension]) of this run."""
+        if not self.quantization_path.exists():
+            return None
+        return read_json(self.quantization_path)["ranges"]
+
+    def write_quantization_ranges(self, precision: str, ranges: list[list[float]]) -> None:
+        write_json_atomically(self.quantization_path, {"precision": precision, "ranges": ranges})

@@ -1,0 +1,63 @@
+"""The files of a run directory: their names, and JSON written whole or not at all."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+from pathlib import Path
+from typing import Any
+
+from bulkembed.errors import OutputError
+
+CONFIG_FILE = "config.json"
+# What bulkembed writes in a run directory besides the configuration and the ledger: all
+# that `--overwrite` removes there. Anything else is left alone.
+OWN_FILES = (
+    "summary.json",
+    "complete",
+    "vocab.json",
+    "quantization.json",
+    "shards.json",
+    "bad_records.jsonl",
+)
+# Temporary files: `.NAME.PID-TOKEN.tmp` (`write_json_atomically`) and the quarantine's.
+TEMPORARY = re.compile(r"\..+\.\d+-[0-9a-f]{8}\.tmp|\.bad_records(\.shard-\d+-of-\d+)?\.jsonl\.tmp")
+OWN_NAMES = re.compile(
+    r"bad_records\.shard-\d+-of-\d+\.jsonl|lock\.shard-\d+-of-\d+|" + TEMPORARY.pattern
+)
+MARKER = re.compile(r"part-\d{5,}-\d{6,}\.json")
+
+
+def write_json_atomically(path: Path, data: Any, exclusive: bool = False) -> bool:
+    """Write `path` whole or not at all, through a temporary file of this writer's own (runs
+    with `--shard` write the same files side by side). With `exclusive`, only if `path`
+    does not exist yet: False if it did."""
+    temporary = path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
+    try:
+        with open(temporary, "w", encoding="utf-8") as f:
+            f.write(json.dumps(data, indent=2, default=str) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        if not exclusive:
+            os.replace(temporary, path)
+            return True
+        try:
+            os.link(temporary, path)
+            return True
+        except FileExistsError:
+            return False
+        finally:
+            temporary.unlink()
+    except OSError as e:
+        temporary.unlink(missing_ok=True)
+        raise OutputError(f"cannot write {path}: {e}") from e
+
+
+def read_json(path: Path) -> Any:
+    """A run-directory file's JSON; one that cannot be read is a damaged output."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as e:
+        raise OutputError(f"cannot read {path}: {e}; the output is damaged, use --overwrite") from e

@@ -1,0 +1,105 @@
+"""The fingerprint of a run: the settings that decide what its output holds, checked on
+resume. Each setting is listed once, with the name the user knows it by, so the fingerprint
+and the description of what changed cannot drift apart."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from bulkembed.config import RunConfig
+    from bulkembed.model_spec import ModelSpec
+    from bulkembed.sources import Shard
+
+
+@dataclass(frozen=True, slots=True)
+class _Setting:
+    """A fingerprint setting: its name for the user, and its value for a run."""
+
+    name: str
+    value: Callable[[RunConfig, ModelSpec, list[Shard]], Any]
+
+
+def _inputs(config: RunConfig, spec: ModelSpec, files: list[Shard]) -> list[dict[str, Any]]:
+    """Each input by name, size and modification time, and with `--verify-inputs` a digest
+    of its content."""
+    found = []
+    for file in files:
+        entry: dict[str, Any] = {"name": file.name, "size": file.size, "modified": file.modified}
+        if config.verify_inputs and file.format != "hf":
+            from bulkembed.sources.files import content_digest
+
+            entry["content"] = content_digest(file.path)
+        found.append(entry)
+    return found
+
+
+SETTINGS: dict[str, _Setting] = {
+    # How inputs are cut into units: done markers name units by number.
+    "units": _Setting(
+        "--records-per-unit",
+        lambda c, s, f: f"parquet row groups; {c.records_per_unit} jsonl lines",
+    ),
+    # A local model counts by its folder's name and content, so a folder that moved resumes.
+    "model": _Setting("--model", lambda c, s, f: Path(s.source).name if s.local else s.source),
+    "model_version": _Setting("the model's weights", lambda c, s, f: s.version),
+    "family": _Setting("model family", lambda c, s, f: s.family),
+    "outputs": _Setting("--outputs", lambda c, s, f: list(s.outputs)),
+    "sparse_top_k": _Setting("--sparse-top-k", lambda c, s, f: s.sparse_top_k),
+    "dim": _Setting("--dim", lambda c, s, f: c.dim),
+    "dtype_out": _Setting("--dtype-out", lambda c, s, f: c.dtype_out.value),
+    "quantize": _Setting("--quantize", lambda c, s, f: c.quantize and c.quantize.value),
+    "pooling": _Setting("--pooling", lambda c, s, f: s.pooling.value if s.pooling else None),
+    "normalize": _Setting("--normalize", lambda c, s, f: s.normalize),
+    "max_length": _Setting("--max-length", lambda c, s, f: s.max_length),
+    "prompt": _Setting("--prompt", lambda c, s, f: s.prompt),
+    "lowercase": _Setting("lowercasing", lambda c, s, f: s.lowercase),
+    # As given: with `auto` a run may resume on another kind of device.
+    "dtype": _Setting("--dtype", lambda c, s, f: c.dtype.value),
+    "text_column": _Setting("--text-column", lambda c, s, f: c.text_column),
+    "id_column": _Setting("--id-column", lambda c, s, f: c.id_column),
+    "limit": _Setting("--limit", lambda c, s, f: c.limit),
+    "inputs": _Setting("the inputs", _inputs),
+    "keep_columns": _Setting("--keep-columns", lambda c, s, f: list(c.keep_columns)),
+    "since": _Setting("--since", lambda c, s, f: str(Path(c.since).resolve()) if c.since else None),
+}
+
+
+def fingerprint(config: RunConfig, spec: ModelSpec, files: list[Shard]) -> dict[str, Any]:
+    """The settings that decide what the output holds. A run resumes only if they match."""
+    return {key: setting.value(config, spec, files) for key, setting in SETTINGS.items()}
+
+
+def describe_changes(before: dict[str, Any], now: dict[str, Any]) -> list[str]:
+    """One phrase per fingerprint setting that differs, e.g. `--max-length: 256 -> 128`."""
+    changes = []
+    for key in sorted(set(before) | set(now)):
+        name = SETTINGS[key].name if key in SETTINGS else key
+        if key == "inputs":
+            change = _inputs_change(before.get(key) or [], now.get(key) or [])
+            if change is not None:
+                changes.append(f"{name} ({change})")
+        elif before.get(key) != now.get(key):
+            changes.append(f"{name}: {before.get(key)!r} -> {now.get(key)!r}")
+    return changes
+
+
+def _inputs_change(before: list[dict[str, Any]], now: list[dict[str, Any]]) -> str | None:
+    """How the inputs differ, or None. An input is the same when its name and size are, and
+    its content digest (`--verify-inputs`, when both runs took one), else its modification
+    time."""
+    if [(i["name"], i["size"]) for i in before] != [(i["name"], i["size"]) for i in now]:
+        return "files added, removed or changed in size"
+    for old, new in zip(before, now, strict=True):
+        if "content" in old and "content" in new:
+            if old["content"] != new["content"]:
+                return f"{new['name']} changed in content"
+        elif old.get("modified") != new.get("modified"):
+            return (
+                f"{new['name']} was modified after the output was started; a run started with "
+                "--verify-inputs compares contents instead of times"
+            )
+    return None

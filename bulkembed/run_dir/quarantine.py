@@ -1,0 +1,64 @@
+"""The quarantine: `bad_records.jsonl`, one line per record set aside, with its unit.
+
+Lines are appended as units commit, and the file is rebuilt from the done-markers (which
+keep their unit's bad records) at every start and at the end of a run, so a replayed unit
+does not report its bad records twice and a lost or damaged file comes back whole.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Callable, Collection
+from pathlib import Path
+from typing import Any
+
+from bulkembed.contracts import UnitRecord
+from bulkembed.errors import OutputError
+
+
+def _line(fields: dict[str, Any], part: str) -> str:
+    return json.dumps({**fields, "part": part}, default=str) + "\n"
+
+
+class Quarantine:
+    """The bad records file at `path`."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def append(self, bad: list[dict[str, Any]], part: str) -> None:
+        """Append the bad records of unit `part`, in one write (processes that share the
+        file append whole lines)."""
+        if not bad:
+            return
+        try:
+            with open(self.path, "a", encoding="utf-8") as f:
+                f.write("".join(_line(fields, part) for fields in bad))
+        except OSError as e:
+            raise OutputError(f"cannot write {self.path}: {e}") from e
+
+    def rebuild(
+        self,
+        done: dict[str, UnitRecord],
+        parts: Collection[str] | None,
+        marker: Callable[[str], dict[str, Any] | None],
+    ) -> None:
+        """Write the file anew from the markers of the done units (of `parts` only, when
+        given), in unit order, one marker in memory at a time."""
+        mine = sorted(p for p, r in done.items() if r.bad_records and (parts is None or p in parts))
+        if not mine:
+            self.path.unlink(missing_ok=True)
+            return
+        temporary = self.path.with_name(f".{self.path.name}.tmp")
+        try:
+            with open(temporary, "w", encoding="utf-8") as f:
+                for part in mine:
+                    fields = marker(part) or {}
+                    f.write("".join(_line(b, part) for b in fields.get("bad", [])))
+            os.replace(temporary, self.path)
+        except OSError as e:
+            with contextlib.suppress(OSError):
+                temporary.unlink()
+            raise OutputError(f"cannot write {self.path}: {e}") from e
