@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from bulkembed.config import ShardSpec
 from bulkembed.errors import InputError
-from bulkembed.sources import Shard, unit_names
+from bulkembed.sources import Shard, format_of, unit_names
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,7 +23,7 @@ class SkippedUnits:
 
 def counted_units(shards: list[Shard], records_per_unit: int) -> list[str]:
     """Every unit of the inputs, in order, for runs that share them out up front."""
-    if any(s.format == "hf" for s in shards):
+    if any(format_of(s).streamed for s in shards):
         raise InputError(
             "--shard and --engine ray need inputs whose units can be counted up front: "
             "files, not hf:// datasets (save the dataset to Parquet first)"

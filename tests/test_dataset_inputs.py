@@ -77,16 +77,16 @@ def test_arrow_units_are_fixed_row_ranges_and_resume_skips_done_ones(tmp_path):
     records = _records(25)
     datasets.Dataset.from_list(records).save_to_disk(tmp_path / "saved")
     shards = list_shards([str(tmp_path / "saved")])
-    reader = RecordReader(shards, chunk_size=4, lines_per_unit=10)
-    chunks = list(reader)
+    reader = RecordReader(shards, chunk_size=4, records_per_unit=10)
+    chunks = list(reader.read())
     assert [(c.unit, len(c.texts), c.last_in_unit) for c in chunks] == [
         (0, 4, False), (0, 4, False), (0, 2, True),
         (1, 4, False), (1, 4, False), (1, 2, True),
         (2, 4, False), (2, 1, True),
     ]  # fmt: skip
     assert chunks[3].positions == [10, 11, 12, 13]
-    reader = RecordReader(shards, chunk_size=4, lines_per_unit=10, done={"part-00000-000001"})
-    ids = [i for c in reader for i in c.ids.to_pylist()]
+    skip = {"part-00000-000001"}
+    ids = [i for c in reader.read(skip) for i in c.ids.to_pylist()]
     assert ids == [r["id"] for r in records[:10] + records[20:]]
 
 
@@ -165,7 +165,7 @@ def test_passthrough_types_must_agree_across_shards(tmp_path, kinds, unified):
         return
     reader.check()
     assert reader.column_types == {"n": unified}
-    assert [c.columns["n"].type for c in reader] == [unified, unified]
+    assert [c.columns["n"].type for c in reader.read()] == [unified, unified]
 
 
 @pytest.mark.parametrize("kind", ["saved", "hf"])
@@ -204,7 +204,7 @@ def test_arrow_ipc_files_and_streams_both_read(tmp_path):
         writer.write_table(table, max_chunksize=2)
     for name in ("file.arrow", "stream.arrow"):
         reader = RecordReader(list_shards([str(tmp_path / name)]))
-        assert [i for c in reader for i in c.ids.to_pylist()] == ["a", "b", "c"]
+        assert [i for c in reader.read() for i in c.ids.to_pylist()] == ["a", "b", "c"]
 
 
 def test_passthrough_values_that_cannot_be_kept_set_their_record_aside(tmp_path, tiny_st):

@@ -17,7 +17,7 @@ from bulkembed.sources import RecordReader, list_shards
 
 
 def _read(paths, **options):
-    chunks = list(RecordReader(list_shards([str(p) for p in paths]), **options))
+    chunks = list(RecordReader(list_shards([str(p) for p in paths]), **options).read())
     ids = [i for c in chunks for i in c.ids.to_pylist()]
     texts = [t for c in chunks for t in c.texts]
     bad = [b for c in chunks for b in c.bad]

@@ -13,8 +13,8 @@ def _records(n: int, start: int = 0) -> list[dict]:
     return [{"id": f"d{i}", "text": f"text number {i}"} for i in range(start, start + n)]
 
 
-def _read(shards, **options):
-    chunks = list(RecordReader(shards, **options))
+def _read(shards, done=(), **options):
+    chunks = list(RecordReader(shards, **options).read(done))
     ids = [i for c in chunks for i in c.ids.to_pylist()]
     texts = [t for c in chunks for t in c.texts]
     bad = [b for c in chunks for b in c.bad]
@@ -72,7 +72,7 @@ def test_parquet_units_are_row_groups_and_chunks_stay_small(tmp_path):
 
 def test_jsonl_units_are_fixed_line_ranges(tmp_path):
     path = write_jsonl(tmp_path / "c.jsonl", _records(10))
-    chunks, ids, _, _ = _read(list_shards([str(path)]), chunk_size=2, lines_per_unit=4)
+    chunks, ids, _, _ = _read(list_shards([str(path)]), chunk_size=2, records_per_unit=4)
     assert ids == [f"d{i}" for i in range(10)]
     ends = [(c.unit, c.ids.to_pylist()[-1]) for c in chunks if c.last_in_unit]
     assert ends == [(0, "d3"), (1, "d7"), (2, "d9")]
@@ -168,10 +168,10 @@ def test_non_string_parquet_text_column_is_an_error(tmp_path):
 def test_take_stops_after_n_documents_and_ends_the_unit(tmp_path):
     write_jsonl(tmp_path / "a.jsonl", _records(5))
     write_jsonl(tmp_path / "b.jsonl", _records(5, start=5))
-    chunks = list(take(RecordReader(list_shards([str(tmp_path)]), chunk_size=2), 7))
+    chunks = list(take(RecordReader(list_shards([str(tmp_path)]), chunk_size=2).read(), 7))
     assert [i for c in chunks for i in c.ids.to_pylist()] == [f"d{i}" for i in range(7)]
     assert chunks[-1].last_in_unit and (chunks[-1].shard, chunks[-1].unit) == (1, 0)
-    assert list(take(RecordReader(list_shards([str(tmp_path)])), 0)) == []
+    assert list(take(RecordReader(list_shards([str(tmp_path)])).read(), 0)) == []
 
 
 def test_count_records(tmp_path):
@@ -193,7 +193,7 @@ def test_done_units_are_skipped(tmp_path):
     write_jsonl(tmp_path / "d.jsonl", _records(10, start=100))
     shards = list_shards([str(tmp_path)])
     done = {"part-00000-000001", "part-00001-000000"}
-    _, ids, _, _ = _read(shards, done=done, lines_per_unit=5)
+    _, ids, _, _ = _read(shards, done=done, records_per_unit=5)
     assert ids == [f"d{i}" for i in [*range(10), *range(20, 25)]] + [
         f"d{i}" for i in range(105, 110)
     ]
@@ -207,7 +207,7 @@ def test_id_type_is_integer_only_when_every_shard_has_integer_ids(tmp_path):
     write_jsonl(tmp_path / "a" / "z.jsonl", [{"id": 3, "text": "c"}])
     reader = RecordReader(list_shards([str(tmp_path / "a")]))
     assert reader.check() == pa.string()
-    assert [i for c in reader for i in c.ids.to_pylist()] == ["1", "2", "3"]
+    assert [i for c in reader.read() for i in c.ids.to_pylist()] == ["1", "2", "3"]
 
 
 def test_a_missing_column_in_a_later_shard_fails_before_reading(tmp_path):
@@ -221,7 +221,7 @@ def test_unit_names_cover_every_unit(tmp_path):
     write_parquet(tmp_path / "a.parquet", _records(25), row_group_size=10)
     write_jsonl(tmp_path / "b.jsonl", _records(9))
     (tmp_path / "c.jsonl").write_text("")
-    names = unit_names(list_shards([str(tmp_path)]), lines_per_unit=4)
+    names = unit_names(list_shards([str(tmp_path)]), 4)
     assert names == [
         "part-00000-000000",
         "part-00000-000001",
@@ -274,8 +274,7 @@ def test_a_jsonl_unit_read_from_its_offset_equals_the_unit_read_from_the_start(t
     assert len(offsets) == len(units) + (lines % 10 == 0)
     for unit, part in enumerate(units):
         only = SkippedUnits(done=(), mine=frozenset([part]))
-        whole = RecordReader(shards, chunk_size=4, lines_per_unit=10, done=only)
-        direct = RecordReader(shards, chunk_size=4, lines_per_unit=10, done=only)
-        expected = _chunk_records(whole.read_shard(0))
+        reader = RecordReader(shards, chunk_size=4, records_per_unit=10)
+        expected = _chunk_records(reader.read_file(0, only))
         assert expected and expected[-1][0] == part
-        assert _chunk_records(direct.read_unit(0, unit, offsets[unit])) == expected
+        assert _chunk_records(reader.read_unit(0, unit, offsets[unit])) == expected

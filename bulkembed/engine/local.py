@@ -71,8 +71,7 @@ def _pending_chunks(
 ) -> Iterator[Chunk]:
     """The records still to embed: pending units, first id wins, up to the limit."""
     config = plan.config
-    plan.reader.done = SkippedUnits(done, plan.my_units)
-    chunks: Iterator[Chunk] = iter(plan.reader)
+    chunks = plan.reader.read(skip=SkippedUnits(done, plan.my_units))
     seen = SeenIds()
     mine = {k: v for k, v in done.items() if plan.my_units is None or k in plan.my_units}
     for doc_id in sink.committed_ids(mine):

@@ -110,7 +110,7 @@ def plan_run(config: RunConfig, reporter: Reporter) -> RunPlan:
         files,
         config.text_column,
         config.id_column,
-        lines_per_unit=config.records_per_unit,
+        records_per_unit=config.records_per_unit,
         keep_columns=config.keep_columns,
     )
     reader.check()

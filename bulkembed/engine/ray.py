@@ -15,7 +15,6 @@ again after an actor died is written whole again under the same name.
 from __future__ import annotations
 
 import contextlib
-import copy
 import functools
 import logging
 import pickle
@@ -38,7 +37,7 @@ from bulkembed.precision import PrecisionCheck
 from bulkembed.progress import QuietReporter, Reporter, RunStats
 from bulkembed.run_dir import RunDirectory
 from bulkembed.sinks import ParquetSink
-from bulkembed.sources import Chunk, RecordReader, SeenIds, drop_duplicate_ids, unit_offsets
+from bulkembed.sources import RecordReader, SeenIds, drop_duplicate_ids
 from bulkembed.tokenize import TokenizedChunk, TokenizerPool, TokenizerSettings
 from bulkembed.writer import PartWriter
 
@@ -74,25 +73,12 @@ class _Work:
     tune_batch_tokens: bool
 
 
-def _one_unit(chunks: Iterator[Chunk]) -> Iterator[Chunk]:
-    """The chunks up to the unit's last: the rest of the file is not read."""
-    for chunk in chunks:
-        yield chunk
-        if chunk.last_in_unit:
-            return
-
-
 def _tokenize_unit(part: str, offset: int, work: _Work) -> list[TokenizedChunk]:
-    """Read one unit (a JSONL unit from byte `offset`, when not negative) and tokenize it
-    in this process."""
-    from bulkembed.units import SkippedUnits
-
-    reader = copy.copy(work.reader)
-    reader.done = SkippedUnits(done=(), mine=frozenset([part]))
-    shard, unit = part_unit(part)
-    chunks = _one_unit(reader.read_unit(shard, unit, offset if offset >= 0 else None))
+    """Read one unit (from byte `offset`, when not negative, where its format can seek) and
+    tokenize it in this process."""
+    chunks = work.reader.read_unit(*part_unit(part), offset if offset >= 0 else None)
     # Repeated ids are found within the unit: the units of a cluster run side by side.
-    chunks = drop_duplicate_ids(chunks, SeenIds(), reader.shards)
+    chunks = drop_duplicate_ids(chunks, SeenIds(), work.reader.files)
     if work.fail_on_bad_records:
         chunks = fail_on_bad_records(chunks)
     with TokenizerPool(work.settings, 0) as pool:
@@ -231,17 +217,14 @@ def _pending(plan: RunPlan, done: dict[str, UnitRecord]) -> list[dict[str, Any]]
     assert plan.all_units is not None
     mine = plan.my_units
     pending = [u for u in plan.all_units if u not in done and (mine is None or u in mine)]
-    offsets: dict[int, list[int]] = {}
+    offsets: dict[int, list[int] | None] = {}
     items = []
     for part in pending:
         index, unit = part_unit(part)
-        shard = plan.files[index]
-        offset = -1
-        if shard.format == "jsonl" and not shard.path.name.lower().endswith(".gz"):
-            if index not in offsets:
-                offsets[index] = unit_offsets(shard.path, plan.reader.lines_per_unit)
-            offset = offsets[index][unit]
-        items.append({"part": part, "offset": offset})
+        if index not in offsets:
+            offsets[index] = plan.reader.unit_offsets(index)
+        starts = offsets[index]
+        items.append({"part": part, "offset": -1 if starts is None else starts[unit]})
     return items
 
 

@@ -29,9 +29,10 @@ def _inputs(config: RunConfig, spec: ModelSpec, files: list[Shard]) -> list[dict
     found = []
     for file in files:
         entry: dict[str, Any] = {"name": file.name, "size": file.size, "modified": file.modified}
-        if config.verify_inputs and file.format != "hf":
-            from bulkembed.sources.files import content_digest
+        from bulkembed.sources import format_of
+        from bulkembed.sources.files import content_digest
 
+        if config.verify_inputs and not format_of(file).streamed:
             entry["content"] = content_digest(file.path)
         found.append(entry)
     return found

@@ -17,7 +17,7 @@ def run_status(run: RunDirectory, sink: Sink) -> dict[str, Any]:
     """Where a run directory stands: units done and pending, documents, bad records, lock.
     Units whose rows are gone from `sink` count as pending, whatever the ledger says."""
     from bulkembed.sources import Shard, unit_names
-    from bulkembed.sources.files import format_of
+    from bulkembed.sources.files import format_name
 
     if not run.config_path.exists():
         raise OutputError(f"{run.label} holds no bulkembed run ({run.config_path} is missing)")
@@ -29,7 +29,7 @@ def run_status(run: RunDirectory, sink: Sink) -> dict[str, Any]:
     inputs = config.get("input_paths", [])
     sizes = {i["name"]: i["size"] for i in config.get("fingerprint", {}).get("inputs", [])}
     shards = [
-        Shard(Path(i["path"]), i["name"], format_of(Path(i["path"])) or "", sizes[i["name"]])
+        Shard(Path(i["path"]), i["name"], format_name(Path(i["path"])) or "", sizes[i["name"]])
         for i in inputs
     ]
     holder = run.lock_holder()

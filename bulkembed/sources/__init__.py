@@ -1,16 +1,13 @@
-"""Input shards, listed in a deterministic order and streamed in small chunks.
+"""Input files, listed in a deterministic order and streamed in small chunks.
 
-A shard is one file. A unit of work is a Parquet row group or a fixed range of JSONL lines;
+An input file is read by its format (`parquet`, `jsonl`, `arrow`, `hf`: one class each).
+A unit of work is a Parquet row group or a fixed number of records of the other formats;
 it is the granularity of output parts and of resume.
 """
 
-from bulkembed.sources.files import (
-    count_records,
-    list_shards,
-    unit_names,
-    unit_offsets,
-)
+from bulkembed.sources.files import list_shards, unit_offsets
 from bulkembed.sources.filters import SeenIds, drop_duplicate_ids, take
+from bulkembed.sources.formats import count_records, format_of, unit_names
 from bulkembed.sources.reader import RecordReader
 from bulkembed.sources.records import BadRecord, Chunk, Shard
 
@@ -22,6 +19,7 @@ __all__ = [
     "Shard",
     "count_records",
     "drop_duplicate_ids",
+    "format_of",
     "list_shards",
     "take",
     "unit_names",

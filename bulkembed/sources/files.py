@@ -10,11 +10,10 @@ import os
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO
+from typing import BinaryIO
 
 import pyarrow as pa
 
-from bulkembed.config import DEFAULT_RECORDS_PER_UNIT
 from bulkembed.contracts import RUN_DIRECTORY
 from bulkembed.errors import InputError
 from bulkembed.sources.records import Shard
@@ -34,7 +33,8 @@ DATASET_METADATA = ("state.json", "dataset_info.json", "dataset_dict.json")
 READ_ERRORS = (OSError, EOFError, zlib.error, pa.ArrowException)
 
 
-def format_of(path: Path) -> str | None:
+def format_name(path: Path) -> str | None:
+    """The input format of a file, by its name; None for a file that is no input."""
     name = path.name.lower()
     for suffix, fmt in FORMATS.items():
         if name.endswith(suffix):
@@ -95,7 +95,7 @@ def _inputs_below(directory: Path, skipped: list[str]) -> list[Path]:
         for p, is_directory in walk(directory, skipped=skipped)
         if not is_directory
         and p.is_file()
-        and format_of(p)
+        and format_name(p)
         and RUN_DIRECTORY not in p.relative_to(directory).parts
         and not _is_dataset_metadata(p)
     ]
@@ -136,7 +136,7 @@ def _glob(argument: str, skipped: list[str]) -> tuple[Path, list[Path]]:
             continue
         if is_directory:
             files.extend(_inputs_below(path, skipped))
-        elif not directories_only and path.is_file() and format_of(path):
+        elif not directories_only and path.is_file() and format_name(path):
             files.append(path)
     return root, files
 
@@ -147,7 +147,7 @@ def _expand(argument: str, skipped: list[str]) -> list[tuple[Path, Path]]:
     if path.is_dir():
         return [(p, path) for p in _inputs_below(path, skipped)]
     if path.is_file():
-        if format_of(path) is None:
+        if format_name(path) is None:
             raise InputError(
                 f"unsupported input {argument}: "
                 "use .parquet, .jsonl, .jsonl.gz, .json (JSON lines) or .arrow"
@@ -191,7 +191,7 @@ def list_shards(
                 continue
             if resolved not in by_path or (resolved in linked and not _through_links(path)):
                 name = os.path.relpath(path, root)
-                fmt = format_of(path) or ""
+                fmt = format_name(path) or ""
                 status = resolved.stat()
                 by_path[resolved] = Shard(resolved, name, fmt, status.st_size, status.st_mtime_ns)
                 if _through_links(path):
@@ -221,9 +221,10 @@ def content_digest(path: Path) -> str:
     return digest.hexdigest()
 
 
-def open_lines(path: Path) -> IO[bytes]:
+def open_lines(path: Path) -> gzip.GzipFile | BinaryIO:
+    """A JSON-lines file's bytes, decompressed when it is gzipped."""
     if path.name.lower().endswith(".gz"):
-        return gzip.open(path, "rb")
+        return gzip.GzipFile(path, "rb")
     return open(path, "rb")
 
 
@@ -242,7 +243,7 @@ def count_lines(path: Path) -> int:
     return lines + (last != b"\n")
 
 
-def unit_offsets(path: Path, lines_per_unit: int = DEFAULT_RECORDS_PER_UNIT) -> list[int]:
+def unit_offsets(path: Path, lines_per_unit: int) -> list[int]:
     """Where each unit of an uncompressed JSON-lines file starts: the byte offset of lines
     0, `lines_per_unit`, 2 × `lines_per_unit`, ... (a file that ends at a unit boundary
     gets one more offset, its size). Counts newlines a megabyte at a time."""
@@ -272,56 +273,3 @@ def open_arrow(path: Path) -> pa.RecordBatchReader:
         return pa.ipc.open_stream(source)
     batches = (file.get_batch(i) for i in range(file.num_record_batches))
     return pa.RecordBatchReader.from_batches(file.schema, batches)
-
-
-def count_arrow_rows(path: Path) -> int:
-    return sum(batch.num_rows for batch in open_arrow(path))
-
-
-def _records_in(shard: Shard) -> int:
-    """Records in a shard: Parquet rows from the footer, Arrow rows, JSONL lines (blank ones
-    included), a dataset's size if it is known (else 0)."""
-    import pyarrow.parquet as pq
-
-    from bulkembed.sources.hf import dataset_size
-
-    if shard.format == "parquet":
-        return pq.ParquetFile(shard.path).metadata.num_rows
-    if shard.format == "arrow":
-        return count_arrow_rows(shard.path)
-    if shard.format == "hf":
-        return dataset_size(shard)
-    return count_lines(shard.path)
-
-
-def count_records(shards: list[Shard]) -> int:
-    """Records in all shards, for progress. Unreadable files count as empty."""
-    total = 0
-    for shard in shards:
-        try:
-            total += _records_in(shard)
-        except READ_ERRORS:
-            continue
-    return total
-
-
-def unit_names(shards: list[Shard], lines_per_unit: int = DEFAULT_RECORDS_PER_UNIT) -> list[str]:
-    """Every unit of work of the shards, as part names, in order. An unreadable file is one unit.
-
-    Parquet units come from the footer; JSONL and Arrow files are read through to count
-    lines and rows. Streamed datasets cannot be counted without reading them: not here."""
-    import pyarrow.parquet as pq
-
-    from bulkembed.contracts import part_name
-
-    names = []
-    for index, shard in enumerate(shards):
-        try:
-            if shard.format == "parquet":
-                units = pq.ParquetFile(shard.path).num_row_groups
-            else:
-                units = -(-_records_in(shard) // lines_per_unit)
-        except READ_ERRORS:
-            units = 1
-        names.extend(part_name(index, unit) for unit in range(max(units, 1)))
-    return names

@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from bulkembed.sources.formats import format_of
 from bulkembed.sources.records import BadRecord, Chunk, Shard
 
 # Recent ids live in a Python set; past this many they are merged into a sorted array.
@@ -62,7 +63,7 @@ def drop_duplicate_ids(
                 if not first:
                     reason = "duplicate id: an earlier record has the same id"
                     bad = BadRecord(str(shard.path), reason, doc_id)
-                    if shard.format == "jsonl":
+                    if format_of(shard).lines:
                         bad.line = position + 1
                     else:
                         bad.row = position

@@ -10,13 +10,16 @@ skips the records of its done units.
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator
+import itertools
+from collections.abc import Container, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from bulkembed.errors import InputError
-from bulkembed.sources.records import Shard
+from bulkembed.sources.base import ReadSettings, RecordFormat
+from bulkembed.sources.columns import TYPE_SAMPLE_LINES
+from bulkembed.sources.records import Chunk, Shard
 
 HF_SCHEME = "hf://"
 DEFAULT_SPLIT = "train"
@@ -93,3 +96,38 @@ def dataset_size(shard: Shard) -> int:
     if split is None or stream.n_shards != 1:
         return 0
     return int(split.num_examples or 0)
+
+
+def _as_record(item: Any) -> tuple[dict[str, Any] | None, str | None]:
+    """A dataset record is a dict already."""
+    return item, None
+
+
+class DatasetFormat(RecordFormat):
+    """`hf://` datasets, one input file per data file of the dataset, streamed: their units
+    cannot be counted before they are read."""
+
+    streamed = True
+
+    def source(self, file: Shard) -> str:
+        return file.name
+
+    def records(self, file: Shard) -> int:
+        return dataset_size(file)
+
+    def sample(self, file: Shard) -> tuple[list[dict[str, Any]], int]:
+        return list(itertools.islice(dataset_records(file), TYPE_SAMPLE_LINES)), 1
+
+    def read(
+        self, index: int, file: Shard, settings: ReadSettings, skip: Container[str]
+    ) -> Iterator[Chunk]:
+        try:
+            yield from self.units_of(
+                index, file, settings, skip, dataset_records(file), _as_record, ()
+            )
+        except InputError:
+            raise
+        except Exception as e:  # a stream fails in many ways (network, server, decoding)
+            raise InputError(
+                f"reading {file.name} failed: {e}; run the same command again to resume"
+            ) from e

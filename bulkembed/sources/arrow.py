@@ -1,0 +1,74 @@
+"""Arrow IPC inputs (files or streams, as `datasets` writes them): one unit per
+`records_per_unit` rows, read one batch at a time, memory-mapped."""
+
+from __future__ import annotations
+
+from collections.abc import Container, Iterator
+
+import pyarrow as pa
+
+from bulkembed.contracts import part_name
+from bulkembed.sources.base import ReadSettings, TabularFormat
+from bulkembed.sources.files import READ_ERRORS, open_arrow
+from bulkembed.sources.records import BadRecord, Chunk, Shard
+
+
+class ArrowFormat(TabularFormat):
+    """`.arrow` files."""
+
+    def records(self, file: Shard) -> int:
+        return sum(batch.num_rows for batch in open_arrow(file.path))
+
+    def schema(self, file: Shard) -> pa.Schema | None:
+        try:
+            return open_arrow(file.path).schema
+        except READ_ERRORS:
+            return None
+
+    def read(
+        self, index: int, file: Shard, settings: ReadSettings, skip: Container[str]
+    ) -> Iterator[Chunk]:
+        per_unit = settings.records_per_unit
+        pending: Chunk | None = None
+        read = 0
+        bad: list[BadRecord] = []
+        try:
+            for first, rows in _pieces(file, settings):
+                unit = first // per_unit
+                if pending is not None:
+                    pending.last_in_unit = pending.unit != unit
+                    yield pending
+                    pending = None
+                if part_name(index, unit) not in skip:
+                    pending = self.chunk(index, unit, file, rows, first, settings)
+                read = first + rows.num_rows
+        except READ_ERRORS as e:
+            reason = f"unreadable from row {read} on: {e}"
+            bad.append(BadRecord(str(file.path), reason, row=read))
+        # The unit where reading stopped: the last one read, or the next if that was full.
+        unit = max(read - (not bad), 0) // per_unit
+        if pending is not None and pending.unit != unit:
+            pending.last_in_unit = True
+            yield pending
+            pending = None
+        if pending is None and part_name(index, unit) not in skip and (bad or not read):
+            pending = settings.empty_chunk(index, unit)
+        if pending is not None:
+            pending.last_in_unit = True
+            pending.bad.extend(bad)
+            yield pending
+
+
+def _pieces(file: Shard, settings: ReadSettings) -> Iterator[tuple[int, pa.RecordBatch]]:
+    """(first row, rows) of an Arrow file: at most `chunk_size` rows, within one unit."""
+    per_unit = settings.records_per_unit
+    row = 0
+    for batch in open_arrow(file.path):
+        start = 0
+        while start < batch.num_rows:
+            at = row + start
+            unit_end = (at // per_unit + 1) * per_unit
+            size = min(settings.chunk_size, unit_end - at, batch.num_rows - start)
+            yield at, batch.slice(start, size)
+            start += size
+        row += batch.num_rows

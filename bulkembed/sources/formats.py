@@ -1,0 +1,49 @@
+"""The input formats by name, and what is counted over every input: records and units."""
+
+from __future__ import annotations
+
+from bulkembed.contracts import part_name
+from bulkembed.sources.arrow import ArrowFormat
+from bulkembed.sources.base import InputFormat
+from bulkembed.sources.files import READ_ERRORS
+from bulkembed.sources.hf import DatasetFormat
+from bulkembed.sources.jsonl import JsonLinesFormat
+from bulkembed.sources.parquet import ParquetFormat
+from bulkembed.sources.records import Shard
+
+FORMATS: dict[str, InputFormat] = {
+    "parquet": ParquetFormat(),
+    "jsonl": JsonLinesFormat(),
+    "arrow": ArrowFormat(),
+    "hf": DatasetFormat(),
+}
+
+
+def format_of(file: Shard) -> InputFormat:
+    """How `file` is read."""
+    return FORMATS[file.format]
+
+
+def count_records(files: list[Shard]) -> int:
+    """Records in all files, for progress. Unreadable files count as empty."""
+    total = 0
+    for file in files:
+        try:
+            total += format_of(file).records(file)
+        except READ_ERRORS:
+            continue
+    return total
+
+
+def unit_names(files: list[Shard], records_per_unit: int) -> list[str]:
+    """Every unit of work of the files, as part names, in order. An unreadable file is one
+    unit. Parquet units come from the footer; JSON lines and Arrow files are read through to
+    count lines and rows; streamed datasets are not counted (see `InputFormat.streamed`)."""
+    names: list[str] = []
+    for index, file in enumerate(files):
+        try:
+            units = format_of(file).units(file, records_per_unit)
+        except READ_ERRORS:
+            units = 1
+        names.extend(part_name(index, unit) for unit in range(max(units, 1)))
+    return names

@@ -1,0 +1,92 @@
+"""Parquet inputs: one unit per row group, read one batch of a row group at a time."""
+
+from __future__ import annotations
+
+from collections.abc import Container, Iterator
+from typing import Any
+
+import pyarrow as pa
+
+from bulkembed.contracts import part_name
+from bulkembed.sources.base import ReadSettings, TabularFormat
+from bulkembed.sources.files import READ_ERRORS
+from bulkembed.sources.records import BadRecord, Chunk, Shard
+
+
+class ParquetFormat(TabularFormat):
+    """`.parquet` files."""
+
+    def records(self, file: Shard) -> int:
+        import pyarrow.parquet as pq
+
+        return pq.ParquetFile(file.path).metadata.num_rows
+
+    def units(self, file: Shard, records_per_unit: int) -> int:
+        import pyarrow.parquet as pq
+
+        return pq.ParquetFile(file.path).num_row_groups
+
+    def schema(self, file: Shard) -> pa.Schema | None:
+        import pyarrow.parquet as pq
+
+        try:
+            metadata = pq.read_metadata(file.path)
+        except READ_ERRORS:
+            return None
+        return metadata.schema.to_arrow_schema() if metadata.num_rows else None
+
+    def read(
+        self, index: int, file: Shard, settings: ReadSettings, skip: Container[str]
+    ) -> Iterator[Chunk]:
+        import pyarrow.parquet as pq
+
+        try:
+            parquet = pq.ParquetFile(file.path)
+        except READ_ERRORS as e:
+            if part_name(index, 0) not in skip:
+                bad = BadRecord(str(file.path), f"unreadable Parquet file: {e}")
+                yield settings.empty_chunk(index, 0, [bad])
+            return
+        id_column = settings.id_column
+        columns = [settings.text_column] + ([id_column] if id_column else [])
+        columns += [c for c in settings.keep_columns if c not in columns]
+        if parquet.num_row_groups == 0 and part_name(index, 0) not in skip:
+            yield settings.empty_chunk(index, 0)
+        first_row = 0
+        for group in range(parquet.num_row_groups):
+            if part_name(index, group) not in skip:
+                yield from self._row_group(
+                    index, group, file, parquet, columns, first_row, settings
+                )
+            first_row += parquet.metadata.row_group(group).num_rows
+
+    def _row_group(
+        self,
+        index: int,
+        group: int,
+        file: Shard,
+        parquet: Any,
+        columns: list[str],
+        first_row: int,
+        settings: ReadSettings,
+    ) -> Iterator[Chunk]:
+        pending: Chunk | None = None
+        row = first_row
+        bad: list[BadRecord] = []
+        try:
+            batches = parquet.iter_batches(
+                batch_size=settings.chunk_size, row_groups=[group], columns=columns
+            )
+            for batch in batches:
+                if pending is not None:
+                    yield pending
+                pending = self.chunk(index, group, file, batch, row, settings)
+                row += batch.num_rows
+        except READ_ERRORS as e:
+            reason = f"row group {group} unreadable from row {row} on: {e}"
+            bad.append(BadRecord(str(file.path), reason, row=row))
+        if pending is None:
+            pending = settings.empty_chunk(index, group)
+        pending.last_in_unit = True
+        pending.bad.extend(bad)
+        yield pending
