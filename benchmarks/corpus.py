@@ -5,7 +5,7 @@ Documents are, in a fixed order: every topic of the Python reference manual bund
 to a few hundred words), and the docstrings of a fixed list of standard-library modules,
 their classes and functions (a few words to a few thousand). Duplicates are dropped.
 
-    python benchmarks/corpus.py --docs 2000 --out corpus/ [--shards 4] [--format parquet]
+    python benchmarks/corpus.py --docs 2000 --out corpus/ [--files 4] [--format parquet]
     python benchmarks/corpus.py --docs 2000 --copies 10 --out big/   # 10x, distinct ids
 
 The text depends on the Python version that runs this script (it reads its own docs).
@@ -104,14 +104,14 @@ def build(docs: int, copies: int = 1) -> list[dict[str, str]]:
     ]
 
 
-def write(records: list[dict[str, str]], out: Path, shards: int, fmt: str) -> list[Path]:
-    """Split records into `shards` files of `fmt` (jsonl or parquet) under `out`."""
+def write(records: list[dict[str, str]], out: Path, files: int, fmt: str) -> list[Path]:
+    """Split records into `files` files of `fmt` (jsonl or parquet) under `out`."""
     out.mkdir(parents=True, exist_ok=True)
-    size = -(-len(records) // shards)
+    size = -(-len(records) // files)
     paths = []
-    for shard in range(shards):
-        part = records[shard * size : (shard + 1) * size]
-        path = out / f"shard-{shard:03d}.{fmt}"
+    for number in range(files):
+        part = records[number * size : (number + 1) * size]
+        path = out / f"input-{number:03d}.{fmt}"
         if fmt == "parquet":
             import pyarrow as pa
             import pyarrow.parquet as pq
@@ -129,12 +129,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--docs", type=int, default=2000)
     parser.add_argument("--copies", type=int, default=1)
-    parser.add_argument("--shards", type=int, default=1)
+    parser.add_argument("--files", type=int, default=1)
     parser.add_argument("--format", choices=("jsonl", "parquet"), default="jsonl")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     records = build(args.docs, args.copies)
-    paths = write(records, args.out, args.shards, args.format)
+    paths = write(records, args.out, args.files, args.format)
     words = [len(r["text"].split()) for r in records]
     print(
         json.dumps(

@@ -76,7 +76,7 @@ def main() -> None:
     options += ["--compile"] if args.compile else []
     records = build(args.docs, args.copies)
     with tempfile.TemporaryDirectory() as tmp:
-        corpus = write(records, Path(tmp) / "corpus", shards=8, fmt="jsonl")
+        corpus = write(records, Path(tmp) / "corpus", files=8, fmt="jsonl")
         run = measure(corpus, Path(tmp) / "out", args.model, *options)
     devices = torch.cuda.device_count()
     per_token = flops_per_token(model_on_meta(args.model), run["tokens"] / run["docs"])

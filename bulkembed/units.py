@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from bulkembed.config import ShardSpec
 from bulkembed.errors import InputError
-from bulkembed.sources import Shard, format_of, unit_names
+from bulkembed.sources import InputFile, format_of, unit_names
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,14 +21,14 @@ class SkippedUnits:
         return part in self.done or (self.mine is not None and part not in self.mine)
 
 
-def counted_units(shards: list[Shard], records_per_unit: int) -> list[str]:
+def counted_units(files: list[InputFile], records_per_unit: int) -> list[str]:
     """Every unit of the inputs, in order, for runs that share them out up front."""
-    if any(format_of(s).streamed for s in shards):
+    if any(format_of(s).streamed for s in files):
         raise InputError(
             "--shard and --engine ray need inputs whose units can be counted up front: "
             "files, not hf:// datasets (save the dataset to Parquet first)"
         )
-    return unit_names(shards, records_per_unit)
+    return unit_names(files, records_per_unit)
 
 
 def shard_parts(units: list[str], shard: ShardSpec) -> frozenset[str]:

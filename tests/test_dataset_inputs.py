@@ -10,7 +10,7 @@ from conftest import cosines, fill_the_disk_at_commit, sample_texts, write_jsonl
 from typer.testing import CliRunner
 
 from bulkembed.cli import app
-from bulkembed.sources import RecordReader, list_shards
+from bulkembed.sources import RecordReader, list_inputs
 from bulkembed.sources.hf import parse_dataset_name
 
 ORIGINAL_CLOSE = pq.ParquetWriter.close
@@ -76,8 +76,8 @@ def test_dataset_dict_folder_reads_every_split(tmp_path, tiny_st):
 def test_arrow_units_are_fixed_row_ranges_and_resume_skips_done_ones(tmp_path):
     records = _records(25)
     datasets.Dataset.from_list(records).save_to_disk(tmp_path / "saved")
-    shards = list_shards([str(tmp_path / "saved")])
-    reader = RecordReader(shards, chunk_size=4, records_per_unit=10)
+    files = list_inputs([str(tmp_path / "saved")])
+    reader = RecordReader(files, chunk_size=4, records_per_unit=10)
     chunks = list(reader.read())
     assert [(c.unit, len(c.texts), c.last_in_unit) for c in chunks] == [
         (0, 4, False), (0, 4, False), (0, 2, True),
@@ -154,11 +154,11 @@ def test_keep_columns_errors_say_what_to_do(tmp_path, tiny_st):
         ((pa.string(), pa.int64()), None),
     ],
 )
-def test_passthrough_types_must_agree_across_shards(tmp_path, kinds, unified):
+def test_passthrough_types_must_agree_across_files(tmp_path, kinds, unified):
     for name, kind in zip("ab", kinds, strict=True):
         table = pa.table({"text": ["x"], "n": pa.array([1], pa.int64()).cast(kind)})
         pq.write_table(table, tmp_path / f"{name}.parquet")
-    reader = RecordReader(list_shards([str(tmp_path)]), keep_columns=("n",))
+    reader = RecordReader(list_inputs([str(tmp_path)]), keep_columns=("n",))
     if unified is None:
         with pytest.raises(Exception, match="--keep-columns 'n' is string in one input and int64"):
             reader.check()
@@ -203,7 +203,7 @@ def test_arrow_ipc_files_and_streams_both_read(tmp_path):
     with pa.ipc.new_stream(tmp_path / "stream.arrow", table.schema) as writer:
         writer.write_table(table, max_chunksize=2)
     for name in ("file.arrow", "stream.arrow"):
-        reader = RecordReader(list_shards([str(tmp_path / name)]))
+        reader = RecordReader(list_inputs([str(tmp_path / name)]))
         assert [i for c in reader.read() for i in c.ids.to_pylist()] == ["a", "b", "c"]
 
 

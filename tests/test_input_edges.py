@@ -13,11 +13,11 @@ from conftest import read_output, write_jsonl
 from typer.testing import CliRunner
 
 from bulkembed.cli import app
-from bulkembed.sources import RecordReader, list_shards
+from bulkembed.sources import RecordReader, list_inputs
 
 
 def _read(paths, **options):
-    chunks = list(RecordReader(list_shards([str(p) for p in paths]), **options).read())
+    chunks = list(RecordReader(list_inputs([str(p) for p in paths]), **options).read())
     ids = [i for c in chunks for i in c.ids.to_pylist()]
     texts = [t for c in chunks for t in c.texts]
     bad = [b for c in chunks for b in c.bad]
@@ -106,8 +106,8 @@ def test_links_to_directories_are_followed_once_and_loops_end(tmp_path):
     (corpus / "a" / "loop").symlink_to(corpus, target_is_directory=True)
     (corpus / "a" / "self").symlink_to(corpus / "a", target_is_directory=True)
     with _within(20):
-        by_directory = list_shards([str(corpus)])
-        by_glob = list_shards([str(corpus / "**" / "*.jsonl")])
+        by_directory = list_inputs([str(corpus)])
+        by_glob = list_inputs([str(corpus / "**" / "*.jsonl")])
     assert [s.name for s in by_directory] == ["a/one.jsonl", "linked/two.jsonl"]
     assert [s.name for s in by_glob] == ["a/one.jsonl", "linked/two.jsonl"]
 
@@ -117,7 +117,7 @@ def test_globs_match_as_the_shell_does(tmp_path):
         write_jsonl(tmp_path / name, [{"id": name, "text": "t"}])
 
     def names(pattern):
-        return [s.name for s in list_shards([f"{tmp_path}/{pattern}"])]
+        return [s.name for s in list_inputs([f"{tmp_path}/{pattern}"])]
 
     assert names("x/*.jsonl") == ["one.jsonl"]
     assert names("x/*/*.jsonl") == ["y/two.jsonl"]
@@ -135,12 +135,12 @@ def test_a_file_reached_through_a_link_and_directly_is_named_by_its_direct_path(
     write_jsonl(data / "v1" / "x.jsonl", [{"id": "1", "text": "one"}])
     write_jsonl(data / "v2" / "x.jsonl", [{"id": "2", "text": "two"}])
     (data / "current").symlink_to(data / "v2", target_is_directory=True)
-    assert [s.name for s in list_shards([str(data)])] == ["v1/x.jsonl", "v2/x.jsonl"]
-    assert [s.name for s in list_shards([str(data / "v*" / "*.jsonl")])] == [
+    assert [s.name for s in list_inputs([str(data)])] == ["v1/x.jsonl", "v2/x.jsonl"]
+    assert [s.name for s in list_inputs([str(data / "v*" / "*.jsonl")])] == [
         "v1/x.jsonl",
         "v2/x.jsonl",
     ]
-    assert [s.name for s in list_shards([str(data / "current")])] == ["x.jsonl"]
+    assert [s.name for s in list_inputs([str(data / "current")])] == ["x.jsonl"]
 
 
 def test_an_unreadable_directory_is_left_out_with_a_warning(tmp_path, tiny_st, monkeypatch):

@@ -6,59 +6,59 @@ import pytest
 from conftest import write_jsonl, write_parquet
 
 from bulkembed.errors import InputError
-from bulkembed.sources import RecordReader, count_records, list_shards, take, unit_names
+from bulkembed.sources import RecordReader, count_records, list_inputs, take, unit_names
 
 
 def _records(n: int, start: int = 0) -> list[dict]:
     return [{"id": f"d{i}", "text": f"text number {i}"} for i in range(start, start + n)]
 
 
-def _read(shards, done=(), **options):
-    chunks = list(RecordReader(shards, **options).read(done))
+def _read(files, done=(), **options):
+    chunks = list(RecordReader(files, **options).read(done))
     ids = [i for c in chunks for i in c.ids.to_pylist()]
     texts = [t for c in chunks for t in c.texts]
     bad = [b for c in chunks for b in c.bad]
     return chunks, ids, texts, bad
 
 
-def test_shards_are_found_recursively_sorted_and_once(tmp_path):
+def test_input_files_are_found_recursively_sorted_and_once(tmp_path):
     write_jsonl(tmp_path / "b" / "two.jsonl", _records(1))
     write_jsonl(tmp_path / "a.jsonl", _records(1))
     write_parquet(tmp_path / "b" / "c" / "three.parquet", _records(1))
     (tmp_path / "notes.txt").write_text("not an input")
-    shards = list_shards([str(tmp_path), str(tmp_path / "a.jsonl"), str(tmp_path / "*.jsonl")])
-    assert [s.name for s in shards] == ["a.jsonl", "b/c/three.parquet", "b/two.jsonl"]
-    assert [s.format for s in shards] == ["jsonl", "parquet", "jsonl"]
+    files = list_inputs([str(tmp_path), str(tmp_path / "a.jsonl"), str(tmp_path / "*.jsonl")])
+    assert [s.name for s in files] == ["a.jsonl", "b/c/three.parquet", "b/two.jsonl"]
+    assert [s.format for s in files] == ["jsonl", "parquet", "jsonl"]
 
 
-def test_globs_name_shards_relative_to_their_fixed_part(tmp_path):
+def test_globs_name_files_relative_to_their_fixed_part(tmp_path):
     write_jsonl(tmp_path / "x" / "one.jsonl", _records(1))
     write_jsonl(tmp_path / "x" / "two.jsonl", _records(1))
-    shards = list_shards([str(tmp_path / "x" / "*.jsonl")])
-    assert [s.name for s in shards] == ["one.jsonl", "two.jsonl"]
+    files = list_inputs([str(tmp_path / "x" / "*.jsonl")])
+    assert [s.name for s in files] == ["one.jsonl", "two.jsonl"]
 
 
 def test_missing_input_is_an_error_naming_it(tmp_path):
     with pytest.raises(InputError, match=r"input not found: .*nowhere\.jsonl"):
-        list_shards([str(tmp_path / "nowhere.jsonl")])
+        list_inputs([str(tmp_path / "nowhere.jsonl")])
 
 
 def test_unsupported_file_is_an_error(tmp_path):
     path = tmp_path / "corpus.csv"
     path.write_text("id,text\n")
     with pytest.raises(InputError, match="unsupported input"):
-        list_shards([str(path)])
+        list_inputs([str(path)])
 
 
 def test_directory_without_inputs_is_an_error(tmp_path):
     (tmp_path / "readme.txt").write_text("x")
     with pytest.raises(InputError, match="no .parquet, .jsonl or .arrow file"):
-        list_shards([str(tmp_path)])
+        list_inputs([str(tmp_path)])
 
 
 def test_parquet_units_are_row_groups_and_chunks_stay_small(tmp_path):
     path = write_parquet(tmp_path / "c.parquet", _records(25), row_group_size=10)
-    chunks, ids, texts, _ = _read(list_shards([str(path)]), chunk_size=4)
+    chunks, ids, texts, _ = _read(list_inputs([str(path)]), chunk_size=4)
     assert ids == [f"d{i}" for i in range(25)]
     assert texts[3] == "text number 3"
     assert max(len(c.texts) for c in chunks) == 4
@@ -72,7 +72,7 @@ def test_parquet_units_are_row_groups_and_chunks_stay_small(tmp_path):
 
 def test_jsonl_units_are_fixed_line_ranges(tmp_path):
     path = write_jsonl(tmp_path / "c.jsonl", _records(10))
-    chunks, ids, _, _ = _read(list_shards([str(path)]), chunk_size=2, records_per_unit=4)
+    chunks, ids, _, _ = _read(list_inputs([str(path)]), chunk_size=2, records_per_unit=4)
     assert ids == [f"d{i}" for i in range(10)]
     ends = [(c.unit, c.ids.to_pylist()[-1]) for c in chunks if c.last_in_unit]
     assert ends == [(0, "d3"), (1, "d7"), (2, "d9")]
@@ -83,44 +83,44 @@ def test_gzipped_jsonl_reads_like_plain(tmp_path):
     with gzip.open(path, "wt", encoding="utf-8") as f:
         for record in _records(3):
             f.write(json.dumps(record) + "\n")
-    _, ids, texts, _ = _read(list_shards([str(path)]))
+    _, ids, texts, _ = _read(list_inputs([str(path)]))
     assert ids == ["d0", "d1", "d2"]
     assert texts == ["text number 0", "text number 1", "text number 2"]
 
 
-def test_ids_without_an_id_column_come_from_shard_name_and_position(tmp_path):
+def test_ids_without_an_id_column_come_from_file_name_and_position(tmp_path):
     write_jsonl(tmp_path / "sub" / "a.jsonl", [{"text": "x"}, {"text": "y"}])
     write_parquet(tmp_path / "b.parquet", [{"text": "x"}, {"text": "y"}, {"text": "z"}])
-    _, ids, _, _ = _read(list_shards([str(tmp_path)]))
+    _, ids, _, _ = _read(list_inputs([str(tmp_path)]))
     assert ids == ["b.parquet:0", "b.parquet:1", "b.parquet:2", "sub/a.jsonl:0", "sub/a.jsonl:1"]
 
 
 def test_integer_ids_stay_integers(tmp_path):
     path = write_parquet(tmp_path / "c.parquet", [{"id": 7, "text": "a"}, {"id": 9, "text": "b"}])
-    chunks, ids, _, _ = _read(list_shards([str(path)]))
+    chunks, ids, _, _ = _read(list_inputs([str(path)]))
     assert ids == [7, 9]
     assert chunks[0].ids.type == pa.int64()
 
 
 def test_custom_columns(tmp_path):
     path = write_jsonl(tmp_path / "c.jsonl", [{"key": "k1", "body": "hello"}])
-    _, ids, texts, _ = _read(list_shards([str(path)]), text_column="body", id_column="key")
+    _, ids, texts, _ = _read(list_inputs([str(path)]), text_column="body", id_column="key")
     assert (ids, texts) == (["k1"], ["hello"])
 
 
 def test_missing_text_column_lists_the_columns_there_are(tmp_path):
     jsonl = write_jsonl(tmp_path / "c.jsonl", [{"id": "a", "body": "x"}])
     with pytest.raises(InputError, match=r"text column 'text' not found in .*columns: id, body"):
-        _read(list_shards([str(jsonl)]))
+        _read(list_inputs([str(jsonl)]))
     parquet = write_parquet(tmp_path / "p" / "c.parquet", [{"id": "a", "content": "x"}])
     with pytest.raises(InputError, match=r"text column 'text' not found in .*columns: id, content"):
-        _read(list_shards([str(parquet)]))
+        _read(list_inputs([str(parquet)]))
 
 
 def test_missing_id_column_is_an_error_when_asked_for(tmp_path):
     path = write_jsonl(tmp_path / "c.jsonl", [{"text": "x"}])
     with pytest.raises(InputError, match="id column 'key' not found"):
-        _read(list_shards([str(path)]), id_column="key")
+        _read(list_inputs([str(path)]), id_column="key")
 
 
 def test_bad_jsonl_records_are_set_aside_with_line_and_reason(tmp_path):
@@ -137,7 +137,7 @@ def test_bad_jsonl_records_are_set_aside_with_line_and_reason(tmp_path):
         b'{"id": "g", "text": ""}',
     ]
     path.write_bytes(b"\n".join(lines) + b"\n")
-    _, ids, texts, bad = _read(list_shards([str(path)]))
+    _, ids, texts, bad = _read(list_inputs([str(path)]))
     assert ids == ["a", "g"]
     assert texts == ["fine", ""]
     assert [(b.line, b.id, b.reason.split(":")[0]) for b in bad] == [
@@ -154,7 +154,7 @@ def test_null_parquet_text_is_set_aside_with_its_row(tmp_path):
     path = write_parquet(
         tmp_path / "c.parquet", [{"id": "a", "text": "x"}, {"id": "b", "text": None}]
     )
-    _, ids, _, bad = _read(list_shards([str(path)]))
+    _, ids, _, bad = _read(list_inputs([str(path)]))
     assert ids == ["a"]
     assert [(b.row, b.id, b.reason) for b in bad] == [(1, "b", "text is null")]
 
@@ -162,66 +162,66 @@ def test_null_parquet_text_is_set_aside_with_its_row(tmp_path):
 def test_non_string_parquet_text_column_is_an_error(tmp_path):
     path = write_parquet(tmp_path / "c.parquet", [{"id": "a", "text": 3}])
     with pytest.raises(InputError, match="holds int64, not strings"):
-        _read(list_shards([str(path)]))
+        _read(list_inputs([str(path)]))
 
 
 def test_take_stops_after_n_documents_and_ends_the_unit(tmp_path):
     write_jsonl(tmp_path / "a.jsonl", _records(5))
     write_jsonl(tmp_path / "b.jsonl", _records(5, start=5))
-    chunks = list(take(RecordReader(list_shards([str(tmp_path)]), chunk_size=2).read(), 7))
+    chunks = list(take(RecordReader(list_inputs([str(tmp_path)]), chunk_size=2).read(), 7))
     assert [i for c in chunks for i in c.ids.to_pylist()] == [f"d{i}" for i in range(7)]
-    assert chunks[-1].last_in_unit and (chunks[-1].shard, chunks[-1].unit) == (1, 0)
-    assert list(take(RecordReader(list_shards([str(tmp_path)])).read(), 0)) == []
+    assert chunks[-1].last_in_unit and (chunks[-1].file, chunks[-1].unit) == (1, 0)
+    assert list(take(RecordReader(list_inputs([str(tmp_path)])).read(), 0)) == []
 
 
 def test_count_records(tmp_path):
     write_jsonl(tmp_path / "a.jsonl", _records(5))
     write_parquet(tmp_path / "b.parquet", _records(4))
-    assert count_records(list_shards([str(tmp_path)])) == 9
+    assert count_records(list_inputs([str(tmp_path)])) == 9
 
 
 def test_files_that_would_give_the_same_ids_are_refused(tmp_path):
     write_jsonl(tmp_path / "d1" / "x.jsonl", [{"text": "a"}])
     write_jsonl(tmp_path / "d2" / "x.jsonl", [{"text": "b"}])
     with pytest.raises(InputError, match=r"would give the same ids \(x\.jsonl:N\)"):
-        list_shards([str(tmp_path / "d1"), str(tmp_path / "d2")])
-    assert [s.name for s in list_shards([str(tmp_path)])] == ["d1/x.jsonl", "d2/x.jsonl"]
+        list_inputs([str(tmp_path / "d1"), str(tmp_path / "d2")])
+    assert [s.name for s in list_inputs([str(tmp_path)])] == ["d1/x.jsonl", "d2/x.jsonl"]
 
 
 def test_done_units_are_skipped(tmp_path):
     path = write_parquet(tmp_path / "c.parquet", _records(25), row_group_size=10)
     write_jsonl(tmp_path / "d.jsonl", _records(10, start=100))
-    shards = list_shards([str(tmp_path)])
+    files = list_inputs([str(tmp_path)])
     done = {"part-00000-000001", "part-00001-000000"}
-    _, ids, _, _ = _read(shards, done=done, records_per_unit=5)
+    _, ids, _, _ = _read(files, done=done, records_per_unit=5)
     assert ids == [f"d{i}" for i in [*range(10), *range(20, 25)]] + [
         f"d{i}" for i in range(105, 110)
     ]
     assert path.exists()
 
 
-def test_id_type_is_integer_only_when_every_shard_has_integer_ids(tmp_path):
+def test_id_type_is_integer_only_when_every_file_has_integer_ids(tmp_path):
     write_parquet(tmp_path / "a" / "x.parquet", [{"id": 1, "text": "a"}])
     write_parquet(tmp_path / "a" / "y.parquet", [{"id": 2, "text": "b"}])
-    assert RecordReader(list_shards([str(tmp_path / "a")])).check() == pa.int64()
+    assert RecordReader(list_inputs([str(tmp_path / "a")])).check() == pa.int64()
     write_jsonl(tmp_path / "a" / "z.jsonl", [{"id": 3, "text": "c"}])
-    reader = RecordReader(list_shards([str(tmp_path / "a")]))
+    reader = RecordReader(list_inputs([str(tmp_path / "a")]))
     assert reader.check() == pa.string()
     assert [i for c in reader.read() for i in c.ids.to_pylist()] == ["1", "2", "3"]
 
 
-def test_a_missing_column_in_a_later_shard_fails_before_reading(tmp_path):
+def test_a_missing_column_in_a_later_file_fails_before_reading(tmp_path):
     write_jsonl(tmp_path / "a.jsonl", [{"text": "fine"}])
     write_jsonl(tmp_path / "b.jsonl", [{"oops": "no text"}])
     with pytest.raises(InputError, match=r"b\.jsonl from line 1; columns: oops"):
-        RecordReader(list_shards([str(tmp_path)])).check()
+        RecordReader(list_inputs([str(tmp_path)])).check()
 
 
 def test_unit_names_cover_every_unit(tmp_path):
     write_parquet(tmp_path / "a.parquet", _records(25), row_group_size=10)
     write_jsonl(tmp_path / "b.jsonl", _records(9))
     (tmp_path / "c.jsonl").write_text("")
-    names = unit_names(list_shards([str(tmp_path)]), 4)
+    names = unit_names(list_inputs([str(tmp_path)]), 4)
     assert names == [
         "part-00000-000000",
         "part-00000-000001",
@@ -267,14 +267,14 @@ def test_a_jsonl_unit_read_from_its_offset_equals_the_unit_read_from_the_start(t
                 f.write('{"text": \n')
             else:
                 f.write(json.dumps({"id": f"d{i}", "text": f"é{i}"}, ensure_ascii=False) + "\n")
-    shards = list_shards([str(path)])
+    files = list_inputs([str(path)])
     offsets = unit_offsets(path, 10)
     assert offsets[:2] == [0, len(b"".join(path.read_bytes().splitlines(True)[:10]))]
-    units = unit_names(shards, 10)
+    units = unit_names(files, 10)
     assert len(offsets) == len(units) + (lines % 10 == 0)
     for unit, part in enumerate(units):
         only = SkippedUnits(done=(), mine=frozenset([part]))
-        reader = RecordReader(shards, chunk_size=4, records_per_unit=10)
+        reader = RecordReader(files, chunk_size=4, records_per_unit=10)
         expected = _chunk_records(reader.read_file(0, only))
         assert expected and expected[-1][0] == part
         assert _chunk_records(reader.read_unit(0, unit, offsets[unit])) == expected

@@ -116,7 +116,7 @@ def _describe(
         f"{spec.source} on {', '.join(plan.devices)} ({plan.dtype}): "
         f"{', '.join(outputs)}; max length {spec.max_length}; batches of {budget} "
         f"tokens = {max(1, budget // spec.max_length)} docs at max length; "
-        f"{plan.workers} tokenizer process(es); {len(plan.files)} shard(s)"
+        f"{plan.workers} tokenizer process(es); {len(plan.files)} input file(s)"
         + (f"; resuming after {done} done unit(s)" if done else "")
         + (
             f"; reusing the vectors of {previous.rows:,} document(s) in "

@@ -14,7 +14,7 @@ from bulkembed.config import Engine, RunConfig, default_tokenize_workers
 from bulkembed.errors import BulkembedError
 from bulkembed.outputs import OutputFormat
 from bulkembed.sinks import OutputTarget, parse_output
-from bulkembed.sources import RecordReader, Shard, list_shards
+from bulkembed.sources import InputFile, RecordReader, list_inputs
 from bulkembed.tokenize import TokenizerSettings
 from bulkembed.units import counted_units, shard_parts
 
@@ -37,7 +37,7 @@ class RunPlan:
     spec: ModelSpec
     devices: tuple[str, ...]
     dtype: str
-    files: tuple[Shard, ...]
+    files: tuple[InputFile, ...]
     reader: RecordReader
     output_format: OutputFormat
     target: OutputTarget
@@ -103,7 +103,7 @@ def plan_run(config: RunConfig, reporter: Reporter) -> RunPlan:
     if since is not None and target.path is not None and since == target.path.resolve():
         raise BulkembedError("--since must name another output than --output")
     skipped: list[str] = []
-    files = list_shards(config.inputs, exclude=target.path, skipped=skipped)
+    files = list_inputs(config.inputs, exclude=target.path, skipped=skipped)
     for directory in skipped:
         reporter.warn(f"input directory {directory} cannot be read: its files are left out")
     reader = RecordReader(

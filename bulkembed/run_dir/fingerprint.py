@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from bulkembed.config import RunConfig
     from bulkembed.model_spec import ModelSpec
-    from bulkembed.sources import Shard
+    from bulkembed.sources import InputFile
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,10 +20,10 @@ class _Setting:
     """A fingerprint setting: its name for the user, and its value for a run."""
 
     name: str
-    value: Callable[[RunConfig, ModelSpec, list[Shard]], Any]
+    value: Callable[[RunConfig, ModelSpec, list[InputFile]], Any]
 
 
-def _inputs(config: RunConfig, spec: ModelSpec, files: list[Shard]) -> list[dict[str, Any]]:
+def _inputs(config: RunConfig, spec: ModelSpec, files: list[InputFile]) -> list[dict[str, Any]]:
     """Each input by name, size and modification time, and with `--verify-inputs` a digest
     of its content."""
     found = []
@@ -69,7 +69,7 @@ SETTINGS: dict[str, _Setting] = {
 }
 
 
-def fingerprint(config: RunConfig, spec: ModelSpec, files: list[Shard]) -> dict[str, Any]:
+def fingerprint(config: RunConfig, spec: ModelSpec, files: list[InputFile]) -> dict[str, Any]:
     """The settings that decide what the output holds. A run resumes only if they match."""
     return {key: setting.value(config, spec, files) for key, setting in SETTINGS.items()}
 

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 def run_status(run: RunDirectory, sink: Sink) -> dict[str, Any]:
     """Where a run directory stands: units done and pending, documents, bad records, lock.
     Units whose rows are gone from `sink` count as pending, whatever the ledger says."""
-    from bulkembed.sources import Shard, unit_names
+    from bulkembed.sources import InputFile, unit_names
     from bulkembed.sources.files import format_name
 
     if not run.config_path.exists():
@@ -28,8 +28,8 @@ def run_status(run: RunDirectory, sink: Sink) -> dict[str, Any]:
         del done[part]
     inputs = config.get("input_paths", [])
     sizes = {i["name"]: i["size"] for i in config.get("fingerprint", {}).get("inputs", [])}
-    shards = [
-        Shard(Path(i["path"]), i["name"], format_name(Path(i["path"])) or "", sizes[i["name"]])
+    files = [
+        InputFile(Path(i["path"]), i["name"], format_name(Path(i["path"])) or "", sizes[i["name"]])
         for i in inputs
     ]
     holder = run.lock_holder()
@@ -37,9 +37,9 @@ def run_status(run: RunDirectory, sink: Sink) -> dict[str, Any]:
     if run.is_complete(done):
         state, pending = "complete", 0
     else:
-        readable = all(s.path.is_file() for s in shards)
+        readable = all(s.path.is_file() for s in files)
         records = config.get("records_per_unit", DEFAULT_RECORDS_PER_UNIT)
-        pending = len(set(unit_names(shards, records)) - set(done)) if readable else None
+        pending = len(set(unit_names(files, records)) - set(done)) if readable else None
         state = f"running ({holder})" if holder else "stopped: run the same command to resume"
     settings = ("model", "recipe", "pooling", "normalize", "max_length", "dtype", "device")
     return {
@@ -50,7 +50,7 @@ def run_status(run: RunDirectory, sink: Sink) -> dict[str, Any]:
         "docs": sum(r.rows for r in done.values()),
         "bad_records": sum(r.bad_records for r in done.values()),
         "truncated": sum(r.truncated for r in done.values()),
-        "inputs": len(shards),
+        "inputs": len(files),
         "lock": holder,
         **{key: config.get(key) for key in settings},
     }

@@ -5,22 +5,22 @@ A unit of work is a Parquet row group or a fixed number of records of the other 
 it is the granularity of output parts and of resume.
 """
 
-from bulkembed.sources.files import list_shards, unit_offsets
+from bulkembed.sources.files import list_inputs, unit_offsets
 from bulkembed.sources.filters import SeenIds, drop_duplicate_ids, take
 from bulkembed.sources.formats import count_records, format_of, unit_names
 from bulkembed.sources.reader import RecordReader
-from bulkembed.sources.records import BadRecord, Chunk, Shard
+from bulkembed.sources.records import BadRecord, Chunk, InputFile
 
 __all__ = [
     "BadRecord",
     "Chunk",
     "RecordReader",
     "SeenIds",
-    "Shard",
+    "InputFile",
     "count_records",
     "drop_duplicate_ids",
     "format_of",
-    "list_shards",
+    "list_inputs",
     "take",
     "unit_names",
     "unit_offsets",

@@ -10,23 +10,23 @@ import pyarrow as pa
 from bulkembed.contracts import part_name
 from bulkembed.sources.base import ReadSettings, TabularFormat
 from bulkembed.sources.files import READ_ERRORS, open_arrow
-from bulkembed.sources.records import BadRecord, Chunk, Shard
+from bulkembed.sources.records import BadRecord, Chunk, InputFile
 
 
 class ArrowFormat(TabularFormat):
     """`.arrow` files."""
 
-    def records(self, file: Shard) -> int:
+    def records(self, file: InputFile) -> int:
         return sum(batch.num_rows for batch in open_arrow(file.path))
 
-    def schema(self, file: Shard) -> pa.Schema | None:
+    def schema(self, file: InputFile) -> pa.Schema | None:
         try:
             return open_arrow(file.path).schema
         except READ_ERRORS:
             return None
 
     def read(
-        self, index: int, file: Shard, settings: ReadSettings, skip: Container[str]
+        self, index: int, file: InputFile, settings: ReadSettings, skip: Container[str]
     ) -> Iterator[Chunk]:
         per_unit = settings.records_per_unit
         pending: Chunk | None = None
@@ -59,7 +59,7 @@ class ArrowFormat(TabularFormat):
             yield pending
 
 
-def _pieces(file: Shard, settings: ReadSettings) -> Iterator[tuple[int, pa.RecordBatch]]:
+def _pieces(file: InputFile, settings: ReadSettings) -> Iterator[tuple[int, pa.RecordBatch]]:
     """(first row, rows) of an Arrow file: at most `chunk_size` rows, within one unit."""
     per_unit = settings.records_per_unit
     row = 0

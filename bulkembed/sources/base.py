@@ -17,7 +17,7 @@ import pyarrow as pa
 
 from bulkembed.contracts import part_name
 from bulkembed.sources.columns import cast_misfits, misfit
-from bulkembed.sources.records import BadRecord, Chunk, Rows, Shard
+from bulkembed.sources.records import BadRecord, Chunk, InputFile, Rows
 from bulkembed.sources.validate import bad_record, decoded, problem
 
 
@@ -49,39 +49,39 @@ class InputFormat(ABC):
     lines = False
 
     @abstractmethod
-    def records(self, file: Shard) -> int:
+    def records(self, file: InputFile) -> int:
         """Records in the file, for progress and unit counts."""
 
-    def units(self, file: Shard, records_per_unit: int) -> int:
+    def units(self, file: InputFile, records_per_unit: int) -> int:
         """Units of work in the file."""
         return -(-self.records(file) // records_per_unit)
 
-    def unit_offsets(self, file: Shard, records_per_unit: int) -> list[int] | None:
+    def unit_offsets(self, file: InputFile, records_per_unit: int) -> list[int] | None:
         """Where each unit starts in the file, in bytes, where the format can seek there."""
         return None
 
-    def schema(self, file: Shard) -> pa.Schema | None:
+    def schema(self, file: InputFile) -> pa.Schema | None:
         """The columns of a tabular file (None for an unreadable or empty one)."""
         return None
 
-    def sample(self, file: Shard) -> tuple[list[dict[str, Any]], int]:
+    def sample(self, file: InputFile) -> tuple[list[dict[str, Any]], int]:
         """The first records of the file, and the line number of the first of them."""
         return [], 0
 
-    def values(self, file: Shard, name: str) -> list[Any]:
+    def values(self, file: InputFile, name: str) -> list[Any]:
         """Up to `TYPE_SAMPLE_LINES` values of field `name`, read further than `sample`."""
         return []
 
     @abstractmethod
     def read(
-        self, index: int, file: Shard, settings: ReadSettings, skip: Container[str]
+        self, index: int, file: InputFile, settings: ReadSettings, skip: Container[str]
     ) -> Iterator[Chunk]:
         """The chunks of the file at `index` of the inputs, unit by unit, but for `skip`."""
 
     def read_from(
         self,
         index: int,
-        file: Shard,
+        file: InputFile,
         settings: ReadSettings,
         skip: Container[str],
         unit: int,
@@ -100,7 +100,7 @@ class TabularFormat(InputFormat):
     def chunk(
         index: int,
         unit: int,
-        file: Shard,
+        file: InputFile,
         batch: pa.RecordBatch,
         first_row: int,
         settings: ReadSettings,
@@ -140,14 +140,14 @@ class TabularFormat(InputFormat):
 class RecordFormat(InputFormat):
     """A format of records read one at a time: `records_per_unit` of them make a unit."""
 
-    def source(self, file: Shard) -> str:
+    def source(self, file: InputFile) -> str:
         """How bad records name the file."""
         return str(file.path)
 
     def units_of(
         self,
         index: int,
-        file: Shard,
+        file: InputFile,
         settings: ReadSettings,
         skip: Container[str],
         items: Iterable[Any],
@@ -211,7 +211,7 @@ class RecordFormat(InputFormat):
 
 
 def _take(
-    record: dict[str, Any], file: Shard, number: int, settings: ReadSettings, rows: Rows
+    record: dict[str, Any], file: InputFile, number: int, settings: ReadSettings, rows: Rows
 ) -> str | None:
     """Add a parsed record to `rows`, or return why it cannot be embedded."""
     if settings.text_column not in record:

@@ -16,7 +16,7 @@ import pyarrow as pa
 
 from bulkembed.contracts import RUN_DIRECTORY
 from bulkembed.errors import InputError
-from bulkembed.sources.records import Shard
+from bulkembed.sources.records import InputFile
 
 FORMATS = {
     ".parquet": "parquet",
@@ -166,24 +166,24 @@ def _through_links(path: Path) -> bool:
     return path.absolute() != path.resolve()
 
 
-def list_shards(
+def list_inputs(
     inputs: tuple[str, ...] | list[str],
     exclude: Path | None = None,
     skipped: list[str] | None = None,
-) -> list[Shard]:
-    """Every input file once, sorted by path, then the shards of `hf://` datasets in the
+) -> list[InputFile]:
+    """Every input file once, sorted by path, then the files of `hf://` datasets in the
     order given: the order in which units are numbered. Files below `exclude` (the output
     directory) are left out; directories that cannot be read are added to `skipped`. A file
     reached by several paths takes its name from one without links, if there is one."""
-    from bulkembed.sources.hf import HF_SCHEME, dataset_shards
+    from bulkembed.sources.hf import HF_SCHEME, dataset_files
 
-    by_path: dict[Path, Shard] = {}
+    by_path: dict[Path, InputFile] = {}
     linked: set[Path] = set()
-    streamed: list[Shard] = []
+    streamed: list[InputFile] = []
     excluded = exclude.resolve() if exclude is not None else None
     for argument in inputs:
         if argument.startswith(HF_SCHEME):
-            streamed.extend(dataset_shards(argument))
+            streamed.extend(dataset_files(argument))
             continue
         for path, root in _expand(argument, [] if skipped is None else skipped):
             resolved = path.resolve()
@@ -193,23 +193,25 @@ def list_shards(
                 name = os.path.relpath(path, root)
                 fmt = format_name(path) or ""
                 status = resolved.stat()
-                by_path[resolved] = Shard(resolved, name, fmt, status.st_size, status.st_mtime_ns)
+                by_path[resolved] = InputFile(
+                    resolved, name, fmt, status.st_size, status.st_mtime_ns
+                )
                 if _through_links(path):
                     linked.add(resolved)
                 else:
                     linked.discard(resolved)
     if not by_path and not streamed:
         raise InputError(f"no .parquet, .jsonl or .arrow file found in {', '.join(inputs)}")
-    shards = sorted(by_path.values(), key=lambda s: str(s.path)) + streamed
-    by_name: dict[str, Shard] = {}
-    for shard in shards:
-        other = by_name.setdefault(shard.name, shard)
-        if other is not shard:
+    files = sorted(by_path.values(), key=lambda s: str(s.path)) + streamed
+    by_name: dict[str, InputFile] = {}
+    for file in files:
+        other = by_name.setdefault(file.name, file)
+        if other is not file:
             raise InputError(
-                f"{other.path} and {shard.path} would give the same ids ({shard.name}:N): "
+                f"{other.path} and {file.path} would give the same ids ({file.name}:N): "
                 "pass their common parent directory instead, or use --id-column"
             )
-    return shards
+    return files
 
 
 def content_digest(path: Path) -> str:

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from bulkembed.sources.formats import format_of
-from bulkembed.sources.records import BadRecord, Chunk, Shard
+from bulkembed.sources.records import BadRecord, Chunk, InputFile
 
 # Recent ids live in a Python set; past this many they are merged into a sorted array.
 _RECENT_LIMIT = 1 << 20
@@ -51,19 +51,19 @@ class SeenIds:
 
 
 def drop_duplicate_ids(
-    chunks: Iterable[Chunk], seen: SeenIds, shards: list[Shard]
+    chunks: Iterable[Chunk], seen: SeenIds, files: list[InputFile]
 ) -> Iterator[Chunk]:
     """Keep the first record of each id (in input order); later ones become bad records."""
     for chunk in chunks:
         ids = chunk.ids.to_pylist()
         keep = [seen.add(doc_id) for doc_id in ids]
         if not all(keep):
-            shard = shards[chunk.shard]
+            file = files[chunk.file]
             for doc_id, first, position in zip(ids, keep, chunk.positions, strict=True):
                 if not first:
                     reason = "duplicate id: an earlier record has the same id"
-                    bad = BadRecord(str(shard.path), reason, doc_id)
-                    if format_of(shard).lines:
+                    bad = BadRecord(str(file.path), reason, doc_id)
+                    if format_of(file).lines:
                         bad.line = position + 1
                     else:
                         bad.row = position

@@ -9,7 +9,7 @@ from bulkembed.sources.files import READ_ERRORS
 from bulkembed.sources.hf import DatasetFormat
 from bulkembed.sources.jsonl import JsonLinesFormat
 from bulkembed.sources.parquet import ParquetFormat
-from bulkembed.sources.records import Shard
+from bulkembed.sources.records import InputFile
 
 FORMATS: dict[str, InputFormat] = {
     "parquet": ParquetFormat(),
@@ -19,12 +19,12 @@ FORMATS: dict[str, InputFormat] = {
 }
 
 
-def format_of(file: Shard) -> InputFormat:
+def format_of(file: InputFile) -> InputFormat:
     """How `file` is read."""
     return FORMATS[file.format]
 
 
-def count_records(files: list[Shard]) -> int:
+def count_records(files: list[InputFile]) -> int:
     """Records in all files, for progress. Unreadable files count as empty."""
     total = 0
     for file in files:
@@ -35,7 +35,7 @@ def count_records(files: list[Shard]) -> int:
     return total
 
 
-def unit_names(files: list[Shard], records_per_unit: int) -> list[str]:
+def unit_names(files: list[InputFile], records_per_unit: int) -> list[str]:
     """Every unit of work of the files, as part names, in order. An unreadable file is one
     unit. Parquet units come from the footer; JSON lines and Arrow files are read through to
     count lines and rows; streamed datasets are not counted (see `InputFormat.streamed`)."""

@@ -2,8 +2,8 @@
 
 NAME is a hub id (`org/name`) or a local folder of data files; a third path part is the
 configuration (`hf://org/name/config`); SPLIT defaults to `train`. A dataset is streamed in
-its own shards (one per data file); each becomes one input shard of the run, cut into units
-of a fixed number of records like JSON lines. A resumed run streams each shard again and
+its own files (one per data file); each becomes one input file of the run, cut into units
+of a fixed number of records like JSON lines. A resumed run streams each file again and
 skips the records of its done units.
 """
 
@@ -19,7 +19,7 @@ from typing import Any
 from bulkembed.errors import InputError
 from bulkembed.sources.base import ReadSettings, RecordFormat
 from bulkembed.sources.columns import TYPE_SAMPLE_LINES
-from bulkembed.sources.records import Chunk, Shard
+from bulkembed.sources.records import Chunk, InputFile
 
 HF_SCHEME = "hf://"
 DEFAULT_SPLIT = "train"
@@ -64,32 +64,32 @@ def _stream(dataset: DatasetName) -> Any:
         raise InputError(f"cannot open {dataset.label}: {e}") from e
 
 
-def dataset_shards(argument: str) -> list[Shard]:
-    """One shard per data file of the dataset, in the dataset's order."""
+def dataset_files(argument: str) -> list[InputFile]:
+    """One file per data file of the dataset, in the dataset's order."""
     dataset = parse_dataset_name(argument)
     stream = _stream(dataset)
     return [
-        Shard(Path(dataset.name), f"{dataset.label}#{i:05d}", "hf", 0)
+        InputFile(Path(dataset.name), f"{dataset.label}#{i:05d}", "hf", 0)
         for i in range(stream.n_shards)
     ]
 
 
-def _owner(shard: Shard) -> tuple[DatasetName, int]:
-    label, _, number = shard.name.rpartition("#")
+def _owner(file: InputFile) -> tuple[DatasetName, int]:
+    label, _, number = file.name.rpartition("#")
     return parse_dataset_name(label), int(number)
 
 
-def dataset_records(shard: Shard) -> Iterator[dict[str, Any]]:
-    """The records of one dataset shard, as dicts, in order."""
-    dataset, number = _owner(shard)
+def dataset_records(file: InputFile) -> Iterator[dict[str, Any]]:
+    """The records of one dataset file, as dicts, in order."""
+    dataset, number = _owner(file)
     stream = _stream(dataset)
     yield from stream.shard(num_shards=stream.n_shards, index=number)
 
 
-def dataset_size(shard: Shard) -> int:
-    """Records in a dataset shard if the dataset says (its split size when it has one
-    shard), else 0: unknown."""
-    dataset, _ = _owner(shard)
+def dataset_size(file: InputFile) -> int:
+    """Records in a dataset file if the dataset says (its split size when it has one
+    file), else 0: unknown."""
+    dataset, _ = _owner(file)
     stream = _stream(dataset)
     splits = getattr(stream.info, "splits", None) or {}
     split = splits.get(dataset.split)
@@ -109,17 +109,17 @@ class DatasetFormat(RecordFormat):
 
     streamed = True
 
-    def source(self, file: Shard) -> str:
+    def source(self, file: InputFile) -> str:
         return file.name
 
-    def records(self, file: Shard) -> int:
+    def records(self, file: InputFile) -> int:
         return dataset_size(file)
 
-    def sample(self, file: Shard) -> tuple[list[dict[str, Any]], int]:
+    def sample(self, file: InputFile) -> tuple[list[dict[str, Any]], int]:
         return list(itertools.islice(dataset_records(file), TYPE_SAMPLE_LINES)), 1
 
     def read(
-        self, index: int, file: Shard, settings: ReadSettings, skip: Container[str]
+        self, index: int, file: InputFile, settings: ReadSettings, skip: Container[str]
     ) -> Iterator[Chunk]:
         try:
             yield from self.units_of(

@@ -9,11 +9,11 @@ from typing import Any
 from bulkembed.sources.base import ReadSettings, RecordFormat
 from bulkembed.sources.columns import TYPE_SAMPLE_LINES
 from bulkembed.sources.files import READ_ERRORS, count_lines, open_lines, unit_offsets
-from bulkembed.sources.records import Chunk, Shard
+from bulkembed.sources.records import Chunk, InputFile
 from bulkembed.sources.validate import parse_json_line
 
 
-def _compressed(file: Shard) -> bool:
+def _compressed(file: InputFile) -> bool:
     return file.path.name.lower().endswith(".gz")
 
 
@@ -22,13 +22,13 @@ class JsonLinesFormat(RecordFormat):
 
     lines = True
 
-    def records(self, file: Shard) -> int:
+    def records(self, file: InputFile) -> int:
         return count_lines(file.path)
 
-    def unit_offsets(self, file: Shard, records_per_unit: int) -> list[int] | None:
+    def unit_offsets(self, file: InputFile, records_per_unit: int) -> list[int] | None:
         return None if _compressed(file) else unit_offsets(file.path, records_per_unit)
 
-    def _objects(self, file: Shard) -> Iterator[tuple[int, dict[str, Any]]]:
+    def _objects(self, file: InputFile) -> Iterator[tuple[int, dict[str, Any]]]:
         """(line number, object) of the lines that hold a JSON object, until the file
         cannot be read."""
         try:
@@ -40,7 +40,7 @@ class JsonLinesFormat(RecordFormat):
         except READ_ERRORS:
             return
 
-    def sample(self, file: Shard) -> tuple[list[dict[str, Any]], int]:
+    def sample(self, file: InputFile) -> tuple[list[dict[str, Any]], int]:
         """The JSON objects among the first `TYPE_SAMPLE_LINES` lines (or the first one
         further on), and the line number of the first of them."""
         records: list[dict[str, Any]] = []
@@ -52,7 +52,7 @@ class JsonLinesFormat(RecordFormat):
             first = first or number
         return records, first
 
-    def values(self, file: Shard, name: str) -> list[Any]:
+    def values(self, file: InputFile, name: str) -> list[Any]:
         found = []
         for _, record in self._objects(file):
             if record.get(name) is not None:
@@ -62,7 +62,7 @@ class JsonLinesFormat(RecordFormat):
         return found
 
     def read(
-        self, index: int, file: Shard, settings: ReadSettings, skip: Container[str]
+        self, index: int, file: InputFile, settings: ReadSettings, skip: Container[str]
     ) -> Iterator[Chunk]:
         def lines() -> Iterator[bytes]:
             with open_lines(file.path) as f:
@@ -73,7 +73,7 @@ class JsonLinesFormat(RecordFormat):
     def read_from(
         self,
         index: int,
-        file: Shard,
+        file: InputFile,
         settings: ReadSettings,
         skip: Container[str],
         unit: int,

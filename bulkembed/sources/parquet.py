@@ -10,23 +10,23 @@ import pyarrow as pa
 from bulkembed.contracts import part_name
 from bulkembed.sources.base import ReadSettings, TabularFormat
 from bulkembed.sources.files import READ_ERRORS
-from bulkembed.sources.records import BadRecord, Chunk, Shard
+from bulkembed.sources.records import BadRecord, Chunk, InputFile
 
 
 class ParquetFormat(TabularFormat):
     """`.parquet` files."""
 
-    def records(self, file: Shard) -> int:
+    def records(self, file: InputFile) -> int:
         import pyarrow.parquet as pq
 
         return pq.ParquetFile(file.path).metadata.num_rows
 
-    def units(self, file: Shard, records_per_unit: int) -> int:
+    def units(self, file: InputFile, records_per_unit: int) -> int:
         import pyarrow.parquet as pq
 
         return pq.ParquetFile(file.path).num_row_groups
 
-    def schema(self, file: Shard) -> pa.Schema | None:
+    def schema(self, file: InputFile) -> pa.Schema | None:
         import pyarrow.parquet as pq
 
         try:
@@ -36,7 +36,7 @@ class ParquetFormat(TabularFormat):
         return metadata.schema.to_arrow_schema() if metadata.num_rows else None
 
     def read(
-        self, index: int, file: Shard, settings: ReadSettings, skip: Container[str]
+        self, index: int, file: InputFile, settings: ReadSettings, skip: Container[str]
     ) -> Iterator[Chunk]:
         import pyarrow.parquet as pq
 
@@ -64,7 +64,7 @@ class ParquetFormat(TabularFormat):
         self,
         index: int,
         group: int,
-        file: Shard,
+        file: InputFile,
         parquet: Any,
         columns: list[str],
         first_row: int,

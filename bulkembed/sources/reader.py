@@ -24,7 +24,7 @@ from bulkembed.sources.columns import (
     unify,
 )
 from bulkembed.sources.formats import format_of
-from bulkembed.sources.records import Chunk, Shard
+from bulkembed.sources.records import Chunk, InputFile
 
 DEFAULT_ID_COLUMN = "id"
 DEFAULT_CHUNK_SIZE = 512
@@ -43,7 +43,7 @@ class RecordReader:
 
     def __init__(
         self,
-        files: list[Shard],
+        files: list[InputFile],
         text_column: str = "text",
         id_column: str | None = None,
         chunk_size: int = DEFAULT_CHUNK_SIZE,

@@ -1,4 +1,4 @@
-"""What flows out of the sources: shards, chunks of records, and records set aside."""
+"""What flows out of the sources: files, chunks of records, and records set aside."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from bulkembed.contracts import part_name
 
 
 @dataclass(frozen=True, slots=True)
-class Shard:
+class InputFile:
     """One input file. `name` is its path relative to the input it was found through;
     `modified` its modification time in nanoseconds (0 for a streamed dataset)."""
 
@@ -58,14 +58,14 @@ class BadRecord:
 class Chunk:
     """Up to `chunk_size` consecutive records of one unit of work.
 
-    `unit` numbers the unit within its shard (a Parquet row group, or a range of rows or
+    `unit` numbers the unit within its file (a Parquet row group, or a range of rows or
     lines); the last chunk of each unit has `last_in_unit` set, even when it holds no row.
     `ids`, `texts`, `positions`, `columns` (passthrough values, `--keep-columns`) and
     `hashes` (content hashes, once computed) run in parallel, one entry per record.
     `carried` holds the records whose embeddings come from a previous output instead;
     `changed` counts the records here whose text differs from that output's."""
 
-    shard: int
+    file: int
     unit: int
     ids: pa.Array
     texts: list[str]
@@ -79,8 +79,8 @@ class Chunk:
 
     @property
     def part(self) -> str:
-        """The output part of this chunk's unit: `part-<shard>-<unit>`."""
-        return part_name(self.shard, self.unit)
+        """The output part of this chunk's unit: `part-<file>-<unit>`."""
+        return part_name(self.file, self.unit)
 
     def rows(self, which: slice | Sequence[int]) -> Chunk:
         """The chunk's records at `which` (a slice or indices), with no bad or carried ones."""
@@ -96,7 +96,7 @@ class Chunk:
             texts = [self.texts[i] for i in which] if self.texts else []
             positions = [self.positions[i] for i in which]
             hashes = [self.hashes[i] for i in which] if self.hashes else []
-        return Chunk(self.shard, self.unit, ids, texts, False, [], positions, columns, hashes)
+        return Chunk(self.file, self.unit, ids, texts, False, [], positions, columns, hashes)
 
     def keep(self, which: slice | Sequence[int]) -> None:
         """Keep only the records at `which`; bad records and carried ones stay."""
@@ -158,7 +158,7 @@ class Rows:
 
     def chunk(
         self,
-        shard: int,
+        file: int,
         unit: int,
         last_in_unit: bool,
         id_type: pa.DataType,
@@ -166,7 +166,7 @@ class Rows:
     ) -> Chunk:
         ids = self.ids if pa.types.is_integer(id_type) else [str(i) for i in self.ids]
         return Chunk(
-            shard,
+            file,
             unit,
             pa.array(ids, type=id_type),
             self.texts,
