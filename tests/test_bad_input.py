@@ -5,10 +5,8 @@ import json
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from conftest import read_output, sample_texts, write_parquet
+from helpers import read_output, run_cli, sample_texts, write_parquet
 from typer.testing import CliRunner
-
-from bulkembed.cli import app
 
 runner = CliRunner()
 
@@ -51,15 +49,10 @@ def _bad_corpus(tmp_path):
     return corpus
 
 
-def _run(corpus, model, out, *extra):
-    args = ["run", str(corpus), "--model", str(model), "--output", str(out), "--quiet"]
-    return runner.invoke(app, [*args, "--tokenize-workers", "0", *extra])
-
-
 def test_every_kind_of_bad_input_is_quarantined_and_the_rest_embedded(tmp_path, tiny_st):
     corpus = _bad_corpus(tmp_path)
     out = tmp_path / "out"
-    result = _run(corpus, tiny_st("mean"), out)
+    result = run_cli(corpus, tiny_st("mean"), out)
     assert result.exit_code == 0, result.output
 
     bad = [
@@ -98,7 +91,7 @@ def test_every_kind_of_bad_input_is_quarantined_and_the_rest_embedded(tmp_path, 
 
 def test_fail_mode_stops_at_the_first_bad_record_naming_file_and_line(tmp_path, tiny_st):
     corpus = _bad_corpus(tmp_path)
-    result = _run(corpus, tiny_st("mean"), tmp_path / "out", "--on-bad-record", "fail")
+    result = run_cli(corpus, tiny_st("mean"), tmp_path / "out", "--on-bad-record", "fail")
     assert result.exit_code == 1
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1
@@ -111,7 +104,7 @@ def test_limit_does_not_report_bad_records_past_it(tmp_path, tiny_st):
     corpus = tmp_path / "c.jsonl"
     corpus.write_text('{"text": "one"}\n{broken\n{"text": "two"}\n{"text": null}\n')
     out = tmp_path / "out"
-    assert _run(corpus, tiny_st("mean"), out, "--limit", "1").exit_code == 0
+    assert run_cli(corpus, tiny_st("mean"), out, "--limit", "1").exit_code == 0
     assert list(read_output(out)) == ["c.jsonl:0"]
     assert not (out / "_bulkembed" / "bad_records.jsonl").exists()
 
@@ -120,7 +113,7 @@ def test_an_all_null_parquet_text_column_is_quarantined_row_by_row(tmp_path, tin
     path = tmp_path / "c.parquet"
     pq.write_table(pa.table({"id": ["x", "y"], "text": pa.array([None, None], pa.null())}), path)
     out = tmp_path / "out"
-    assert _run(path, tiny_st("mean"), out).exit_code == 0
+    assert run_cli(path, tiny_st("mean"), out).exit_code == 0
     bad = (out / "_bulkembed" / "bad_records.jsonl").read_text().splitlines()
     assert [json.loads(b)["id"] for b in bad] == ["x", "y"]
 
@@ -135,7 +128,7 @@ def test_mixed_integer_and_string_ids_become_strings_and_collisions_are_duplicat
         '{"id": "1", "text": "one again"}\n{"id": 3, "text": "three"}\n'
     )
     out = tmp_path / "out"
-    assert _run(tmp_path / "c", tiny_st("mean"), out).exit_code == 0
+    assert run_cli(tmp_path / "c", tiny_st("mean"), out).exit_code == 0
     table = pq.read_table(out)
     assert table.schema.field("id").type == pa.string()
     assert sorted(table.column("id").to_pylist()) == ["1", "2", "3"]
@@ -148,8 +141,8 @@ def test_output_inside_the_input_directory_is_not_read_back(tmp_path, tiny_st):
     (corpus).mkdir()
     (corpus / "a.jsonl").write_text('{"id": "x", "text": "hello"}\n')
     out = corpus / "embeddings"
-    assert _run(corpus, tiny_st("mean"), out).exit_code == 0
-    assert _run(corpus, tiny_st("mean"), out, "--overwrite").exit_code == 0
+    assert run_cli(corpus, tiny_st("mean"), out).exit_code == 0
+    assert run_cli(corpus, tiny_st("mean"), out, "--overwrite").exit_code == 0
     assert list(read_output(out)) == ["x"]
     assert (corpus / "a.jsonl").exists()
 
@@ -159,7 +152,7 @@ def test_foreign_parquet_files_in_the_output_are_never_deleted(tmp_path, tiny_st
     corpus.write_text('{"id": "x", "text": "hello"}\n')
     out = tmp_path / "out"
     write_parquet(out / "mine.parquet", [{"a": 1}])
-    result = _run(corpus, tiny_st("mean"), out, "--overwrite")
+    result = run_cli(corpus, tiny_st("mean"), out, "--overwrite")
     assert result.exit_code == 1
     assert result.stderr.strip() == (
         f"error: {out} holds Parquet files that bulkembed did not write (mine.parquet): "

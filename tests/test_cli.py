@@ -7,7 +7,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import read_output, sample_texts, write_jsonl, write_parquet
+from helpers import read_output, run_cli, sample_texts, write_jsonl, write_parquet
 from typer.testing import CliRunner
 
 from bulkembed.cli import app
@@ -23,16 +23,12 @@ def _corpus(tmp_path, n=120):
     return tmp_path / "corpus", records
 
 
-def _run(*args):
-    return runner.invoke(app, ["run", *map(str, args), "--quiet", "--tokenize-workers", "0"])
-
-
 def test_run_writes_every_id_once_with_vectors_matching_direct_encoding(tmp_path, tiny_st):
     from sentence_transformers import SentenceTransformer
 
     corpus, records = _corpus(tmp_path)
     out = tmp_path / "out"
-    result = _run(corpus, "--model", tiny_st("mean"), "--output", out, "--max-batch-tokens", "512")
+    result = run_cli(corpus, tiny_st("mean"), out, "--max-batch-tokens", "512")
     assert result.exit_code == 0, result.output
     vectors = read_output(out)
     assert sorted(vectors) == sorted(r["id"] for r in records)
@@ -62,9 +58,9 @@ def test_run_writes_every_id_once_with_vectors_matching_direct_encoding(tmp_path
 def test_rerun_with_overwrite_gives_the_same_ids_and_vectors(tmp_path, tiny_st):
     corpus, _ = _corpus(tmp_path, 60)
     out = tmp_path / "out"
-    assert _run(corpus, "--model", tiny_st("cls"), "--output", out).exit_code == 0
+    assert run_cli(corpus, tiny_st("cls"), out).exit_code == 0
     first = read_output(out)
-    result = _run(corpus, "--model", tiny_st("cls"), "--output", out, "--overwrite")
+    result = run_cli(corpus, tiny_st("cls"), out, "--overwrite")
     assert result.exit_code == 0, result.output
     second = read_output(out)
     assert first.keys() == second.keys()
@@ -75,7 +71,7 @@ def test_rerun_with_overwrite_gives_the_same_ids_and_vectors(tmp_path, tiny_st):
 def test_worker_processes_give_the_same_output_as_in_process(tmp_path, tiny_st):
     corpus, _ = _corpus(tmp_path, 80)
     model = tiny_st("mean")
-    assert _run(corpus, "--model", model, "--output", tmp_path / "a").exit_code == 0
+    assert run_cli(corpus, model, tmp_path / "a").exit_code == 0
     result = runner.invoke(
         app,
         [
@@ -101,7 +97,7 @@ def test_bad_records_are_quarantined_and_counted(tmp_path, tiny_st):
     path = tmp_path / "c.jsonl"
     path.write_text('{"id": "a", "text": "fine"}\n{"id": "b", "text": null}\n{broken\n')
     out = tmp_path / "out"
-    result = _run(path, "--model", tiny_st("mean"), "--output", out)
+    result = run_cli(path, tiny_st("mean"), out)
     assert result.exit_code == 0, result.output
     assert list(read_output(out)) == ["a"]
     bad = [
@@ -120,7 +116,7 @@ def test_limit_and_integer_ids(tmp_path, tiny_st):
         tmp_path / "c.parquet", [{"id": i, "text": t} for i, t in enumerate(sample_texts(30))]
     )
     out = tmp_path / "out"
-    assert _run(path, "--model", tiny_st("mean"), "--output", out, "--limit", "7").exit_code == 0
+    assert run_cli(path, tiny_st("mean"), out, "--limit", "7").exit_code == 0
     table = pq.read_table(out)
     assert table.column("id").to_pylist() == list(range(7))
     assert table.schema.field("id").type == pa.int64()
@@ -155,7 +151,7 @@ def test_user_errors_are_one_line_without_traceback(tmp_path, tiny_st, args, mes
     argv = [a.format(**values) for a in args]
     if "--output" not in argv:
         argv += ["--output", str(tmp_path / "out")]
-    result = _run(*argv)
+    result = CliRunner().invoke(app, ["run", *argv, "--quiet", "--tokenize-workers", "0"])
     assert result.exit_code == 1
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
@@ -165,24 +161,14 @@ def test_user_errors_are_one_line_without_traceback(tmp_path, tiny_st, args, mes
 
 def test_missing_text_column_lists_the_columns(tmp_path, tiny_st):
     corpus = write_jsonl(tmp_path / "c.jsonl", [{"id": "a", "body": "hello", "title": "t"}])
-    result = _run(corpus, "--model", tiny_st("mean"), "--output", tmp_path / "out")
+    result = run_cli(corpus, tiny_st("mean"), tmp_path / "out")
     assert result.exit_code == 1
     assert "columns: id, body, title" in result.stderr
 
 
 def test_conflicting_prompt_options_are_refused(tmp_path, tiny_st):
     corpus = write_jsonl(tmp_path / "c.jsonl", [{"text": "x"}])
-    result = _run(
-        corpus,
-        "--model",
-        tiny_st("mean"),
-        "--output",
-        tmp_path / "o",
-        "--prompt",
-        "a",
-        "--prompt-name",
-        "b",
-    )
+    result = run_cli(corpus, tiny_st("mean"), tmp_path / "o", "--prompt", "a", "--prompt-name", "b")
     assert result.exit_code == 1
     assert result.stderr.strip() == "error: --prompt and --prompt-name conflict: pass one of them"
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from conftest import sample_texts, write_mixed_corpus
 from fault_harness import run_forked
+from helpers import sample_texts, write_mixed_corpus
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner

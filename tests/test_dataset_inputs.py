@@ -6,7 +6,14 @@ import datasets
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import cosines, fill_the_disk_at_commit, sample_texts, write_jsonl, write_parquet
+from helpers import (
+    cosines,
+    fill_the_disk_at_commit,
+    run_cli,
+    sample_texts,
+    write_jsonl,
+    write_parquet,
+)
 from typer.testing import CliRunner
 
 from bulkembed.cli import app
@@ -170,25 +177,24 @@ def test_passthrough_types_must_agree_across_files(tmp_path, kinds, unified):
 
 @pytest.mark.parametrize("kind", ["saved", "hf"])
 def test_a_dataset_run_resumes_after_its_done_units(tmp_path, tiny_st, monkeypatch, kind):
-    """9,000 records: three units of 4,096 records; the first run dies at the second commit."""
-    texts = sample_texts(1000)
-    records = [{"id": f"d{i}", "text": f"{texts[i % 1000][:100]} {i}"} for i in range(9000)]
+    """900 records: three units of 410 records; the first run dies at the second commit."""
+    texts = sample_texts(300)
+    records = [{"id": f"d{i}", "text": f"{texts[i % 300][:100]} {i}"} for i in range(900)]
     if kind == "saved":
         datasets.Dataset.from_list(records).save_to_disk(tmp_path / "data")
         source = tmp_path / "data"
     else:
         write_parquet(tmp_path / "data" / "train.parquet", records)
         source = f"hf://{tmp_path / 'data'}"
-    model = tiny_st("mean")
-    reference = _embed([source], model, tmp_path / "reference")
+    model, unit = tiny_st("mean"), ("--records-per-unit", "410")
+    reference = _embed([source], model, tmp_path / "reference", *unit)
     fill_the_disk_at_commit(monkeypatch, 2)
-    arguments = ["run", str(source), "--model", str(model), "--output", str(tmp_path / "out")]
-    failed = CliRunner().invoke(app, [*arguments, "-q", "--tokenize-workers", "0"])
+    failed = run_cli(source, model, tmp_path / "out", *unit)
     assert failed.exit_code == 1 and "No space left on device" in failed.output
     monkeypatch.setattr(pq.ParquetWriter, "close", ORIGINAL_CLOSE)
-    resumed = _embed([source], model, tmp_path / "out")
+    resumed = _embed([source], model, tmp_path / "out", *unit)
     summary = json.loads((tmp_path / "out" / "_bulkembed" / "summary.json").read_text())
-    assert (summary["units"], summary["docs_this_run"]) == (3, 9000 - 4096)
+    assert (summary["units"], summary["docs_this_run"]) == (3, 900 - 410)
     resumed, reference = _columns(resumed), _columns(reference)
     assert resumed["id"] == reference["id"] == sorted(r["id"] for r in records)
     assert resumed["content_hash"] == reference["content_hash"]

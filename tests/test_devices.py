@@ -3,7 +3,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from conftest import cosines, embed_texts, sample_texts, write_jsonl
+from helpers import cosines, embed_texts, sample_texts, write_jsonl
 from typer.testing import CliRunner
 
 from bulkembed.cli import app

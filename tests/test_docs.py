@@ -1,7 +1,7 @@
 import subprocess
 import sys
 
-from conftest import ROOT
+from helpers import ROOT
 
 
 def test_readme_option_reference_is_current():

@@ -6,23 +6,16 @@ import shutil
 import pyarrow.parquet as pq
 import pytest
 import torch
-from conftest import sample_texts, write_jsonl, write_parquet
-from typer.testing import CliRunner
+from helpers import records, run_cli, write_corpus
 
 from bulkembed import devices, precision
-from bulkembed.cli import app
+
+# Batches small enough that each worker gets several.
+BATCHES = ("--max-batch-tokens", 1024)
 
 
 def _corpus(tmp_path):
-    records = [{"id": f"d{i}", "text": t} for i, t in enumerate(sample_texts(400))]
-    write_parquet(tmp_path / "corpus" / "a.parquet", records[:200], row_group_size=50)
-    write_jsonl(tmp_path / "corpus" / "b.jsonl", records[200:])
-    return tmp_path / "corpus"
-
-
-def _run(corpus, model, out, *extra):
-    arguments = ["run", str(corpus), "--model", str(model), "--output", str(out), "-q"]
-    return CliRunner().invoke(app, [*arguments, "--max-batch-tokens", "1024", *extra])
+    return write_corpus(tmp_path, records(400, prefix="d"), 200, row_group_size=50)
 
 
 @pytest.mark.slow
@@ -32,11 +25,11 @@ def test_two_cpu_workers_write_what_one_writes(tmp_path, tiny_st, monkeypatch):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as each of the two workers runs
     try:
-        one = _run(corpus, model, tmp_path / "one", "--devices", "cpu")
+        one = run_cli(corpus, model, tmp_path / "one", "--devices", "cpu", *BATCHES, workers=None)
     finally:
         torch.set_num_threads(threads)
     assert one.exit_code == 0, one.output
-    two = _run(corpus, model, tmp_path / "two", "--devices", "cpu,cpu")
+    two = run_cli(corpus, model, tmp_path / "two", "--devices", "cpu,cpu", *BATCHES, workers=None)
     assert two.exit_code == 0, two.output
     assert pq.read_table(tmp_path / "two").equals(pq.read_table(tmp_path / "one"))
 
@@ -48,7 +41,7 @@ def test_a_worker_that_cannot_load_the_model_is_a_one_line_error(tmp_path, tiny_
     for weights in model.rglob("*.safetensors"):
         weights.unlink()
     options = ("--devices", "cpu,cpu", "--dtype", "float32")
-    result = _run(_corpus(tmp_path), model, tmp_path / "out", *options)
+    result = run_cli(_corpus(tmp_path), model, tmp_path / "out", *options, *BATCHES, workers=None)
     assert result.exit_code == 1
     assert "error: the encoder on cpu failed: ModelError:" in result.output
 
@@ -61,13 +54,25 @@ def test_auto_dtype_with_several_devices_is_checked_before_the_workers_start(
     monkeypatch.setattr(devices, "cpu_accelerates_bfloat16", lambda: True)
     monkeypatch.setattr(precision, "PARITY_THRESHOLD", threshold)
     corpus, model = _corpus(tmp_path), tiny_st("mean")
-    result = _run(corpus, model, tmp_path / "auto", "--devices", "cpu,cpu")
+    result = run_cli(
+        corpus, model, tmp_path / "auto", "--devices", "cpu,cpu", *BATCHES, workers=None
+    )
     assert result.exit_code == 0, result.output
     summary = json.loads((tmp_path / "auto" / "_bulkembed" / "summary.json").read_text())
     assert summary["device"] == "cpu,cpu"
     assert summary["dtype"] == chosen
     assert summary["dtype_check"].startswith("bfloat16 against float32 on 64 document(s)")
     # The workers ran in the dtype chosen: the same table as a run told that dtype.
-    told = _run(corpus, model, tmp_path / "told", "--devices", "cpu,cpu", "--dtype", chosen)
+    told = run_cli(
+        corpus,
+        model,
+        tmp_path / "told",
+        "--devices",
+        "cpu,cpu",
+        "--dtype",
+        chosen,
+        *BATCHES,
+        workers=None,
+    )
     assert told.exit_code == 0, told.output
     assert pq.read_table(tmp_path / "auto").equals(pq.read_table(tmp_path / "told"))

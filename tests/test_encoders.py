@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 import torch
-from conftest import cosines, sample_texts
+from helpers import cosines, sample_texts
 
 from bulkembed.config import RunConfig
 from bulkembed.encoders import Embeddings, Encoder, TokenBatch, build_encoder, register_encoder

@@ -7,8 +7,8 @@ import sys
 import numpy as np
 import pytest
 import torch
-from conftest import read_output, sample_texts, write_mixed_corpus
 from fault_harness import run_forked
+from helpers import read_output, sample_texts, write_mixed_corpus
 from typer.testing import CliRunner
 
 from bulkembed.cli import app

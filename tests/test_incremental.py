@@ -5,19 +5,13 @@ import json
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from conftest import sample_texts, write_jsonl, write_parquet
-from typer.testing import CliRunner
+from helpers import run_cli, sample_texts, write_jsonl, write_parquet
 
-from bulkembed.cli import app
 from bulkembed.encoders.base import Encoder
 from bulkembed.incremental import content_hash
 
-
-def _run(corpus, model, out, *extra):
-    arguments = ["run", str(corpus), "--model", str(model), "--output", str(out), "--quiet"]
-    # float32 on every CPU, so that vectors compare at float32 precision across runs.
-    arguments += ["--dtype", "float32", "--tokenize-workers", "0"]
-    return CliRunner().invoke(app, [*arguments, *map(str, extra)])
+# float32 on every CPU, so that vectors compare at float32 precision across runs.
+FLOAT32 = ("--dtype", "float32")
 
 
 def _summary(out):
@@ -47,7 +41,7 @@ def test_incremental_run_embeds_only_new_and_changed_documents(tmp_path, tiny_st
     texts = sample_texts(1000)
     records = [{"id": f"doc-{i}", "text": t} for i, t in enumerate(texts)]
     _write_corpus(tmp_path / "v1", records)
-    assert _run(tmp_path / "v1", model, tmp_path / "out-v1").exit_code == 0
+    assert run_cli(tmp_path / "v1", model, tmp_path / "out-v1", *FLOAT32).exit_code == 0
 
     changed = {"doc-3", "doc-150", "doc-599", "doc-600", "doc-999"}
     removed = {"doc-10", "doc-700"}
@@ -61,7 +55,15 @@ def test_incremental_run_embeds_only_new_and_changed_documents(tmp_path, tiny_st
     _write_corpus(tmp_path / "v2", new)
 
     model_documents = _count_model_documents(monkeypatch)
-    result = _run(tmp_path / "v2", model, tmp_path / "out-v2", "--since", tmp_path / "out-v1")
+    result = run_cli(
+        tmp_path / "v2",
+        model,
+        tmp_path / "out-v2",
+        "--since",
+        tmp_path / "out-v1",
+        "--dtype",
+        "float32",
+    )
     assert result.exit_code == 0, result.output
     assert sum(model_documents) == 8
     summary = _summary(tmp_path / "out-v2")
@@ -72,7 +74,7 @@ def test_incremental_run_embeds_only_new_and_changed_documents(tmp_path, tiny_st
     assert 0 < summary["device_idle_fraction"] < 1
 
     monkeypatch.undo()
-    assert _run(tmp_path / "v2", model, tmp_path / "full").exit_code == 0
+    assert run_cli(tmp_path / "v2", model, tmp_path / "full", *FLOAT32).exit_code == 0
     incremental = pq.read_table(tmp_path / "out-v2")
     full = pq.read_table(tmp_path / "full")
     assert incremental.column("id").to_pylist() == full.column("id").to_pylist()
@@ -88,7 +90,15 @@ def test_content_hash_covers_the_prompt(tmp_path, tiny_st):
     records = [{"id": "a", "text": "some text"}]
     write_jsonl(tmp_path / "c.jsonl", records)
     assert (
-        _run(tmp_path / "c.jsonl", tiny_st("mean"), tmp_path / "o", "--prompt", "query: ").exit_code
+        run_cli(
+            tmp_path / "c.jsonl",
+            tiny_st("mean"),
+            tmp_path / "o",
+            "--prompt",
+            "query: ",
+            "--dtype",
+            "float32",
+        ).exit_code
         == 0
     )
     table = pq.read_table(tmp_path / "o")
@@ -100,14 +110,49 @@ def test_since_refuses_an_output_made_with_other_settings(tmp_path, tiny_st):
     records = [{"id": f"d{i}", "text": t} for i, t in enumerate(sample_texts(20))]
     write_jsonl(tmp_path / "c.jsonl", records)
     model = tiny_st("mean")
-    assert _run(tmp_path / "c.jsonl", model, tmp_path / "old", "--max-length", "32").exit_code == 0
-    result = _run(tmp_path / "c.jsonl", model, tmp_path / "new", "--since", tmp_path / "old")
+    assert (
+        run_cli(
+            tmp_path / "c.jsonl",
+            model,
+            tmp_path / "old",
+            "--max-length",
+            "32",
+            "--dtype",
+            "float32",
+        ).exit_code
+        == 0
+    )
+    result = run_cli(
+        tmp_path / "c.jsonl",
+        model,
+        tmp_path / "new",
+        "--since",
+        tmp_path / "old",
+        "--dtype",
+        "float32",
+    )
     assert result.exit_code == 1
     assert "was made with other settings (--max-length: 32 -> 64)" in result.output
     assert "run without --since" in result.output
-    result = _run(tmp_path / "c.jsonl", model, tmp_path / "new", "--since", tmp_path / "nowhere")
+    result = run_cli(
+        tmp_path / "c.jsonl",
+        model,
+        tmp_path / "new",
+        "--since",
+        tmp_path / "nowhere",
+        "--dtype",
+        "float32",
+    )
     assert result.exit_code == 1 and "not a bulkembed output directory" in result.output
-    result = _run(tmp_path / "c.jsonl", model, tmp_path / "old", "--since", tmp_path / "old")
+    result = run_cli(
+        tmp_path / "c.jsonl",
+        model,
+        tmp_path / "old",
+        "--since",
+        tmp_path / "old",
+        "--dtype",
+        "float32",
+    )
     assert result.exit_code == 1 and "--since must name another output" in result.output
 
 
@@ -115,9 +160,17 @@ def test_since_refuses_an_unfinished_output(tmp_path, tiny_st):
     records = [{"id": f"d{i}", "text": t} for i, t in enumerate(sample_texts(20))]
     write_jsonl(tmp_path / "c.jsonl", records)
     model = tiny_st("mean")
-    assert _run(tmp_path / "c.jsonl", model, tmp_path / "old").exit_code == 0
+    assert run_cli(tmp_path / "c.jsonl", model, tmp_path / "old", *FLOAT32).exit_code == 0
     (tmp_path / "old" / "_bulkembed" / "complete").unlink()
-    result = _run(tmp_path / "c.jsonl", model, tmp_path / "new", "--since", tmp_path / "old")
+    result = run_cli(
+        tmp_path / "c.jsonl",
+        model,
+        tmp_path / "new",
+        "--since",
+        tmp_path / "old",
+        "--dtype",
+        "float32",
+    )
     assert result.exit_code == 1 and "that run is unfinished" in result.output
 
 
@@ -128,12 +181,25 @@ def test_carried_rows_keep_every_output_column(tmp_path, tiny_bge_m3, output):
     records[5]["text"] = "a different text"
     write_jsonl(tmp_path / "v2.jsonl", records)
     options = ("--outputs", f"dense,{output}")
-    assert _run(tmp_path / "v1.jsonl", tiny_bge_m3, tmp_path / "old", *options).exit_code == 0
-    result = _run(
-        tmp_path / "v2.jsonl", tiny_bge_m3, tmp_path / "new", *options, "--since", tmp_path / "old"
+    assert (
+        run_cli(tmp_path / "v1.jsonl", tiny_bge_m3, tmp_path / "old", *options, *FLOAT32).exit_code
+        == 0
+    )
+    result = run_cli(
+        tmp_path / "v2.jsonl",
+        tiny_bge_m3,
+        tmp_path / "new",
+        *options,
+        "--since",
+        tmp_path / "old",
+        "--dtype",
+        "float32",
     )
     assert result.exit_code == 0, result.output
-    assert _run(tmp_path / "v2.jsonl", tiny_bge_m3, tmp_path / "full", *options).exit_code == 0
+    assert (
+        run_cli(tmp_path / "v2.jsonl", tiny_bge_m3, tmp_path / "full", *options, *FLOAT32).exit_code
+        == 0
+    )
     new, full = pq.read_table(tmp_path / "new"), pq.read_table(tmp_path / "full")
     assert new.column("id").equals(full.column("id"))
     assert _summary(tmp_path / "new")["changed"] == 1
@@ -154,9 +220,12 @@ def test_rows_stay_in_input_order_when_chunks_are_split(tmp_path, tiny_st):
         record["text"] += " (edited)"
     write_jsonl(tmp_path / "v2.jsonl", records)
     budget = ("--max-batch-tokens", "64")
-    assert _run(tmp_path / "v1.jsonl", model, tmp_path / "old", *budget).exit_code == 0
+    assert run_cli(tmp_path / "v1.jsonl", model, tmp_path / "old", *budget, *FLOAT32).exit_code == 0
     since = ("--since", tmp_path / "old")
-    assert _run(tmp_path / "v2.jsonl", model, tmp_path / "new", *budget, *since).exit_code == 0
+    assert (
+        run_cli(tmp_path / "v2.jsonl", model, tmp_path / "new", *budget, *since, *FLOAT32).exit_code
+        == 0
+    )
     ids = pq.read_table(tmp_path / "new").column("id").to_pylist()
     assert ids == [r["id"] for r in records]
     assert _summary(tmp_path / "new")["changed"] == 100
@@ -169,9 +238,18 @@ def test_quantized_outputs_share_the_previous_scale(tmp_path, tiny_st):
     records[7]["text"] += " (edited)"  # a single document to embed: too few to calibrate
     write_jsonl(tmp_path / "v2.jsonl", records)
     quantize = ("--quantize", "int8")
-    assert _run(tmp_path / "v1.jsonl", model, tmp_path / "old", *quantize).exit_code == 0
-    result = _run(
-        tmp_path / "v2.jsonl", model, tmp_path / "new", *quantize, "--since", tmp_path / "old"
+    assert (
+        run_cli(tmp_path / "v1.jsonl", model, tmp_path / "old", *quantize, *FLOAT32).exit_code == 0
+    )
+    result = run_cli(
+        tmp_path / "v2.jsonl",
+        model,
+        tmp_path / "new",
+        *quantize,
+        "--since",
+        tmp_path / "old",
+        "--dtype",
+        "float32",
     )
     assert result.exit_code == 0, result.output
     scale = "_bulkembed/quantization.json"
@@ -186,9 +264,9 @@ def test_limit_leaves_the_deleted_count_unknown(tmp_path, tiny_st):
     model = tiny_st("mean")
     records = [{"id": f"d{i}", "text": t} for i, t in enumerate(sample_texts(30))]
     write_jsonl(tmp_path / "c.jsonl", records)
-    assert _run(tmp_path / "c.jsonl", model, tmp_path / "old").exit_code == 0
+    assert run_cli(tmp_path / "c.jsonl", model, tmp_path / "old", *FLOAT32).exit_code == 0
     since = ("--since", tmp_path / "old", "--limit", "10")
-    assert _run(tmp_path / "c.jsonl", model, tmp_path / "new", *since).exit_code == 0
+    assert run_cli(tmp_path / "c.jsonl", model, tmp_path / "new", *since, *FLOAT32).exit_code == 0
     summary = _summary(tmp_path / "new")
     assert (summary["unchanged"], summary["deleted"]) == (10, None)
 
@@ -199,10 +277,10 @@ def test_a_finished_incremental_run_does_not_read_the_previous_output_again(tmp_
     model = tiny_st("mean")
     records = [{"id": f"d{i}", "text": t} for i, t in enumerate(sample_texts(30))]
     write_jsonl(tmp_path / "c.jsonl", records)
-    assert _run(tmp_path / "c.jsonl", model, tmp_path / "old").exit_code == 0
+    assert run_cli(tmp_path / "c.jsonl", model, tmp_path / "old", *FLOAT32).exit_code == 0
     since = ("--since", tmp_path / "old")
-    assert _run(tmp_path / "c.jsonl", model, tmp_path / "new", *since).exit_code == 0
+    assert run_cli(tmp_path / "c.jsonl", model, tmp_path / "new", *since, *FLOAT32).exit_code == 0
     shutil.rmtree(tmp_path / "old")
-    again = _run(tmp_path / "c.jsonl", model, tmp_path / "new", *since)
+    again = run_cli(tmp_path / "c.jsonl", model, tmp_path / "new", *since, *FLOAT32)
     assert again.exit_code == 0, again.output
     assert _summary(tmp_path / "new")["unchanged"] == 30

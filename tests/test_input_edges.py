@@ -9,7 +9,7 @@ import signal
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import read_output, write_jsonl
+from helpers import read_output, write_jsonl
 from typer.testing import CliRunner
 
 from bulkembed.cli import app

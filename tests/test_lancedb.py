@@ -9,7 +9,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import sample_texts, write_jsonl, write_parquet
+from helpers import sample_texts, write_jsonl, write_parquet
 from typer.testing import CliRunner
 
 from bulkembed.cli import app
@@ -41,7 +41,8 @@ def _arguments(corpus, model, out, *extra):
     ]  # fmt: skip
 
 
-def _run(*arguments):
+def _succeed(*arguments):
+    """Run the CLI with `arguments`, which must succeed."""
     result = CliRunner().invoke(app, list(map(str, arguments)))
     assert result.exit_code == 0, result.output
     return result
@@ -54,8 +55,8 @@ def _by_id(table: pa.Table) -> pa.Table:
 def test_table_holds_what_the_parquet_output_holds_and_finds_each_document(tmp_path, tiny_bge_m3):
     corpus, records = _corpus(tmp_path)
     common = ("--keep-columns", "title,text")
-    _run(*_arguments(corpus, tiny_bge_m3, tmp_path / "parquet", *common))
-    _run(*_arguments(corpus, tiny_bge_m3, f"lancedb://{tmp_path / 'db'}?table=docs", *common))
+    _succeed(*_arguments(corpus, tiny_bge_m3, tmp_path / "parquet", *common))
+    _succeed(*_arguments(corpus, tiny_bge_m3, f"lancedb://{tmp_path / 'db'}?table=docs", *common))
     table = lancedb.connect(tmp_path / "db").open_table("docs")
     assert table.count_rows() == len(records)
     assert table.schema.names == [
@@ -77,7 +78,9 @@ def test_table_holds_what_the_parquet_output_holds_and_finds_each_document(tmp_p
 def test_index_and_full_text_index_are_built_at_the_end(tmp_path, tiny_st):
     corpus, records = _corpus(tmp_path, n=300)
     out = f"lancedb://{tmp_path / 'db'}"
-    _run(*_arguments(corpus, tiny_st("mean"), out, "--keep-columns", "text", "--index", "--fts"))
+    _succeed(
+        *_arguments(corpus, tiny_st("mean"), out, "--keep-columns", "text", "--index", "--fts")
+    )
     table = lancedb.connect(tmp_path / "db").open_table("embeddings")
     indices = {i.name: i.index_type for i in table.list_indices()}
     assert indices == {"vector_idx": "IvfHnswSq", "text_idx": "FTS"}
@@ -187,7 +190,7 @@ def test_output_urls_are_parsed_and_checked(tmp_path):
 def test_status_reports_a_lancedb_run(tmp_path, tiny_st):
     corpus, records = _corpus(tmp_path, n=30)
     out = f"lancedb://{tmp_path / 'db'}?table=docs"
-    _run(*_arguments(corpus, tiny_st("mean"), out))
+    _succeed(*_arguments(corpus, tiny_st("mean"), out))
     result = CliRunner().invoke(app, ["status", out])
     assert result.exit_code == 0, result.output
     assert "complete" in result.output and " 30 " in result.output
@@ -204,8 +207,8 @@ def test_sigkill_then_rerun_leaves_each_id_once(tmp_path, tiny_bge_m3, stage, n)
     assert killed.returncode == -9, killed.stderr
     table = lancedb.connect(tmp_path / "db").open_table("docs")
     assert 0 < table.count_rows() < len(records)
-    _run(*arguments)
-    _run(*_arguments(corpus, tiny_bge_m3, tmp_path / "reference"))
+    _succeed(*arguments)
+    _succeed(*_arguments(corpus, tiny_bge_m3, tmp_path / "reference"))
     lance = _by_id(lancedb.connect(tmp_path / "db").open_table("docs").to_arrow())
     ids = lance.column("id").to_pylist()
     assert ids == sorted(r["id"] for r in records)  # each id once, none missing
@@ -226,7 +229,7 @@ def test_sigkill_while_finishing_an_indexed_table_then_rerun_gives_each_id_once_
     command = [sys.executable, str(HARNESS), stage, "1", "SIGKILL", "--", *arguments]
     killed = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert killed.returncode == -9, killed.stderr
-    _run(*arguments)
+    _succeed(*arguments)
     table = lancedb.connect(tmp_path / "db").open_table("docs")
     ids = table.to_arrow().column("id").to_pylist()
     assert sorted(ids) == sorted(r["id"] for r in records)  # each id once, none missing
@@ -248,7 +251,7 @@ def test_lancedb_options_need_a_lancedb_output(tmp_path, tiny_st):
 def test_a_finished_table_reruns_as_nothing_to_do(tmp_path, tiny_st):
     corpus, records = _corpus(tmp_path, n=300)
     arguments = _arguments(corpus, tiny_st("mean"), f"lancedb://{tmp_path / 'db'}", "--index")
-    _run(*arguments)
+    _succeed(*arguments)
     again = CliRunner().invoke(app, [a for a in map(str, arguments) if a != "--quiet"])
     assert again.exit_code == 0, again.output
     assert "nothing to do" in again.output
@@ -270,7 +273,7 @@ def test_a_run_stopped_while_indexing_finishes_on_rerun(tmp_path, tiny_st, monke
     first = CliRunner().invoke(app, list(map(str, arguments)))
     assert first.exit_code == 130, first.output
     monkeypatch.undo()
-    _run(*arguments)
+    _succeed(*arguments)
     table = lancedb.connect(tmp_path / "db").open_table("embeddings")
     ids = table.to_arrow().column("id").to_pylist()
     assert sorted(ids) == sorted(r["id"] for r in records)

@@ -5,10 +5,7 @@ import json
 import pickle
 import shutil
 
-from conftest import write_jsonl
-from typer.testing import CliRunner
-
-from bulkembed.cli import app
+from helpers import run_cli, write_jsonl
 
 # Python that leaves a file beside itself when it runs.
 _PAYLOAD = "import pathlib\npathlib.Path(__file__).with_name('ran').write_text('code ran')\n"
@@ -24,11 +21,10 @@ class _Runs:
         return (exec, (self.code,))
 
 
-def _run(tmp_path, model):
+def _embed_one(tmp_path, model):
+    """Embed one document with `model`, in float32."""
     corpus = write_jsonl(tmp_path / "c.jsonl", [{"id": "a", "text": "some text"}])
-    out = tmp_path / "out"
-    arguments = ["run", str(corpus), "--model", str(model), "--output", str(out), "--quiet"]
-    return CliRunner().invoke(app, [*arguments, "--tokenize-workers", "0", "--dtype", "float32"])
+    return run_cli(corpus, model, tmp_path / "out", "--dtype", "float32")
 
 
 def _with_auto_map(tiny_st, tmp_path, model_type):
@@ -44,14 +40,14 @@ def _with_auto_map(tiny_st, tmp_path, model_type):
 
 def test_custom_code_of_a_known_architecture_is_not_run(tmp_path, tiny_st):
     folder = _with_auto_map(tiny_st, tmp_path, "bert")
-    result = _run(tmp_path, folder)
+    result = _embed_one(tmp_path, folder)
     assert result.exit_code == 0, result.output
     assert not (folder / "ran").exists()
 
 
 def test_custom_code_of_an_unknown_architecture_is_refused_not_run(tmp_path, tiny_st):
     folder = _with_auto_map(tiny_st, tmp_path, "made-up-architecture")
-    result = _run(tmp_path, folder)
+    result = _embed_one(tmp_path, folder)
     assert result.exit_code == 1
     assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.output
     assert not (folder / "ran").exists()
@@ -63,7 +59,7 @@ def test_pickled_weights_that_run_code_are_refused(tmp_path, tiny_st):
     (folder / "model.safetensors").unlink()
     with open(folder / "pytorch_model.bin", "wb") as f:
         pickle.dump({"weights": _Runs(folder)}, f)
-    result = _run(tmp_path, folder)
+    result = _embed_one(tmp_path, folder)
     assert result.exit_code == 1
     line = result.stderr.strip()
     assert line.startswith(f"error: cannot load the model {folder}")
@@ -76,7 +72,7 @@ def test_a_pickled_bge_m3_head_that_runs_code_is_refused(tmp_path, tiny_bge_m3):
     shutil.copytree(tiny_bge_m3, folder)
     with open(folder / "sparse_linear.pt", "wb") as f:
         pickle.dump({"weight": _Runs(folder)}, f)
-    result = _run(tmp_path, folder)
+    result = _embed_one(tmp_path, folder)
     assert result.exit_code == 1
     assert result.stderr.strip().startswith(
         f"error: {folder / 'sparse_linear.pt'} is not a plain file of tensors"

@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pyarrow as pa
 import pytest
-from conftest import embed_texts, mixed_texts, write_jsonl
+from helpers import embed_texts, mixed_texts, write_jsonl
 from typer.testing import CliRunner
 
 from bulkembed.cli import app

@@ -6,29 +6,23 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import fill_the_disk_at_commit, sample_texts, write_jsonl, write_parquet
+from helpers import (
+    fill_the_disk_at_commit,
+    run_cli,
+    sample_texts,
+    write_mixed_corpus,
+)
 from typer.testing import CliRunner
 
-from bulkembed.cli import app
-
 runner = CliRunner()
+
+# A small budget makes several windows, so calibration sees only the first.
+SMALL_BATCHES = ("--max-batch-tokens", 64)
 
 
 def _corpus(tmp_path, n=90):
     records = [{"id": f"d{i:03d}", "text": t} for i, t in enumerate(sample_texts(n))]
-    third = n // 3
-    write_parquet(tmp_path / "corpus" / "a.parquet", records[:third], row_group_size=10)
-    write_parquet(tmp_path / "corpus" / "b.parquet", records[third : 2 * third], row_group_size=10)
-    write_jsonl(tmp_path / "corpus" / "c.jsonl", records[2 * third :])
-    return tmp_path / "corpus"
-
-
-def _run(corpus, model, out, *extra):
-    args = ["run", str(corpus), "--model", str(model), "--output", str(out), "--quiet"]
-    # A small budget makes several windows, so calibration sees only the first.
-    return runner.invoke(
-        app, [*args, "--tokenize-workers", "0", "--max-batch-tokens", "64", *extra]
-    )
+    return write_mixed_corpus(tmp_path, records, n // 3, row_group_size=10)
 
 
 def _dense(out):
@@ -40,7 +34,7 @@ def _dense(out):
 @pytest.fixture
 def float32_reference(tmp_path, tiny_st):
     corpus = _corpus(tmp_path)
-    assert _run(corpus, tiny_st("mean"), tmp_path / "float32").exit_code == 0
+    assert run_cli(corpus, tiny_st("mean"), tmp_path / "float32", *SMALL_BATCHES).exit_code == 0
     return corpus, _dense(tmp_path / "float32")[1]
 
 
@@ -48,7 +42,10 @@ def test_dim_truncates_then_normalizes_like_sentence_transformers(tmp_path, tiny
     from sentence_transformers import SentenceTransformer
 
     corpus = _corpus(tmp_path, 30)
-    assert _run(corpus, tiny_st("mean"), tmp_path / "out", "--dim", "16").exit_code == 0
+    assert (
+        run_cli(corpus, tiny_st("mean"), tmp_path / "out", "--dim", "16", *SMALL_BATCHES).exit_code
+        == 0
+    )
     kind, ours = _dense(tmp_path / "out")
     assert kind == pa.list_(pa.float32(), 16)
     reference = SentenceTransformer(str(tiny_st("mean")), device="cpu", truncate_dim=16).encode(
@@ -60,7 +57,7 @@ def test_dim_truncates_then_normalizes_like_sentence_transformers(tmp_path, tiny
 
 def test_dim_outside_the_recipe_sizes_is_refused(tmp_path, tiny_bert):
     corpus = _corpus(tmp_path, 10)
-    result = _run(
+    result = run_cli(
         corpus,
         tiny_bert,
         tmp_path / "out",
@@ -70,6 +67,8 @@ def test_dim_outside_the_recipe_sizes_is_refused(tmp_path, tiny_bert):
         "64",
         "--dim",
         "16",
+        "--max-batch-tokens",
+        64,
     )
     assert result.exit_code == 1
     assert "--dim 16: this model's vectors can be cut to 768" in result.stderr
@@ -77,7 +76,18 @@ def test_dim_outside_the_recipe_sizes_is_refused(tmp_path, tiny_bert):
 
 def test_float16_output(tmp_path, tiny_st, float32_reference):
     corpus, reference = float32_reference
-    assert _run(corpus, tiny_st("mean"), tmp_path / "half", "--dtype-out", "float16").exit_code == 0
+    assert (
+        run_cli(
+            corpus,
+            tiny_st("mean"),
+            tmp_path / "half",
+            "--dtype-out",
+            "float16",
+            "--max-batch-tokens",
+            64,
+        ).exit_code
+        == 0
+    )
     kind, half = _dense(tmp_path / "half")
     assert kind == pa.list_(pa.float16(), 32)
     np.testing.assert_allclose(half, reference, atol=1e-3)
@@ -86,7 +96,12 @@ def test_float16_output(tmp_path, tiny_st, float32_reference):
 @pytest.mark.parametrize("mode", ["binary", "ubinary"])
 def test_binary_quantization_packs_signs(tmp_path, tiny_st, float32_reference, mode):
     corpus, reference = float32_reference
-    assert _run(corpus, tiny_st("mean"), tmp_path / mode, "--quantize", mode).exit_code == 0
+    assert (
+        run_cli(
+            corpus, tiny_st("mean"), tmp_path / mode, "--quantize", mode, *SMALL_BATCHES
+        ).exit_code
+        == 0
+    )
     kind, packed = _dense(tmp_path / mode)
     expected = np.packbits(reference > 0, axis=-1).astype(np.int16)
     if mode == "binary":
@@ -105,9 +120,11 @@ def test_integer_quantization_uses_one_range_for_every_part_and_every_resume(
     out = tmp_path / mode
     with monkeypatch.context() as patched:
         fill_the_disk_at_commit(patched, 4)
-        assert _run(corpus, tiny_st("mean"), out, "--quantize", mode).exit_code == 1
+        assert (
+            run_cli(corpus, tiny_st("mean"), out, "--quantize", mode, *SMALL_BATCHES).exit_code == 1
+        )
     ranges_before = json.loads((out / "_bulkembed" / "quantization.json").read_text())["ranges"]
-    assert _run(corpus, tiny_st("mean"), out, "--quantize", mode).exit_code == 0
+    assert run_cli(corpus, tiny_st("mean"), out, "--quantize", mode, *SMALL_BATCHES).exit_code == 0
     stored = json.loads((out / "_bulkembed" / "quantization.json").read_text())
     assert stored == {"precision": mode, "ranges": ranges_before}
 
@@ -126,8 +143,16 @@ def test_integer_quantization_uses_one_range_for_every_part_and_every_resume(
 
 def test_quantize_and_float16_conflict(tmp_path, tiny_st):
     corpus = _corpus(tmp_path, 10)
-    result = _run(
-        corpus, tiny_st("mean"), tmp_path / "o", "--quantize", "int8", "--dtype-out", "float16"
+    result = run_cli(
+        corpus,
+        tiny_st("mean"),
+        tmp_path / "o",
+        "--quantize",
+        "int8",
+        "--dtype-out",
+        "float16",
+        "--max-batch-tokens",
+        64,
     )
     assert result.exit_code == 1
     assert result.stderr.strip() == "error: --quantize and --dtype-out conflict: pass one of them"
@@ -135,17 +160,17 @@ def test_quantize_and_float16_conflict(tmp_path, tiny_st):
 
 def test_a_refused_dim_leaves_the_output_usable(tmp_path, tiny_st):
     corpus = _corpus(tmp_path, 12)
-    refused = _run(corpus, tiny_st("mean"), tmp_path / "out", "--dim", "999")
+    refused = run_cli(corpus, tiny_st("mean"), tmp_path / "out", "--dim", "999", *SMALL_BATCHES)
     assert refused.exit_code == 1
     assert "--dim 999: this model's vectors have 32" in refused.stderr
-    assert _run(corpus, tiny_st("mean"), tmp_path / "out").exit_code == 0
+    assert run_cli(corpus, tiny_st("mean"), tmp_path / "out", *SMALL_BATCHES).exit_code == 0
 
 
 def test_dim_on_a_model_that_does_not_normalize_only_truncates(tmp_path, tiny_st):
     corpus = _corpus(tmp_path, 12)
     model = tiny_st("mean", normalize=False)
-    assert _run(corpus, model, tmp_path / "full").exit_code == 0
-    assert _run(corpus, model, tmp_path / "cut", "--dim", "8").exit_code == 0
+    assert run_cli(corpus, model, tmp_path / "full", *SMALL_BATCHES).exit_code == 0
+    assert run_cli(corpus, model, tmp_path / "cut", "--dim", "8", *SMALL_BATCHES).exit_code == 0
     full, cut = _dense(tmp_path / "full")[1], _dense(tmp_path / "cut")[1]
     np.testing.assert_allclose(cut, full[:, :8], rtol=1e-6)
     assert np.abs(np.linalg.norm(cut, axis=1) - 1).max() > 0.01

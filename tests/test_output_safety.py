@@ -6,7 +6,12 @@ import shutil
 
 import pyarrow.parquet as pq
 import pytest
-from conftest import read_output, sample_texts, write_jsonl, write_parquet
+from helpers import (
+    read_output,
+    records,
+    run_cli,
+    write_corpus,
+)
 from typer.testing import CliRunner
 
 from bulkembed.cli import app
@@ -14,21 +19,17 @@ from bulkembed.run_dir import RunDirectory
 
 runner = CliRunner()
 
+# float32 on every CPU, so that vectors compare at float32 precision across runs.
+FLOAT32 = ("--dtype", "float32")
+
 
 def _corpus(tmp_path, n=40):
     """`n` records: half in a Parquet file of 10-row units, half in a JSONL file (one unit),
     with null texts (bad records) at 3 and 14."""
-    records = [{"id": f"doc-{i}", "text": t} for i, t in enumerate(sample_texts(n))]
-    for record in records[3:15:11]:
+    texts = records(n)
+    for record in texts[3:15:11]:
         record["text"] = None
-    write_parquet(tmp_path / "corpus" / "a.parquet", records[: n // 2], row_group_size=10)
-    write_jsonl(tmp_path / "corpus" / "b.jsonl", records[n // 2 :])
-    return tmp_path / "corpus", records
-
-
-def _run(corpus, model, out, *extra):
-    args = ["run", str(corpus), "--model", str(model), "--output", str(out), "--quiet"]
-    return runner.invoke(app, [*args, "--dtype", "float32", "--tokenize-workers", "0", *extra])
+    return write_corpus(tmp_path, texts, n // 2, row_group_size=10), texts
 
 
 def _summary(out):
@@ -54,13 +55,22 @@ def test_a_table_name_that_leaves_the_database_folder_is_refused_and_nothing_is_
     pytest.importorskip("lancedb")
     corpus, _ = _corpus(tmp_path, 10)
     db = tmp_path / "db"
-    assert _run(corpus, tiny_st("mean"), f"lancedb://{db}?table=precious").exit_code == 0
+    assert (
+        run_cli(corpus, tiny_st("mean"), f"lancedb://{db}?table=precious", *FLOAT32).exit_code == 0
+    )
     (db / "notes.txt").write_text("mine")
     (db / "mydata").mkdir()
     (db / "mydata" / "keep.txt").write_text("mine too")
     before = _tree(db)
     for name in ("..", "."):
-        result = _run(corpus, tiny_st("mean"), f"lancedb://{db}?table={name}", "--overwrite")
+        result = run_cli(
+            corpus,
+            tiny_st("mean"),
+            f"lancedb://{db}?table={name}",
+            "--overwrite",
+            "--dtype",
+            "float32",
+        )
         assert _tree(db) == before
         assert result.exit_code == 1
         assert result.stderr.strip() == (
@@ -75,10 +85,15 @@ def test_overwrite_of_a_lancedb_table_keeps_other_tables_and_the_users_files(tmp
     corpus, records = _corpus(tmp_path, 10)
     db = tmp_path / "db"
     for table in ("one", "two"):
-        assert _run(corpus, tiny_st("mean"), f"lancedb://{db}?table={table}").exit_code == 0
+        assert (
+            run_cli(corpus, tiny_st("mean"), f"lancedb://{db}?table={table}", *FLOAT32).exit_code
+            == 0
+        )
     (db / "notes.txt").write_text("mine")
     (db / "_bulkembed" / "one" / "mine.txt").write_text("mine")
-    overwritten = _run(corpus, tiny_st("cls"), f"lancedb://{db}?table=one", "--overwrite")
+    overwritten = run_cli(
+        corpus, tiny_st("cls"), f"lancedb://{db}?table=one", "--overwrite", *FLOAT32
+    )
     assert overwritten.exit_code == 0, overwritten.output
     assert (db / "notes.txt").read_text() == "mine"
     assert (db / "_bulkembed" / "one" / "mine.txt").read_text() == "mine"
@@ -92,7 +107,7 @@ def test_a_file_named_like_a_part_in_a_directory_bulkembed_did_not_make_is_kept(
     out.mkdir()
     (out / "part-00007-000042.parquet").write_text("not mine to delete")
     for extra in ((), ("--overwrite",)):
-        result = _run(corpus, tiny_st("mean"), out, *extra)
+        result = run_cli(corpus, tiny_st("mean"), out, *extra, *FLOAT32)
         assert result.exit_code == 1
         assert result.stderr.strip() == (
             f"error: {out / 'part-00007-000042.parquet'} is named like a part of this output "
@@ -107,13 +122,13 @@ def test_overwrite_removes_only_bulkembeds_own_parts_and_run_files(tmp_path, tin
     out = tmp_path / "out"
     out.mkdir()
     (out / "README.md").write_text("mine")
-    refused = _run(corpus, tiny_st("mean"), out)
+    refused = run_cli(corpus, tiny_st("mean"), out, *FLOAT32)
     assert refused.exit_code == 1 and "(README.md)" in refused.stderr
-    assert _run(corpus, tiny_st("mean"), out, "--overwrite").exit_code == 0
+    assert run_cli(corpus, tiny_st("mean"), out, "--overwrite", *FLOAT32).exit_code == 0
     (out / "notes.parquet").write_bytes(b"mine")
     (out / "_bulkembed" / "keep.txt").write_text("mine")
     (out / "_bulkembed" / "done" / "keep.txt").write_text("mine")
-    assert _run(corpus, tiny_st("cls"), out, "--overwrite").exit_code == 0
+    assert run_cli(corpus, tiny_st("cls"), out, "--overwrite", *FLOAT32).exit_code == 0
     assert (out / "README.md").read_text() == "mine"
     assert (out / "notes.parquet").read_bytes() == b"mine"
     assert (out / "_bulkembed" / "keep.txt").read_text() == "mine"
@@ -126,7 +141,7 @@ def test_overwrite_removes_only_bulkembeds_own_parts_and_run_files(tmp_path, tin
 
 def test_an_empty_output_is_refused(tmp_path, tiny_st):
     corpus, _ = _corpus(tmp_path, 10)
-    result = _run(corpus, tiny_st("mean"), "")
+    result = run_cli(corpus, tiny_st("mean"), "", *FLOAT32)
     assert result.exit_code == 1
     assert result.stderr.strip() == (
         "error: --output is empty: name a directory, lancedb://PATH?table=NAME, or - for stdout"
@@ -142,7 +157,7 @@ def finished(tmp_path, tiny_st):
     """A finished Parquet output of 3 units (2 with a bad record), and its contents."""
     corpus, records = _corpus(tmp_path)
     out = tmp_path / "out"
-    assert _run(corpus, tiny_st("mean"), out).exit_code == 0
+    assert run_cli(corpus, tiny_st("mean"), out, *FLOAT32).exit_code == 0
     bad = (out / "_bulkembed" / "bad_records.jsonl").read_text()
     return corpus, out, read_output(out), bad
 
@@ -153,7 +168,7 @@ def test_a_lost_marker_of_a_finished_output_is_taken_back_from_its_part(finished
     marker = run.done_dir / "part-00000-000000.json"
     before = marker.read_text()
     marker.unlink()
-    result = _run(corpus, tiny_st("mean"), out)
+    result = run_cli(corpus, tiny_st("mean"), out, *FLOAT32)
     assert result.exit_code == 0, result.output
     assert read_output(out) == expected
     assert "part-00000-000000: its done-marker was missing or damaged; the part is complete" in (
@@ -169,7 +184,7 @@ def test_a_damaged_marker_is_taken_back_from_its_part(finished, tiny_st):
     marker = RunDirectory(out).done_dir / "part-00000-000001.json"
     marker.write_text(marker.read_text()[:20])
     (out / "_bulkembed" / "complete").unlink()
-    result = _run(corpus, tiny_st("mean"), out)
+    result = run_cli(corpus, tiny_st("mean"), out, *FLOAT32)
     assert result.exit_code == 0, result.output
     assert _summary(out)["docs_this_run"] == 0 and _summary(out)["docs"] == 38
     assert read_output(out) == expected
@@ -183,7 +198,7 @@ def test_a_part_deleted_by_hand_is_embedded_again_and_the_output_is_not_complete
     (out / "part-00000-000001.parquet").unlink()
     status = _status(out)
     assert status["state"] != "complete" and status["units_pending"] == 1
-    result = _run(corpus, tiny_st("mean"), out)
+    result = run_cli(corpus, tiny_st("mean"), out, *FLOAT32)
     assert result.exit_code == 0, result.output
     assert "part-00000-000001: its rows are missing from" in result.stderr
     assert _summary(out)["docs_this_run"] == 9
@@ -203,7 +218,7 @@ def test_a_unit_that_lost_both_its_marker_and_its_part_is_embedded_again(finishe
     (out / "part-00000-000001.parquet").unlink()
     status = _status(out)
     assert status["state"] != "complete" and status["units_done"] == 2
-    result = _run(corpus, tiny_st("mean"), out)
+    result = run_cli(corpus, tiny_st("mean"), out, *FLOAT32)
     assert result.exit_code == 0, result.output
     assert _summary(out)["docs_this_run"] == 9
     assert read_output(out).keys() == expected.keys()
@@ -215,7 +230,7 @@ def test_a_damaged_part_is_refused_naming_it(finished, tiny_st):
     corpus, out, _, _ = finished
     part = out / "part-00000-000001.parquet"
     part.write_bytes(part.read_bytes()[:100])
-    result = _run(corpus, tiny_st("mean"), out)
+    result = run_cli(corpus, tiny_st("mean"), out, *FLOAT32)
     assert result.exit_code == 1
     line = result.stderr.strip()
     assert line.startswith(f"error: {part} is damaged (")
@@ -226,10 +241,10 @@ def test_a_damaged_part_is_refused_naming_it(finished, tiny_st):
 def test_a_part_of_another_output_is_refused_not_taken_in(finished, tiny_st, tmp_path):
     corpus, out, _, _ = finished
     other = tmp_path / "other"
-    assert _run(corpus, tiny_st("mean"), other).exit_code == 0
+    assert run_cli(corpus, tiny_st("mean"), other, *FLOAT32).exit_code == 0
     (out / "_bulkembed" / "done" / "part-00001-000000.json").unlink()
     shutil.copy(other / "part-00001-000000.parquet", out / "part-00001-000000.parquet")
-    result = _run(corpus, tiny_st("mean"), out)
+    result = run_cli(corpus, tiny_st("mean"), out, *FLOAT32)
     assert result.exit_code == 1
     assert "part-00001-000000.parquet is named like a part of this output but this run" in (
         result.stderr
@@ -242,20 +257,20 @@ def test_a_part_whose_bad_records_were_too_many_for_its_footer_is_not_taken_back
     monkeypatch.setattr("bulkembed.writer.LABEL_BAD_RECORDS_BYTES", 10)
     corpus, _ = _corpus(tmp_path)
     out = tmp_path / "out"
-    assert _run(corpus, tiny_st("mean"), out).exit_code == 0
+    assert run_cli(corpus, tiny_st("mean"), out, *FLOAT32).exit_code == 0
     label = json.loads(
         pq.read_metadata(out / "part-00000-000000.parquet").metadata[b"bulkembed.unit"]
     )
     assert label["unit"]["bad"] is None and label["unit"]["bad_records"] == 1
     (out / "_bulkembed" / "done" / "part-00000-000000.json").unlink()
-    result = _run(corpus, tiny_st("mean"), out)
+    result = run_cli(corpus, tiny_st("mean"), out, *FLOAT32)
     assert result.exit_code == 1
     assert result.stderr.strip() == (
         f"error: {out / 'part-00000-000000.parquet'} has no done-marker, and it had too many "
         "bad records to keep them in its footer: delete it to have its unit embedded again"
     )
     (out / "part-00000-000000.parquet").unlink()
-    assert _run(corpus, tiny_st("mean"), out).exit_code == 0
+    assert run_cli(corpus, tiny_st("mean"), out, *FLOAT32).exit_code == 0
     assert _summary(out)["docs_this_run"] == 9 and _summary(out)["bad_records"] == 2
 
 
@@ -278,11 +293,11 @@ def test_a_lancedb_output_that_lost_its_configuration_can_be_overwritten(tmp_pat
     lancedb = pytest.importorskip("lancedb")
     corpus, records = _corpus(tmp_path, 10)
     db = tmp_path / "db"
-    assert _run(corpus, tiny_st("mean"), f"lancedb://{db}?table=t").exit_code == 0
+    assert run_cli(corpus, tiny_st("mean"), f"lancedb://{db}?table=t", *FLOAT32).exit_code == 0
     (db / "_bulkembed" / "t" / "config.json").unlink()
-    refused = _run(corpus, tiny_st("mean"), f"lancedb://{db}?table=t")
+    refused = run_cli(corpus, tiny_st("mean"), f"lancedb://{db}?table=t", *FLOAT32)
     assert refused.exit_code == 1 and "config.json is missing but 2 unit(s)" in refused.stderr
-    again = _run(corpus, tiny_st("mean"), f"lancedb://{db}?table=t", "--overwrite")
+    again = run_cli(corpus, tiny_st("mean"), f"lancedb://{db}?table=t", "--overwrite", *FLOAT32)
     assert again.exit_code == 0, again.output
     assert lancedb.connect(db).open_table("t").count_rows() == 9
 
@@ -291,14 +306,14 @@ def test_a_lost_quarantine_file_is_rebuilt_from_the_markers(finished, tiny_st):
     corpus, out, expected, bad = finished
     assert len(bad.splitlines()) == 2
     (out / "_bulkembed" / "bad_records.jsonl").unlink()
-    assert _run(corpus, tiny_st("mean"), out).exit_code == 0
+    assert run_cli(corpus, tiny_st("mean"), out, *FLOAT32).exit_code == 0
     assert (out / "_bulkembed" / "bad_records.jsonl").read_text() == bad
 
 
 def test_a_lost_configuration_is_refused_while_units_are_marked_done(finished, tiny_st):
     corpus, out, _, _ = finished
     (out / "_bulkembed" / "config.json").unlink()
-    result = _run(corpus, tiny_st("mean"), out)
+    result = run_cli(corpus, tiny_st("mean"), out, *FLOAT32)
     assert result.exit_code == 1
     assert result.stderr.strip() == (
         f"error: {out / '_bulkembed' / 'config.json'} is missing but 3 unit(s) are marked done: "

@@ -2,7 +2,7 @@
 
 import numpy as np
 import pytest
-from conftest import SAMPLE, read_output
+from helpers import SAMPLE, read_output
 
 from bulkembed import embed_corpus
 from bulkembed.config import DType, RunConfig

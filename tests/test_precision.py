@@ -5,19 +5,16 @@ import json
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from conftest import sample_texts, write_jsonl
-from typer.testing import CliRunner
+from helpers import records, run_cli, write_jsonl
 
 from bulkembed import devices, precision
-from bulkembed.cli import app
 from bulkembed.encoders import Embeddings, SparseVector
 
 
-def _run(tmp_path, model, out, *extra):
-    records = [{"id": f"d{i}", "text": t} for i, t in enumerate(sample_texts(100))]
-    corpus = write_jsonl(tmp_path / "c.jsonl", records)
-    arguments = ["run", str(corpus), "--model", str(model), "--output", str(tmp_path / out)]
-    result = CliRunner().invoke(app, [*arguments, "-q", "--tokenize-workers", "0", *extra])
+def _embed(tmp_path, model, out, *extra):
+    """Embed 100 sample documents into `tmp_path/out`: the table and the summary."""
+    corpus = write_jsonl(tmp_path / "c.jsonl", records(100, prefix="d"))
+    result = run_cli(corpus, model, tmp_path / out, *extra)
     assert result.exit_code == 0, result.output
     summary = json.loads((tmp_path / out / "_bulkembed" / "summary.json").read_text())
     return pq.read_table(tmp_path / out), summary
@@ -27,10 +24,10 @@ def test_auto_falls_back_to_float32_when_the_fast_dtype_breaks_parity(
     tmp_path, tiny_st, monkeypatch
 ):
     model = tiny_st("mean")
-    reference, _ = _run(tmp_path, model, "float32", "--dtype", "float32")
+    reference, _ = _embed(tmp_path, model, "float32", "--dtype", "float32")
     monkeypatch.setattr(devices, "cpu_accelerates_bfloat16", lambda: True)
     monkeypatch.setattr(precision, "PARITY_THRESHOLD", 1.5)  # no dtype can pass
-    table, summary = _run(tmp_path, model, "auto")
+    table, summary = _embed(tmp_path, model, "auto")
     assert summary["dtype"] == "float32"
     assert summary["dtype_check"].startswith("bfloat16 against float32 on 64 document(s)")
     assert summary["dtype_check"].endswith("below 1.5: running in float32")
@@ -39,10 +36,10 @@ def test_auto_falls_back_to_float32_when_the_fast_dtype_breaks_parity(
 
 def test_auto_keeps_the_fast_dtype_when_it_agrees(tmp_path, tiny_st, monkeypatch):
     model = tiny_st("mean")
-    reference, _ = _run(tmp_path, model, "float32", "--dtype", "float32")
+    reference, _ = _embed(tmp_path, model, "float32", "--dtype", "float32")
     monkeypatch.setattr(devices, "cpu_accelerates_bfloat16", lambda: True)
     monkeypatch.setattr(precision, "PARITY_THRESHOLD", 0.9)
-    table, summary = _run(tmp_path, model, "auto")
+    table, summary = _embed(tmp_path, model, "auto")
     assert summary["dtype"] == "bfloat16"
     assert summary["dtype_check"].endswith(", kept")
     fast = np.array(table.column("dense").to_pylist())
@@ -53,7 +50,7 @@ def test_auto_keeps_the_fast_dtype_when_it_agrees(tmp_path, tiny_st, monkeypatch
 
 def test_float32_cpus_run_no_check(tmp_path, tiny_st, monkeypatch):
     monkeypatch.setattr(devices, "cpu_accelerates_bfloat16", lambda: False)
-    _, summary = _run(tmp_path, tiny_st("mean"), "auto")
+    _, summary = _embed(tmp_path, tiny_st("mean"), "auto")
     assert (summary["dtype"], summary["dtype_check"]) == ("float32", None)
 
 

@@ -4,7 +4,7 @@ import shutil
 
 import numpy as np
 import pytest
-from conftest import embed_texts, sample_texts
+from helpers import embed_texts, sample_texts
 
 from bulkembed.config import list_recipes
 

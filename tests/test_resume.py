@@ -7,7 +7,13 @@ import socket
 
 import numpy as np
 import pytest
-from conftest import fill_the_disk_at_commit, read_output, sample_texts, write_jsonl, write_parquet
+from helpers import (
+    fill_the_disk_at_commit,
+    read_output,
+    records,
+    run_cli,
+    write_corpus,
+)
 from typer.testing import CliRunner
 
 from bulkembed.cli import app
@@ -17,15 +23,9 @@ runner = CliRunner()
 
 
 def _corpus(tmp_path, n=150, row_group_size=10):
-    records = [{"id": f"doc-{i}", "text": t} for i, t in enumerate(sample_texts(n))]
-    write_parquet(tmp_path / "corpus" / "a.parquet", records[: n // 2], row_group_size)
-    write_jsonl(tmp_path / "corpus" / "b.jsonl", records[n // 2 :])
-    return tmp_path / "corpus", records
-
-
-def _run(corpus, model, out, *extra):
-    args = ["run", str(corpus), "--model", str(model), "--output", str(out), "--quiet"]
-    return runner.invoke(app, [*args, "--tokenize-workers", "0", *map(str, extra)])
+    """`n` records: half in a Parquet file, half in a JSONL file."""
+    texts = records(n)
+    return write_corpus(tmp_path, texts, n // 2, row_group_size), texts
 
 
 def _summary(out):
@@ -35,7 +35,7 @@ def _summary(out):
 def test_second_run_of_a_finished_job_does_no_model_work(tmp_path, tiny_st, monkeypatch):
     corpus, records = _corpus(tmp_path)
     out = tmp_path / "out"
-    assert _run(corpus, tiny_st("mean"), out).exit_code == 0
+    assert run_cli(corpus, tiny_st("mean"), out).exit_code == 0
     first = read_output(out)
     summary = _summary(out)
 
@@ -63,8 +63,8 @@ def test_second_run_of_a_finished_job_does_no_model_work(tmp_path, tiny_st, monk
 def test_changed_settings_are_refused_naming_the_setting(tmp_path, tiny_st, change, message):
     corpus, _ = _corpus(tmp_path, 20)
     out = tmp_path / "out"
-    assert _run(corpus, tiny_st("mean"), out).exit_code == 0
-    result = _run(corpus, tiny_st("mean"), out, *change)
+    assert run_cli(corpus, tiny_st("mean"), out).exit_code == 0
+    result = run_cli(corpus, tiny_st("mean"), out, *change)
     assert result.exit_code == 1
     line = result.stderr.strip()
     assert message in line and "pass --overwrite to start over" in line
@@ -74,8 +74,8 @@ def test_changed_settings_are_refused_naming_the_setting(tmp_path, tiny_st, chan
 def test_another_model_is_refused(tmp_path, tiny_st):
     corpus, _ = _corpus(tmp_path, 20)
     out = tmp_path / "out"
-    assert _run(corpus, tiny_st("mean"), out).exit_code == 0
-    result = _run(corpus, tiny_st("cls"), out)
+    assert run_cli(corpus, tiny_st("mean"), out).exit_code == 0
+    result = run_cli(corpus, tiny_st("cls"), out)
     assert result.exit_code == 1
     assert "--model: " in result.stderr and "tiny-st-cls" in result.stderr
 
@@ -83,10 +83,10 @@ def test_another_model_is_refused(tmp_path, tiny_st):
 def test_changed_input_is_refused(tmp_path, tiny_st):
     corpus, _ = _corpus(tmp_path, 20)
     out = tmp_path / "out"
-    assert _run(corpus, tiny_st("mean"), out).exit_code == 0
+    assert run_cli(corpus, tiny_st("mean"), out).exit_code == 0
     with open(corpus / "b.jsonl", "a") as f:
         f.write('{"id": "new", "text": "added later"}\n')
-    result = _run(corpus, tiny_st("mean"), out)
+    result = run_cli(corpus, tiny_st("mean"), out)
     assert result.exit_code == 1 and "the inputs (files added, removed or changed" in result.stderr
 
 
@@ -102,11 +102,11 @@ def _edit_in_place(path):
 def test_an_input_edited_in_place_with_the_same_size_is_refused(tmp_path, tiny_st):
     corpus, _ = _corpus(tmp_path, 20)
     out = tmp_path / "out"
-    assert _run(corpus, tiny_st("mean"), out).exit_code == 0
+    assert run_cli(corpus, tiny_st("mean"), out).exit_code == 0
     (out / "_bulkembed" / "complete").unlink()
     (out / "_bulkembed" / "done" / "part-00001-000000.json").unlink()
     _edit_in_place(corpus / "b.jsonl")
-    result = _run(corpus, tiny_st("mean"), out)
+    result = run_cli(corpus, tiny_st("mean"), out)
     assert result.exit_code == 1
     assert result.stderr.strip() == (
         f"error: {out} holds a run with other settings (the inputs (b.jsonl was modified "
@@ -118,15 +118,15 @@ def test_an_input_edited_in_place_with_the_same_size_is_refused(tmp_path, tiny_s
 def test_verify_inputs_compares_contents_instead_of_times(tmp_path, tiny_st):
     corpus, _ = _corpus(tmp_path, 20)
     out = tmp_path / "out"
-    assert _run(corpus, tiny_st("mean"), out, "--verify-inputs").exit_code == 0
+    assert run_cli(corpus, tiny_st("mean"), out, "--verify-inputs").exit_code == 0
     inputs = json.loads((out / "_bulkembed" / "config.json").read_text())["fingerprint"]["inputs"]
     assert [len(i["content"]) for i in inputs] == [32, 32]
     status = (corpus / "b.jsonl").stat()
     os.utime(corpus / "b.jsonl", ns=(status.st_atime_ns, status.st_mtime_ns + 10**9))
-    touched = _run(corpus, tiny_st("mean"), out, "--verify-inputs")
+    touched = run_cli(corpus, tiny_st("mean"), out, "--verify-inputs")
     assert touched.exit_code == 0, touched.output
     _edit_in_place(corpus / "b.jsonl")
-    edited = _run(corpus, tiny_st("mean"), out, "--verify-inputs")
+    edited = run_cli(corpus, tiny_st("mean"), out, "--verify-inputs")
     assert edited.exit_code == 1
     assert "the inputs (b.jsonl changed in content)" in edited.stderr
 
@@ -154,7 +154,7 @@ def test_a_second_run_is_refused_while_the_first_holds_the_lock(tmp_path, tiny_s
     out = tmp_path / "out"
     holder, release = _start_lock_holder(out)
     try:
-        result = _run(corpus, tiny_st("mean"), out)
+        result = run_cli(corpus, tiny_st("mean"), out)
         assert result.exit_code == 1
         assert f"is in use by a running bulkembed (pid {holder.pid} on " in result.stderr
         assert RunDirectory(out).lock_holder().startswith(f"pid {holder.pid} on ")
@@ -162,7 +162,7 @@ def test_a_second_run_is_refused_while_the_first_holds_the_lock(tmp_path, tiny_s
         release.set()
         holder.join()
     assert RunDirectory(out).lock_holder() is None
-    assert _run(corpus, tiny_st("mean"), out).exit_code == 0
+    assert run_cli(corpus, tiny_st("mean"), out).exit_code == 0
 
 
 def test_the_lock_of_a_killed_run_is_taken_over(tmp_path, tiny_st):
@@ -174,7 +174,7 @@ def test_the_lock_of_a_killed_run_is_taken_over(tmp_path, tiny_st):
     holder.join()
     assert (out / "_bulkembed" / "lock").read_text().startswith(f"pid {holder.pid} ")
     assert RunDirectory(out).lock_holder() is None
-    assert _run(corpus, tiny_st("mean"), out).exit_code == 0
+    assert run_cli(corpus, tiny_st("mean"), out).exit_code == 0
     assert len(read_output(out)) == 20
 
 
@@ -182,13 +182,13 @@ def test_full_disk_fails_cleanly_and_the_rerun_completes(tmp_path, tiny_st, monk
 
     corpus, records = _corpus(tmp_path, 120)
     model = tiny_st("mean")
-    assert _run(corpus, model, tmp_path / "reference").exit_code == 0
+    assert run_cli(corpus, model, tmp_path / "reference").exit_code == 0
     reference = read_output(tmp_path / "reference")
 
     out = tmp_path / "out"
     with monkeypatch.context() as patched:
         fill_the_disk_at_commit(patched, 4)
-        result = _run(corpus, model, out)
+        result = run_cli(corpus, model, out)
     assert result.exit_code == 1
     [line] = result.stderr.splitlines()
     assert line.startswith("error: cannot commit ") and "No space left on device" in line
@@ -196,7 +196,7 @@ def test_full_disk_fails_cleanly_and_the_rerun_completes(tmp_path, tiny_st, monk
     assert committed == [f"part-00000-{u:06d}.parquet" for u in range(3)]
     assert not list(out.glob(".*.tmp")) and RunDirectory(out).lock_holder() is None
 
-    assert _run(corpus, model, out).exit_code == 0
+    assert run_cli(corpus, model, out).exit_code == 0
     resumed = read_output(out)
     assert resumed.keys() == reference.keys() == {r["id"] for r in records}
     for key, vector in reference.items():
@@ -206,7 +206,7 @@ def test_full_disk_fails_cleanly_and_the_rerun_completes(tmp_path, tiny_st, monk
 def test_status_reports_done_and_pending_units(tmp_path, tiny_st):
     corpus, _ = _corpus(tmp_path, 60)
     out = tmp_path / "out"
-    assert _run(corpus, tiny_st("mean"), out, "--limit", "25").exit_code == 0
+    assert run_cli(corpus, tiny_st("mean"), out, "--limit", "25").exit_code == 0
     result = runner.invoke(app, ["status", str(out)])
     assert result.exit_code == 0
     text = " ".join(result.stdout.split())

@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import (
+from helpers import (
     ROOT,
     cosines,
     read_output,
@@ -24,20 +24,25 @@ from bulkembed.cli import app
 pytestmark = pytest.mark.slow
 
 
+# Records per JSONL unit: a JSONL file of 500 lines is two units.
+UNIT = ("--records-per-unit", "400")
+
+
 def _corpus(folder):
-    """Nine units: two JSONL files of 5,000 lines (two units each), a Parquet file of five
+    """Nine units: two JSONL files of 500 lines (two units each), a Parquet file of five
     row groups; integer-like ids given as strings, so no id repeats."""
-    texts = sample_texts(1000)
+    texts = sample_texts(500)
     for n in range(2):
-        records = [{"id": f"j{n}-{i}", "text": texts[i % 1000][:80]} for i in range(5000)]
+        records = [{"id": f"j{n}-{i}", "text": texts[i % 500][:80]} for i in range(500)]
         write_jsonl(folder / f"lines-{n}.jsonl", records)
-    records = [{"id": f"p{i}", "text": texts[(7 * i) % 1000][:80]} for i in range(1000)]
-    write_parquet(folder / "table.parquet", records, row_group_size=200)
+    records = [{"id": f"p{i}", "text": texts[(7 * i) % 500][:80]} for i in range(100)]
+    write_parquet(folder / "table.parquet", records, row_group_size=20)
     return folder
 
 
 def _command(corpus, model, out, *extra):
-    return [sys.executable, "-m", "bulkembed", *run_arguments(corpus, model, out, "-q", *extra)]
+    arguments = run_arguments(corpus, model, out, "-q", *UNIT, *extra)
+    return [sys.executable, "-m", "bulkembed", *arguments]
 
 
 def test_three_shards_side_by_side_write_what_one_run_writes(tmp_path, tiny_st):
@@ -60,7 +65,7 @@ def test_three_shards_side_by_side_write_what_one_run_writes(tmp_path, tiny_st):
         assert run.wait() == 0, run.stderr.read().decode()
 
     expected, got = read_output(tmp_path / "whole"), read_output(out)
-    assert sorted(got) == sorted(expected) and len(got) == 11000
+    assert sorted(got) == sorted(expected) and len(got) == 1100
     ids = sorted(expected)
     assert cosines([got[i] for i in ids], [expected[i] for i in ids]).min() >= 0.99999
     parts = sorted(p.name for p in out.glob("*.parquet"))
@@ -70,14 +75,14 @@ def test_three_shards_side_by_side_write_what_one_run_writes(tmp_path, tiny_st):
     status = CliRunner().invoke(app, ["status", str(out), "--json"])
     figures = json.loads(status.output)
     assert (figures["state"], figures["units_done"], figures["units_pending"]) == ("complete", 9, 0)
-    assert figures["docs"] == 11000
+    assert figures["docs"] == 1100
 
 
 def test_a_shard_takes_every_nth_unit_and_leaves_the_output_incomplete(tmp_path, tiny_st):
     corpus = _corpus(tmp_path / "corpus")
     out = tmp_path / "out"
     args = ["run", str(corpus), "--model", str(tiny_st("mean")), "--output", str(out)]
-    result = CliRunner().invoke(app, [*args, "--tokenize-workers", "0", "--shard", "1/3"])
+    result = CliRunner().invoke(app, [*args, "--tokenize-workers", "0", *UNIT, "--shard", "1/3"])
     assert result.exit_code == 0, result.output
     assert "shard 1/3 is done; 6 unit(s) of other shards are pending" in result.output
     # Units in input order: lines-0 (0, 1), lines-1 (2, 3), table (4 to 8); 1/3 takes 1, 4, 7.
@@ -88,7 +93,7 @@ def test_a_shard_takes_every_nth_unit_and_leaves_the_output_incomplete(tmp_path,
     assert (status["units_done"], status["units_pending"]) == (3, 6)
     assert status["state"].startswith("stopped")
     summary = json.loads((out / "_bulkembed" / "summary.json").read_text())
-    assert (summary["shard"], summary["docs"]) == ("1/3", 904 + 200 + 200)
+    assert (summary["shard"], summary["docs"]) == ("1/3", 100 + 20 + 20)
 
 
 @pytest.mark.parametrize(
@@ -108,26 +113,6 @@ def test_shard_options_that_cannot_work_are_refused(tmp_path, tiny_st, extra, me
     assert result.exit_code == 1
     assert message in result.output
     assert "Traceback" not in result.output
-
-
-def test_the_same_shard_cannot_run_twice_at_once(tmp_path):
-    from bulkembed.config import ShardSpec
-    from bulkembed.run_dir import LockedError, RunDirectory
-
-    (tmp_path / "_bulkembed").mkdir()
-    first = RunDirectory(tmp_path, shard=ShardSpec(0, 2))
-    other = RunDirectory(tmp_path, shard=ShardSpec(1, 2))
-    first.acquire_lock()
-    other.acquire_lock()
-    with pytest.raises(LockedError, match=r"shard 0/2 of .* is in use by a running bulkembed"):
-        RunDirectory(tmp_path, shard=ShardSpec(0, 2)).acquire_lock()
-    with pytest.raises(LockedError, match="in use by a running bulkembed .runs with --shard."):
-        RunDirectory(tmp_path).acquire_lock()
-    assert first.lock_holder() == "runs with --shard"
-    first.release_lock()
-    other.release_lock()
-    assert first.lock_holder() is None
-    RunDirectory(tmp_path).acquire_lock()
 
 
 def test_the_first_shard_fixes_the_settings_and_n_for_the_others(tmp_path):

@@ -3,7 +3,7 @@ import json
 
 import pyarrow as pa
 import pytest
-from conftest import write_jsonl, write_parquet
+from helpers import write_jsonl, write_parquet
 
 from bulkembed.errors import InputError
 from bulkembed.sources import RecordReader, count_records, list_inputs, take, unit_names

@@ -6,7 +6,7 @@ import time
 import numpy as np
 import pyarrow as pa
 import pytest
-from conftest import sample_texts
+from helpers import sample_texts
 
 from bulkembed.errors import WorkerError
 from bulkembed.sources import Chunk

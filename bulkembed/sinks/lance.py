@@ -283,7 +283,9 @@ class LanceSink(Sink):
                     config = _index_config(kind, partitions, metric)
                     table.create_index(column, config=config)
         if self.fts_column is not None:
-            table.create_fts_index(self.fts_column, replace=True)
+            from lancedb.index import FTS
+
+            table.create_index(self.fts_column, config=FTS(), replace=True)
 
     def close(self) -> None:
         """Forget rows not flushed, and take back those flushed for an unfinished unit."""

@@ -1,0 +1,147 @@
+"""What the tests share besides fixtures: the real-text sample, corpus writers, the CLI
+driver, output readers. Imported by name (`from helpers import ...`); fixtures stay in
+conftest.py."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from typer.testing import CliRunner, Result
+
+ROOT = Path(__file__).resolve().parent.parent
+SAMPLE = ROOT / "samples" / "python-docs.jsonl"
+
+
+def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Row-wise cosine similarity of two matrices of vectors."""
+    a = np.asarray(a, dtype=np.float64)
+    b = np.asarray(b, dtype=np.float64)
+    a = a / np.linalg.norm(a, axis=1, keepdims=True)
+    b = b / np.linalg.norm(b, axis=1, keepdims=True)
+    return (a * b).sum(axis=1)
+
+
+def sample_texts(n: int | None = None) -> list[str]:
+    """The first `n` documents of the bundled real-text sample."""
+    texts = []
+    with open(SAMPLE, encoding="utf-8") as f:
+        for line in f:
+            texts.append(json.loads(line)["text"])
+            if n is not None and len(texts) == n:
+                break
+    return texts
+
+
+def run_arguments(corpus: Path, model: Path, out: Path, *extra: str) -> list[str]:
+    """Arguments of `bulkembed run`: tokenizing in the main process, float32 on every CPU."""
+    arguments = ["run", str(corpus), "--model", str(model), "--output", str(out)]
+    return [*arguments, "--dtype", "float32", "--tokenize-workers", "0", *extra]
+
+
+def write_jsonl(path: Path, records: list[dict]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        for record in records:
+            f.write(json.dumps(record) + "\n")
+    return path
+
+
+def write_parquet(path: Path, records: list[dict], row_group_size: int = 1000) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(records), path, row_group_size=row_group_size)
+    return path
+
+
+def write_mixed_corpus(folder: Path, records: list[dict], half: int, row_group_size: int) -> Path:
+    """`records` as `corpus/a.parquet` and `corpus/b.parquet` of `half` records each (row
+    groups of `row_group_size`) and `corpus/c.jsonl` with the rest; returns the corpus."""
+    corpus = folder / "corpus"
+    write_parquet(corpus / "a.parquet", records[:half], row_group_size=row_group_size)
+    write_parquet(corpus / "b.parquet", records[half : 2 * half], row_group_size=row_group_size)
+    write_jsonl(corpus / "c.jsonl", records[2 * half :])
+    return corpus
+
+
+def write_corpus(folder: Path, records: list[dict], parquet: int, row_group_size: int) -> Path:
+    """`folder/corpus/`: the first `parquet` records in `a.parquet` (row groups of
+    `row_group_size`), the rest in `b.jsonl`; returns the corpus folder."""
+    corpus = folder / "corpus"
+    write_parquet(corpus / "a.parquet", records[:parquet], row_group_size=row_group_size)
+    write_jsonl(corpus / "b.jsonl", records[parquet:])
+    return corpus
+
+
+def read_output(folder: Path) -> dict:
+    """id -> dense vector (list of floats) over every part of an output directory."""
+    table = pq.read_table(sorted(folder.glob("*.parquet")))
+    ids = table.column("id").to_pylist()
+    assert len(ids) == len(set(ids)), "an id appears more than once in the output"
+    return dict(zip(ids, table.column("dense").to_pylist(), strict=True))
+
+
+NON_ASCII = [
+    "Größenverhältnisse und Übermaß: ähnliche Wörter",
+    "Οι λέξεις στα ελληνικά έχουν τόνους",
+    "中文文本也应该被处理",
+    "naïve café résumé — déjà vu",
+]
+
+
+def mixed_texts() -> list[str]:
+    """30+ texts: short, past any small max length, repeated words, non-ASCII, empty."""
+    texts = sample_texts(20)
+    texts += NON_ASCII
+    texts += ["", "a", "the the the the the the", "word " * 300, "repeat repeat repeat. " * 20]
+    texts += ["Ünïcödé " * 40, "x", "Python " * 3 + "python PYTHON", "\u00e9" * 10]
+    return texts
+
+
+def fill_the_disk_at_commit(monkeypatch: pytest.MonkeyPatch, n: int) -> None:
+    """Make the nth Parquet part commit fail as a full disk does (ENOSPC when closing)."""
+    import errno
+
+    close = pq.ParquetWriter.close
+    calls = {"n": 0}
+
+    def close_until_the_disk_fills(self: pq.ParquetWriter) -> None:
+        calls["n"] += 1
+        if calls["n"] == n:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        close(self)
+
+    monkeypatch.setattr(pq.ParquetWriter, "close", close_until_the_disk_fills)
+
+
+def embed_texts(tmp_path: Path, model: Path, texts: list[str], *extra: str):
+    """Run `bulkembed run` on `texts` (ids "0", "1", ...) and return the output table in
+    text order, and the output directory."""
+    records = [{"id": str(i), "text": t} for i, t in enumerate(texts)]
+    corpus = write_jsonl(tmp_path / "c.jsonl", records)
+    out = tmp_path / "out"
+    result = run_cli(corpus, model, out, *extra)
+    assert result.exit_code == 0, result.output
+    table = pq.read_table(out)
+    order = np.argsort([int(i) for i in table.column("id").to_pylist()])
+    return table.take(order), out
+
+
+def records(n: int, prefix: str = "doc-") -> list[dict[str, Any]]:
+    """`n` records of the sample: ids `doc-0`, `doc-1`, ... and their texts."""
+    return [{"id": f"{prefix}{i}", "text": t} for i, t in enumerate(sample_texts(n))]
+
+
+def run_cli(corpus: Any, model: Any, out: Any, *extra: Any, workers: int | None = 0) -> Result:
+    """`bulkembed run CORPUS --model MODEL --output OUT --quiet EXTRA...` in this process,
+    tokenizing in the main process unless `workers` says otherwise (None: the default)."""
+    from bulkembed.cli import app
+
+    arguments = ["run", str(corpus), "--model", str(model), "--output", str(out), "--quiet"]
+    if workers is not None:
+        arguments += ["--tokenize-workers", str(workers)]
+    return CliRunner().invoke(app, [*arguments, *map(str, extra)])

@@ -1,0 +1,90 @@
+"""`WriteBehind`: items written in order on a thread, errors raised in the caller."""
+
+import threading
+import time
+
+import pytest
+
+from bulkembed.writer import WriteBehind
+
+
+def test_items_are_written_in_order_on_another_thread_and_finish_waits_for_them():
+    written, threads = [], set()
+
+    def write(item):
+        for step in range(3):
+            time.sleep(0.001)
+            written.append((item, step))
+            threads.add(threading.current_thread().name)
+            yield
+
+    with WriteBehind(write) as behind:
+        for item in range(5):
+            behind.submit(item)
+        behind.finish()
+        assert written == [(item, step) for item in range(5) for step in range(3)]
+    assert threads == {"bulkembed-writer"}
+
+
+def test_one_item_is_in_hand_at_a_time():
+    release = threading.Event()
+    started = []
+
+    def write(item):
+        started.append(item)
+        if item == 0:
+            release.wait(5)
+        yield
+
+    with WriteBehind(write) as behind:
+        behind.submit(0)
+        submitted = threading.Thread(target=behind.submit, args=(1,))
+        submitted.start()
+        submitted.join(0.2)
+        assert submitted.is_alive() and started == [0]  # item 1 waits for item 0
+        release.set()
+        submitted.join(5)
+        behind.finish()
+    assert started == [0, 1]
+
+
+def test_an_error_in_the_writer_is_raised_in_the_caller_at_the_next_submit():
+    def write(item):
+        if item == 1:
+            raise OSError(28, "No space left on device")
+        yield
+
+    with pytest.raises(OSError, match="No space left"), WriteBehind(write) as behind:
+        behind.submit(0)
+        behind.submit(1)
+        behind.submit(2)
+
+
+def test_an_error_in_the_writer_is_raised_at_finish():
+    def write(item):
+        yield
+        raise ValueError(f"bad item {item}")
+
+    with pytest.raises(ValueError, match="bad item 0"), WriteBehind(write) as behind:
+        behind.submit(0)
+        behind.finish()
+
+
+def test_leaving_on_an_error_stops_the_thread_between_steps():
+    steps = []
+    entered = threading.Event()
+
+    def write(item):
+        for step in range(1000):
+            steps.append(step)
+            entered.set()
+            time.sleep(0.001)
+            yield
+
+    behind = WriteBehind(write)
+    with pytest.raises(KeyboardInterrupt), behind:
+        behind.submit(0)
+        entered.wait(5)
+        raise KeyboardInterrupt
+    assert "bulkembed-writer" not in {t.name for t in threading.enumerate()}
+    assert 0 < len(steps) < 1000
