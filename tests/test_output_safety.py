@@ -284,7 +284,7 @@ def test_a_shard_leaves_the_markers_of_other_shards_alone(tmp_path):
     run.done_dir.mkdir(parents=True)
     run.config_path.write_text(json.dumps({"run": "r"}))
     (run.done_dir / "part-00000-000001.json").write_text("{")
-    assert run.reconcile(ParquetSink(tmp_path / "out"), parts={"part-00000-000000"}) == {}
+    assert run.reconcile(ParquetSink(tmp_path / "out"), mine={"part-00000-000000"}) == {}
     assert (run.done_dir / "part-00000-000001.json").read_text() == "{"
     assert run.repairs == []
 

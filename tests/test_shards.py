@@ -123,7 +123,7 @@ def test_the_first_shard_fixes_the_settings_and_n_for_the_others(tmp_path):
 
     def open_shard(index, count, fingerprint):
         run = RunDirectory(tmp_path, shard=ShardSpec(index, count))
-        run.open(fingerprint, False, ParquetSink(tmp_path), parts=())
+        run.open(fingerprint, False, ParquetSink(tmp_path), mine=())
         return run
 
     first = open_shard(0, 3, {"max_length": 256})

@@ -170,10 +170,11 @@ def _share_quantization(plan: RunPlan, run: RunDirectory, previous: PreviousOutp
     if quantize not in ("int8", "uint8") or run.read_quantization_ranges() is not None:
         return
     assert quantize is not None
-    ranges = RunDirectory(previous.path).read_quantization_ranges()
+    previous_run = RunDirectory(previous.path)
+    ranges = previous_run.read_quantization_ranges()
     if ranges is None:
         raise OutputError(
-            f"--since {previous.path}: its _bulkembed/quantization.json is missing, so its "
+            f"--since {previous.path}: {previous_run.quantization_path} is missing, so its "
             "int8/uint8 vectors cannot be matched; restore it, or run without --since"
         )
     run.write_quantization_ranges(quantize, ranges)

@@ -97,14 +97,14 @@ class RunDirectory:
         fingerprint: dict[str, Any],
         overwrite: bool,
         sink: Sink,
-        parts: Collection[str] | None = None,
+        mine: Collection[str] | None = None,
     ) -> dict[str, UnitRecord]:
         """Lock the directory and make it and `sink` ready to run `fingerprint`; return the
         done units (of every run that shares the output).
 
         A directory holding a run with another fingerprint is refused unless `overwrite`,
         which removes bulkembed's own files from it and from the sink, and nothing else.
-        With `parts` (the units of a `--shard` run) only what those units left half-done
+        With `mine` (the units of a `--shard` run) only what those units left half-done
         is cleaned up: other shards may be running.
         """
         fresh = not self.config_path.exists()
@@ -137,7 +137,7 @@ class RunDirectory:
                 self._run_id = self.read_config().get("run")
             self._run_id = self._run_id or secrets.token_hex(8)
             self.done_dir.mkdir(exist_ok=True)
-            return self.reconcile(sink, parts)
+            return self.reconcile(sink, mine)
         except BaseException:
             self.lock.release()
             raise
@@ -209,19 +209,19 @@ class RunDirectory:
         """Every committed unit, by part name; a damaged marker counts as none."""
         return self.ledger.units()[0]
 
-    def reconcile(self, sink: Sink, parts: Collection[str] | None = None) -> dict[str, UnitRecord]:
-        """Drop what a crash left half-done, here and in the sink (only in `parts`, when
+    def reconcile(self, sink: Sink, mine: Collection[str] | None = None) -> dict[str, UnitRecord]:
+        """Drop what a crash left half-done, here and in the sink (only in `mine`, when
         given); take back parts whose marker was lost and forget units whose rows are gone,
         noting each in `repairs`; return the done units."""
         temporaries = list(self.done_dir.glob(".*.tmp"))
-        if parts is None:
+        if mine is None:
             temporaries += self.meta.glob(".*.tmp")
         for path in temporaries:
             ours = TEMPORARY.fullmatch(path.name)
-            if ours and (parts is None or path.name[1:].split(".")[0] in parts):
+            if ours and (mine is None or path.name[1:].split(".")[0] in mine):
                 path.unlink(missing_ok=True)
         done, damaged = self.ledger.units()
-        recovered = sink.reconcile(done, self.run_id, parts)
+        recovered = sink.reconcile(done, self.run_id, mine)
         for fields in recovered.adopted:
             bad = fields.pop("bad", [])
             record = UnitRecord(**fields)
@@ -231,7 +231,7 @@ class RunDirectory:
                 f"{record.part}: its done-marker was missing or damaged; the part is complete "
                 "and was written by this run, so it is kept"
             )
-        forgotten = [p for p in damaged if p not in done and (parts is None or p in parts)]
+        forgotten = [p for p in damaged if p not in done and (mine is None or p in mine)]
         for part in forgotten:
             self.ledger.forget(part)
             self.repairs.append(f"{part}: its done-marker is damaged; embedding the unit again")
@@ -244,9 +244,9 @@ class RunDirectory:
             )
         # Other shards may be marking units done meanwhile: a shard run takes `complete` back
         # only for units of its own that it forgot.
-        if forgotten or recovered.lost or (parts is None and not self.is_complete(done)):
+        if forgotten or recovered.lost or (mine is None and not self.is_complete(done)):
             self.complete_path.unlink(missing_ok=True)
-        self.rebuild_quarantine(done, parts)
+        self.rebuild_quarantine(done, mine)
         return done
 
     def mark_done(self, record: UnitRecord, bad: list[dict[str, Any]]) -> None:
@@ -263,14 +263,14 @@ class RunDirectory:
         return self.ledger.is_complete(done)
 
     def rebuild_quarantine(
-        self, done: dict[str, UnitRecord], parts: Collection[str] | None = None
+        self, done: dict[str, UnitRecord], mine: Collection[str] | None = None
     ) -> None:
-        """Write the quarantine anew from the markers of the done units (of `parts` only,
+        """Write the quarantine anew from the markers of the done units (of `mine` only,
         when given). A whole run on an output that `--shard` runs wrote leaves their
         quarantine files as they are."""
-        if parts is None and self.shards_path.exists():
+        if mine is None and self.shards_path.exists():
             return
-        self.quarantine.rebuild(done, parts, self.ledger.read)
+        self.quarantine.rebuild(done, mine, self.ledger.read)
 
     # Configuration and summary.
 

@@ -42,19 +42,19 @@ class Quarantine:
     def rebuild(
         self,
         done: dict[str, UnitRecord],
-        parts: Collection[str] | None,
+        mine: Collection[str] | None,
         marker: Callable[[str], dict[str, Any] | None],
     ) -> None:
-        """Write the file anew from the markers of the done units (of `parts` only, when
+        """Write the file anew from the markers of the done units (of `mine` only, when
         given), in unit order, one marker in memory at a time."""
-        mine = sorted(p for p, r in done.items() if r.bad_records and (parts is None or p in parts))
-        if not mine:
+        units = sorted(p for p, r in done.items() if r.bad_records and (mine is None or p in mine))
+        if not units:
             self.path.unlink(missing_ok=True)
             return
         temporary = self.path.with_name(f".{self.path.name}.tmp")
         try:
             with open(temporary, "w", encoding="utf-8") as f:
-                for part in mine:
+                for part in units:
                     fields = marker(part) or {}
                     f.write("".join(_line(b, part) for b in fields.get("bad", [])))
             os.replace(temporary, self.path)

@@ -51,9 +51,9 @@ class Sink(ABC):
         `marked` names the parts that the ledger says are done."""
 
     def reconcile(
-        self, done: dict[str, UnitRecord], run: str, parts: Collection[str] | None = None
+        self, done: dict[str, UnitRecord], run: str, mine: Collection[str] | None = None
     ) -> Recovered:
-        """Drop rows of units not in `done` (of those in `parts` only, when given: other
+        """Drop rows of units not in `done` (of those in `mine` only, when given: other
         runs write the rest), except complete parts of run `run` whose marker was lost: those
         are `adopted`. Done units whose rows are gone are `lost`. What cannot be told apart
         from data bulkembed did not write is refused, never deleted."""

@@ -143,7 +143,7 @@ class LanceSink(Sink):
             self.db.drop_table(self.table_name, ignore_missing=True)
 
     def reconcile(
-        self, done: dict[str, UnitRecord], run: str, parts: Collection[str] | None = None
+        self, done: dict[str, UnitRecord], run: str, mine: Collection[str] | None = None
     ) -> Recovered:
         recovered = Recovered()
         table = self._existing_table() if self.path.is_dir() else None

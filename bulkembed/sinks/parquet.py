@@ -164,17 +164,17 @@ class ParquetSink(Sink):
             path.unlink(missing_ok=True)
 
     def reconcile(
-        self, done: dict[str, UnitRecord], run: str, parts: Collection[str] | None = None
+        self, done: dict[str, UnitRecord], run: str, mine: Collection[str] | None = None
     ) -> Recovered:
         recovered = Recovered()
         for path in self._temporaries():
-            if parts is None or path.name[1:].split(".")[0] in parts:
+            if mine is None or path.name[1:].split(".")[0] in mine:
                 path.unlink(missing_ok=True)
         files = self._part_files()
         lost = self._lost_units(done, files)
-        recovered.lost = [p for p in lost if parts is None or p in parts]
+        recovered.lost = [p for p in lost if mine is None or p in mine]
         for part, path in files.items():
-            if parts is not None and part not in parts:
+            if mine is not None and part not in mine:
                 continue
             try:
                 label = _label(path)
