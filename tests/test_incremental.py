@@ -56,13 +56,7 @@ def test_incremental_run_embeds_only_new_and_changed_documents(tmp_path, tiny_st
 
     model_documents = _count_model_documents(monkeypatch)
     result = run_cli(
-        tmp_path / "v2",
-        model,
-        tmp_path / "out-v2",
-        "--since",
-        tmp_path / "out-v1",
-        "--dtype",
-        "float32",
+        tmp_path / "v2", model, tmp_path / "out-v2", "--since", tmp_path / "out-v1", *FLOAT32
     )
     assert result.exit_code == 0, result.output
     assert sum(model_documents) == 8
@@ -91,13 +85,7 @@ def test_content_hash_covers_the_prompt(tmp_path, tiny_st):
     write_jsonl(tmp_path / "c.jsonl", records)
     assert (
         run_cli(
-            tmp_path / "c.jsonl",
-            tiny_st("mean"),
-            tmp_path / "o",
-            "--prompt",
-            "query: ",
-            "--dtype",
-            "float32",
+            tmp_path / "c.jsonl", tiny_st("mean"), tmp_path / "o", "--prompt", "query: ", *FLOAT32
         ).exit_code
         == 0
     )
@@ -112,46 +100,22 @@ def test_since_refuses_an_output_made_with_other_settings(tmp_path, tiny_st):
     model = tiny_st("mean")
     assert (
         run_cli(
-            tmp_path / "c.jsonl",
-            model,
-            tmp_path / "old",
-            "--max-length",
-            "32",
-            "--dtype",
-            "float32",
+            tmp_path / "c.jsonl", model, tmp_path / "old", "--max-length", "32", *FLOAT32
         ).exit_code
         == 0
     )
     result = run_cli(
-        tmp_path / "c.jsonl",
-        model,
-        tmp_path / "new",
-        "--since",
-        tmp_path / "old",
-        "--dtype",
-        "float32",
+        tmp_path / "c.jsonl", model, tmp_path / "new", "--since", tmp_path / "old", *FLOAT32
     )
     assert result.exit_code == 1
     assert "was made with other settings (--max-length: 32 -> 64)" in result.output
     assert "run without --since" in result.output
     result = run_cli(
-        tmp_path / "c.jsonl",
-        model,
-        tmp_path / "new",
-        "--since",
-        tmp_path / "nowhere",
-        "--dtype",
-        "float32",
+        tmp_path / "c.jsonl", model, tmp_path / "new", "--since", tmp_path / "nowhere", *FLOAT32
     )
     assert result.exit_code == 1 and "not a bulkembed output directory" in result.output
     result = run_cli(
-        tmp_path / "c.jsonl",
-        model,
-        tmp_path / "old",
-        "--since",
-        tmp_path / "old",
-        "--dtype",
-        "float32",
+        tmp_path / "c.jsonl", model, tmp_path / "old", "--since", tmp_path / "old", *FLOAT32
     )
     assert result.exit_code == 1 and "--since must name another output" in result.output
 
@@ -163,13 +127,7 @@ def test_since_refuses_an_unfinished_output(tmp_path, tiny_st):
     assert run_cli(tmp_path / "c.jsonl", model, tmp_path / "old", *FLOAT32).exit_code == 0
     (tmp_path / "old" / "_bulkembed" / "complete").unlink()
     result = run_cli(
-        tmp_path / "c.jsonl",
-        model,
-        tmp_path / "new",
-        "--since",
-        tmp_path / "old",
-        "--dtype",
-        "float32",
+        tmp_path / "c.jsonl", model, tmp_path / "new", "--since", tmp_path / "old", *FLOAT32
     )
     assert result.exit_code == 1 and "that run is unfinished" in result.output
 
@@ -192,8 +150,7 @@ def test_carried_rows_keep_every_output_column(tmp_path, tiny_bge_m3, output):
         *options,
         "--since",
         tmp_path / "old",
-        "--dtype",
-        "float32",
+        *FLOAT32,
     )
     assert result.exit_code == 0, result.output
     assert (
@@ -248,8 +205,7 @@ def test_quantized_outputs_share_the_previous_scale(tmp_path, tiny_st):
         *quantize,
         "--since",
         tmp_path / "old",
-        "--dtype",
-        "float32",
+        *FLOAT32,
     )
     assert result.exit_code == 0, result.output
     scale = "_bulkembed/quantization.json"

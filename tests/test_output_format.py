@@ -67,8 +67,7 @@ def test_dim_outside_the_recipe_sizes_is_refused(tmp_path, tiny_bert):
         "64",
         "--dim",
         "16",
-        "--max-batch-tokens",
-        64,
+        *SMALL_BATCHES,
     )
     assert result.exit_code == 1
     assert "--dim 16: this model's vectors can be cut to 768" in result.stderr
@@ -78,13 +77,7 @@ def test_float16_output(tmp_path, tiny_st, float32_reference):
     corpus, reference = float32_reference
     assert (
         run_cli(
-            corpus,
-            tiny_st("mean"),
-            tmp_path / "half",
-            "--dtype-out",
-            "float16",
-            "--max-batch-tokens",
-            64,
+            corpus, tiny_st("mean"), tmp_path / "half", "--dtype-out", "float16", *SMALL_BATCHES
         ).exit_code
         == 0
     )
@@ -151,8 +144,7 @@ def test_quantize_and_float16_conflict(tmp_path, tiny_st):
         "int8",
         "--dtype-out",
         "float16",
-        "--max-batch-tokens",
-        64,
+        *SMALL_BATCHES,
     )
     assert result.exit_code == 1
     assert result.stderr.strip() == "error: --quantize and --dtype-out conflict: pass one of them"

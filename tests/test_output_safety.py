@@ -64,12 +64,7 @@ def test_a_table_name_that_leaves_the_database_folder_is_refused_and_nothing_is_
     before = _tree(db)
     for name in ("..", "."):
         result = run_cli(
-            corpus,
-            tiny_st("mean"),
-            f"lancedb://{db}?table={name}",
-            "--overwrite",
-            "--dtype",
-            "float32",
+            corpus, tiny_st("mean"), f"lancedb://{db}?table={name}", "--overwrite", *FLOAT32
         )
         assert _tree(db) == before
         assert result.exit_code == 1
