@@ -26,12 +26,12 @@ class _Setting:
 def _inputs(config: RunConfig, spec: ModelSpec, files: list[InputFile]) -> list[dict[str, Any]]:
     """Each input by name, size and modification time, and with `--verify-inputs` a digest
     of its content."""
+    from bulkembed.sources import format_of
+    from bulkembed.sources.files import content_digest
+
     found = []
     for file in files:
         entry: dict[str, Any] = {"name": file.name, "size": file.size, "modified": file.modified}
-        from bulkembed.sources import format_of
-        from bulkembed.sources.files import content_digest
-
         if config.verify_inputs and not format_of(file).streamed:
             entry["content"] = content_digest(file.path)
         found.append(entry)
