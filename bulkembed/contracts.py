@@ -58,6 +58,11 @@ class TokenBatch:
     def __len__(self) -> int:
         return len(self.lengths)
 
+    @property
+    def padded_tokens(self) -> int:
+        """Tokens the batch takes padded to its longest document."""
+        return len(self.lengths) * int(self.lengths.max()) if len(self.lengths) else 0
+
     def halves(self) -> tuple[TokenBatch, TokenBatch]:
         """The first half of the documents and the rest."""
         middle = len(self.lengths) // 2
@@ -87,6 +92,13 @@ class Embeddings:
     dense: np.ndarray | None = None
     sparse: list[SparseVector] | None = None
     multivector: list[np.ndarray] | None = None
+
+    def finite(self) -> bool:
+        """Whether every value of every output is a finite number (no NaN, no infinity)."""
+        arrays = [] if self.dense is None else [self.dense]
+        arrays += self.multivector or []
+        arrays += [vector.values for vector in self.sparse or []]
+        return all(bool(np.isfinite(a).all()) for a in arrays)
 
     @classmethod
     def concatenate(cls, parts: list[Embeddings]) -> Embeddings:

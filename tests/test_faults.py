@@ -137,3 +137,65 @@ def test_out_of_memory_halves_the_batch_until_it_fits(tiny_st):
 class _SingleDocumentTooLarge(_SmallMemoryEncoder):
     def embed(self, batch: TokenBatch) -> Embeddings:
         raise torch.cuda.OutOfMemoryError("CUDA out of memory.")
+
+
+class _TokenMemoryEncoder(_SmallMemoryEncoder):
+    """Runs out of CUDA memory on batches of more than 12 padded tokens."""
+
+    def embed(self, batch: TokenBatch) -> Embeddings:
+        self.calls.append(len(batch))
+        if batch.padded_tokens > 12:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory.")
+        return Embeddings(dense=batch.lengths.reshape(-1, 1).astype(np.float32))
+
+
+def test_a_batch_that_ran_out_of_memory_is_remembered_for_the_rest_of_the_run(tiny_st):
+    from bulkembed.config import RunConfig
+    from bulkembed.model_spec import resolve_model
+
+    spec = resolve_model(RunConfig(inputs=("x",), output="o", model=str(tiny_st("mean"))))
+    encoder = _TokenMemoryEncoder(spec, "cpu", torch.float32)
+    encoder.calls = []
+    eight = TokenBatch.from_sequences([np.arange(3)] * 8)  # 24 padded tokens
+    assert encoder.embed_within_memory(eight).dense[:, 0].tolist() == [3] * 8
+    assert encoder.calls == [8, 4, 4] and encoder.memory_limit == 24
+    encoder.calls = []
+    encoder.embed_within_memory(eight)
+    assert encoder.calls == [4, 4]  # halved before it runs, not after it fails again
+    encoder.calls = []
+    five = TokenBatch.from_sequences([np.arange(4)] * 5)  # 20 padded tokens: tried
+    assert encoder.embed_within_memory(five).dense[:, 0].tolist() == [4] * 5
+    assert encoder.calls == [5, 2, 3] and encoder.memory_limit == 20
+
+
+class _NotFiniteInHalfPrecision(_SmallMemoryEncoder):
+    """Gives NaN where it computes in half precision, and in float32 too when `broken`."""
+
+    broken = False
+
+    def embed(self, batch: TokenBatch) -> Embeddings:
+        self.calls.append(str(self.dtype))
+        dense = batch.lengths.reshape(-1, 1).astype(np.float32)
+        if self.broken or self.dtype != torch.float32:
+            dense[0, 0] = np.nan
+        return Embeddings(dense=dense)
+
+
+def test_a_batch_that_is_not_finite_is_embedded_again_in_float32_or_refused(tiny_st):
+    from bulkembed.config import RunConfig
+    from bulkembed.model_spec import resolve_model
+
+    spec = resolve_model(RunConfig(inputs=("x",), output="o", model=str(tiny_st("mean"))))
+    batch = TokenBatch.from_sequences([np.arange(n) for n in (3, 2, 1)])
+    encoder = _NotFiniteInHalfPrecision(spec, "cpu", torch.bfloat16)
+    encoder.calls = []
+    assert encoder.embed_within_memory(batch).dense[:, 0].tolist() == [3, 2, 1]
+    assert encoder.calls == ["torch.bfloat16", "torch.float32"]
+    broken = _NotFiniteInHalfPrecision(spec, "cpu", torch.float32)
+    broken.calls, broken.broken = [], True
+    with pytest.raises(ModelError) as refused:
+        broken.embed_within_memory(batch)
+    assert str(refused.value) == (
+        "the model gave values that are not finite (NaN or infinity) for a batch of 3 "
+        "document(s) on cpu in float32: check the model's weights"
+    )

@@ -148,6 +148,9 @@ class Encoder(ABC):
         # lowest cosine to float32 0.99988 cast, 0.99996 under autocast, on 1,000 documents).
         self.autocast = device == "cpu" and dtype != torch.float32
         self.weights_dtype = torch.float32 if self.autocast else dtype
+        # Padded tokens of the smallest batch that ran out of memory (see
+        # `embed_within_memory`).
+        self.memory_limit: int | None = None
 
     def in_dtype(self, dtype: torch.dtype) -> Encoder:
         """This encoder computing in `dtype`: on a CPU the same float32 weights under
@@ -187,28 +190,55 @@ class Encoder(ABC):
         """Embeddings for every document of `batch`, in batch order."""
 
     def embed_within_memory(self, batch: TokenBatch) -> Embeddings:
-        """`embed`, halving the batch for as long as the GPU runs out of memory.
+        """`embed`, halving the batch for as long as the GPU runs out of memory; a batch
+        whose vectors are not all finite is embedded again in float32 (`_finite`).
 
         Only CUDA's out-of-memory error is caught, and a single document that does not fit
-        is an error: the budget and max length are then too large for this device."""
+        is an error: the budget and max length are then too large for this device. The
+        smallest batch that ran out of memory (in padded tokens) is remembered for the rest
+        of the run: a batch as large is halved before it runs, not after it fails again."""
         import torch
 
+        limit = self.memory_limit
+        if len(batch) > 1 and limit is not None and batch.padded_tokens >= limit:
+            return self._in_halves(batch)
         try:
             with self.compute():
-                return self.embed(batch)
+                embeddings = self.embed(batch)
         except torch.cuda.OutOfMemoryError as e:
             # Keep only the message: the exception holds the frames and their tensors.
             message = str(e).splitlines()[0]
+        else:
+            return embeddings if embeddings.finite() else self._finite(batch)
         if len(batch) == 1:
             raise ModelError(
                 f"one document of {int(batch.lengths[0])} tokens does not fit in {self.device} "
                 f"memory ({message}): lower --max-length"
             )
+        self.memory_limit = min(limit or batch.padded_tokens, batch.padded_tokens)
         torch.cuda.empty_cache()
+        return self._in_halves(batch)
+
+    def _in_halves(self, batch: TokenBatch) -> Embeddings:
         first, second = batch.halves()
         return Embeddings.concatenate(
             [self.embed_within_memory(first), self.embed_within_memory(second)]
         )
+
+    def _finite(self, batch: TokenBatch) -> Embeddings:
+        """The embeddings of a batch that gave NaN or infinite values: on a CPU computed
+        again in float32 (the same weights without autocast); elsewhere, or in float32
+        already, a one-line error, since no vector may be written that is not finite."""
+        import torch
+
+        if not self.autocast:
+            dtype = str(self.dtype).removeprefix("torch.")
+            advice = "check the model's weights" if dtype == "float32" else "run --dtype float32"
+            raise ModelError(
+                f"the model gave values that are not finite (NaN or infinity) for a batch of "
+                f"{len(batch)} document(s) on {self.device} in {dtype}: {advice}"
+            )
+        return self.in_dtype(torch.float32).embed_within_memory(batch)
 
     def embed_batches(
         self, batches: list[TokenBatch], finished: Callable[[int, float], None]

@@ -59,6 +59,9 @@ def start_encoder(
 
     if device == "cpu" and threads is not None:
         torch.set_num_threads(threads)
+    if device.startswith("cuda"):
+        # Kernels and allocations of this process default to its own device.
+        torch.cuda.set_device(device)
     keep_memory_flat()
     encoder = build_encoder(spec, device, dtype)
     return encoder, encoder.tune_batch_tokens() if tune else None
