@@ -71,6 +71,8 @@ class ModelSpec:
     sparse_top_k: int | None
     tokenizer_json: str
     compile: bool = False
+    # What multi-vector rows are stored as (`--dtype-out`): the cast happens on the device.
+    multivector_dtype: str = "float32"
 
 
 def _family(
@@ -288,4 +290,5 @@ def resolve_model(config: RunConfig) -> ModelSpec:
         or DEFAULT_MAX_BATCH_TOKENS,
         tokenizer_json=tokenizer.backend_tokenizer.to_str(),
         compile=config.compile,
+        multivector_dtype=config.dtype_out.value,
     )

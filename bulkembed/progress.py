@@ -6,10 +6,12 @@ bar; otherwise (CI logs, files) it is a plain line every few seconds.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from rich.console import Console
 from rich.progress import (
@@ -22,14 +24,19 @@ from rich.progress import (
 )
 from rich.table import Table
 
+Item = TypeVar("Item")
 LOG_INTERVAL_SECONDS = 10.0
+# The stages of a run whose busy seconds `RunStats.stages` adds up, in pipeline order.
+STAGES = ("read", "tokenize", "pack", "model", "post-process", "write")
 
 
 @dataclass(slots=True)
 class RunStats:
     """Counters of a run, updated after every batch. `docs` went through the model;
     `carried` were copied from a previous output (`--since`); `encode_seconds` is the time
-    the model was busy (batches in, vectors back on the host)."""
+    the model was busy (batches in, vectors back on the host). `stages` holds the busy
+    seconds of each of `STAGES` (tokenize summed over the tokenizer processes): where a
+    run's time goes, for the benchmarks and `summary.json`."""
 
     docs: int = 0
     carried: int = 0
@@ -38,6 +45,28 @@ class RunStats:
     padded_tokens: int = 0
     batches: int = 0
     started: float = field(default_factory=time.monotonic)
+    stages: dict[str, float] = field(default_factory=lambda: dict.fromkeys(STAGES, 0.0))
+
+    @contextlib.contextmanager
+    def timed(self, stage: str) -> Iterator[None]:
+        """Add the time spent in the `with` block to `stage`'s busy seconds."""
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.stages[stage] += time.perf_counter() - started
+
+    def timed_iterator(self, stage: str, items: Iterator[Item]) -> Iterator[Item]:
+        """`items`, adding the time spent producing each to `stage`'s busy seconds."""
+        while True:
+            started = time.perf_counter()
+            try:
+                item = next(items)
+            except StopIteration:
+                return
+            finally:
+                self.stages[stage] += time.perf_counter() - started
+            yield item
 
     @property
     def seconds(self) -> float:

@@ -24,8 +24,8 @@ class Changes:
 @dataclass(frozen=True, slots=True)
 class Summary:
     """What the output holds, over every run that wrote it (`docs` ... `parts`), this run's
-    figures (`docs_this_run` ... `device_idle_fraction`) and settings (`run`: model,
-    device, dtype, ...). Written as `summary.json` (`as_dict`)."""
+    figures (`docs_this_run` ... `stage_seconds`, the busy seconds of each stage) and
+    settings (`run`: model, device, dtype, ...). Written as `summary.json` (`as_dict`)."""
 
     docs: int
     changes: Changes | None
@@ -42,6 +42,7 @@ class Summary:
     tokens_per_s: float
     encode_seconds: float
     device_idle_fraction: float
+    stage_seconds: dict[str, float]
     run: dict[str, Any]
 
     def as_dict(self) -> dict[str, Any]:
@@ -89,5 +90,6 @@ def summarize(
         tokens_per_s=round(stats.tokens_per_s, 1),
         encode_seconds=round(stats.encode_seconds, 3),
         device_idle_fraction=round(stats.device_idle_fraction, 3),
+        stage_seconds={stage: round(seconds, 3) for stage, seconds in stats.stages.items()},
         run=run_info,
     )

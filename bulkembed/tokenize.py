@@ -9,7 +9,8 @@ of hanging the run.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+import time
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -41,12 +42,14 @@ class TokenizerSettings:
 
 @dataclass(slots=True)
 class TokenizedChunk:
-    """A chunk's token ids, flat, with one length per text (texts themselves are dropped)."""
+    """A chunk's token ids, flat, with one length per text (texts themselves are dropped),
+    and the seconds its tokenizer took."""
 
     chunk: Chunk
     token_ids: np.ndarray
     lengths: np.ndarray
     truncated: int
+    seconds: float = 0.0
 
 
 class TextTokenizer:
@@ -77,13 +80,20 @@ class TextTokenizer:
         truncated = sum(1 for e in encodings if e.overflowing)
         return flat, lengths, truncated
 
+    def timed(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray, int, float]:
+        """What calling it returns, and the seconds it took."""
+        started = time.perf_counter()
+        return *self(texts), time.perf_counter() - started
 
-def _start_tokenizer(settings: TokenizerSettings) -> tuple[TextTokenizer, None]:
-    """A worker's tokenizer (`bulkembed.workers`): rebuilt once, from its JSON."""
-    return TextTokenizer(settings), None
+
+def _start_tokenizer(
+    settings: TokenizerSettings,
+) -> tuple[Callable[[list[str]], tuple[np.ndarray, np.ndarray, int, float]], None]:
+    """A worker's tokenizer (`bulkembed.workers`): rebuilt once, from its JSON, and timed."""
+    return TextTokenizer(settings).timed, None
 
 
-def _tokenized(chunk: Chunk, result: tuple[np.ndarray, np.ndarray, int]) -> TokenizedChunk:
+def _tokenized(chunk: Chunk, result: tuple[np.ndarray, np.ndarray, int, float]) -> TokenizedChunk:
     """The chunk with its tokens; its texts are dropped, since a window must not hold
     megabytes of them once they are tokenized."""
     tokenized = TokenizedChunk(chunk, *result)
@@ -97,7 +107,7 @@ class TokenizerPool:
     def __init__(self, settings: TokenizerSettings, workers: int, max_in_flight: int = 0) -> None:
         self.max_in_flight = max_in_flight or max(2, 4 * workers)
         self._local: TextTokenizer | None = None
-        self._pool: WorkerPool[list[str], tuple[np.ndarray, np.ndarray, int]] | None = None
+        self._pool: WorkerPool[list[str], tuple[np.ndarray, np.ndarray, int, float]] | None = None
         if workers == 0:
             self._local = TextTokenizer(settings)
         else:
@@ -114,7 +124,7 @@ class TokenizerPool:
         """Tokenized chunks in the order of `chunks`, keeping at most `max_in_flight` queued."""
         if self._local is not None:
             for chunk in chunks:
-                yield _tokenized(chunk, self._local(chunk.texts))
+                yield _tokenized(chunk, self._local.timed(chunk.texts))
             return
         assert self._pool is not None
         texts = ((chunk, chunk.texts) for chunk in chunks)

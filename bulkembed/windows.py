@@ -118,25 +118,29 @@ def embed_window(
     lengths = np.concatenate([c.lengths for c in window])
     if len(lengths) == 0:
         return Embeddings(), np.empty(0, dtype=np.int64)
-    token_ids = np.concatenate([c.token_ids for c in window])
-    starts = np.cumsum(lengths) - lengths
-    batches = pack_batches(lengths, max_batch_tokens)
-    token_batches = [
-        TokenBatch.from_sequences(
-            [token_ids[s : s + n] for s, n in zip(starts[b.indices], b.lengths, strict=True)]
-        )
-        for b in batches
-    ]
+    with stats.timed("pack"):
+        token_ids = np.concatenate([c.token_ids for c in window])
+        starts = np.cumsum(lengths) - lengths
+        batches = pack_batches(lengths, max_batch_tokens)
+        token_batches = [
+            TokenBatch.from_sequences(
+                [token_ids[s : s + n] for s, n in zip(starts[b.indices], b.lengths, strict=True)]
+            )
+            for b in batches
+        ]
 
-    def finished(number: int, seconds: float) -> None:
-        stats.encode_seconds += seconds
+    def finished(number: int, seconds: float, host_seconds: float) -> None:
+        stats.encode_seconds += seconds + host_seconds
+        stats.stages["model"] += seconds
+        stats.stages["post-process"] += host_seconds
         _count(stats, batches[number])
         reporter.update(stats)
 
     outputs = encoder.embed_batches(token_batches, finished)
-    order = input_order(batches)
-    padded = np.concatenate([np.full(b.size, b.lengths[0], dtype=np.int64) for b in batches])
-    return Embeddings.concatenate(outputs).take(order), padded[order]
+    with stats.timed("post-process"):
+        order = input_order(batches)
+        padded = np.concatenate([np.full(b.size, b.lengths[0], dtype=np.int64) for b in batches])
+        return Embeddings.concatenate(outputs).take(order), padded[order]
 
 
 def _count(stats: RunStats, batch: Batch) -> None:

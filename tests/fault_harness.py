@@ -28,7 +28,7 @@ from bulkembed.sinks.parquet import ParquetSink
 
 STAGES = {
     "tokenize": (tokenize, "_tokenized", False),
-    "encode": (Encoder, "embed_within_memory", False),
+    "encode": (Encoder, "launch", False),
     "write": (ParquetSink, "write", True),
     "commit": (RunDirectory, "mark_done", False),
     "marked": (RunDirectory, "mark_done", True),

@@ -4,7 +4,14 @@ import torch
 from helpers import cosines, sample_texts
 
 from bulkembed.config import RunConfig
-from bulkembed.encoders import Embeddings, Encoder, TokenBatch, build_encoder, register_encoder
+from bulkembed.encoders import (
+    DeviceInputs,
+    DeviceOutputs,
+    Encoder,
+    TokenBatch,
+    build_encoder,
+    register_encoder,
+)
 from bulkembed.encoders.pooling import cls_pool, last_token_pool, mean_pool
 from bulkembed.errors import ModelError
 from bulkembed.model_spec import resolve_model
@@ -79,10 +86,12 @@ class _LengthEncoder(Encoder):
     def dense_dim(self) -> int:
         return 2
 
-    def embed(self, batch: TokenBatch) -> Embeddings:
+    def forward(self, inputs: DeviceInputs) -> DeviceOutputs:
+        batch = inputs.batch
         starts = np.cumsum(batch.lengths) - batch.lengths
         firsts = batch.token_ids[starts]
-        return Embeddings(dense=np.stack([batch.lengths, firsts], axis=1).astype(np.float32))
+        dense = np.stack([batch.lengths, firsts], axis=1).astype(np.float32)
+        return DeviceOutputs(dense=torch.from_numpy(dense))
 
 
 def test_registry_builds_registered_and_built_in_families(tiny_st):

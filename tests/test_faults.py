@@ -12,7 +12,7 @@ from helpers import read_output, sample_texts, write_mixed_corpus
 from typer.testing import CliRunner
 
 from bulkembed.cli import app
-from bulkembed.encoders import Embeddings, Encoder, TokenBatch
+from bulkembed.encoders import DeviceInputs, DeviceOutputs, Encoder, TokenBatch
 from bulkembed.errors import ModelError
 from bulkembed.run_dir import RunDirectory
 
@@ -108,11 +108,12 @@ class _SmallMemoryEncoder(Encoder):
     def dense_dim(self) -> int:
         return 1
 
-    def embed(self, batch: TokenBatch) -> Embeddings:
+    def forward(self, inputs: DeviceInputs) -> DeviceOutputs:
+        batch = inputs.batch
         self.calls.append(len(batch))
         if len(batch) > 3:
             raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
-        return Embeddings(dense=batch.lengths.reshape(-1, 1).astype(np.float32))
+        return DeviceOutputs(dense=torch.from_numpy(batch.lengths.reshape(-1, 1)).float())
 
 
 def test_out_of_memory_halves_the_batch_until_it_fits(tiny_st):
@@ -135,18 +136,19 @@ def test_out_of_memory_halves_the_batch_until_it_fits(tiny_st):
 
 
 class _SingleDocumentTooLarge(_SmallMemoryEncoder):
-    def embed(self, batch: TokenBatch) -> Embeddings:
+    def forward(self, inputs: DeviceInputs) -> DeviceOutputs:
         raise torch.cuda.OutOfMemoryError("CUDA out of memory.")
 
 
 class _TokenMemoryEncoder(_SmallMemoryEncoder):
     """Runs out of CUDA memory on batches of more than 12 padded tokens."""
 
-    def embed(self, batch: TokenBatch) -> Embeddings:
+    def forward(self, inputs: DeviceInputs) -> DeviceOutputs:
+        batch = inputs.batch
         self.calls.append(len(batch))
         if batch.padded_tokens > 12:
             raise torch.cuda.OutOfMemoryError("CUDA out of memory.")
-        return Embeddings(dense=batch.lengths.reshape(-1, 1).astype(np.float32))
+        return DeviceOutputs(dense=torch.from_numpy(batch.lengths.reshape(-1, 1)).float())
 
 
 def test_a_batch_that_ran_out_of_memory_is_remembered_for_the_rest_of_the_run(tiny_st):
@@ -173,12 +175,12 @@ class _NotFiniteInHalfPrecision(_SmallMemoryEncoder):
 
     broken = False
 
-    def embed(self, batch: TokenBatch) -> Embeddings:
+    def forward(self, inputs: DeviceInputs) -> DeviceOutputs:
         self.calls.append(str(self.dtype))
-        dense = batch.lengths.reshape(-1, 1).astype(np.float32)
+        dense = inputs.batch.lengths.reshape(-1, 1).astype(np.float32)
         if self.broken or self.dtype != torch.float32:
             dense[0, 0] = np.nan
-        return Embeddings(dense=dense)
+        return DeviceOutputs(dense=torch.from_numpy(dense))
 
 
 def test_a_batch_that_is_not_finite_is_embedded_again_in_float32_or_refused(tiny_st):

@@ -7,10 +7,12 @@ import torch. Tests and plugins add families with `register_encoder`.
 from __future__ import annotations
 
 from bulkembed.contracts import Embeddings, SparseVector, TokenBatch
-from bulkembed.encoders.base import Embedder, Encoder
+from bulkembed.encoders.base import DeviceInputs, DeviceOutputs, Embedder, Encoder
 from bulkembed.encoders.registry import build_encoder, register_encoder, start_encoder
 
 __all__ = [
+    "DeviceInputs",
+    "DeviceOutputs",
     "Embedder",
     "Embeddings",
     "Encoder",

@@ -12,12 +12,13 @@ import pickle
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from bulkembed.contracts import Embeddings, TokenBatch
+from bulkembed.contracts import Embeddings, SparseVector, TokenBatch
 from bulkembed.errors import ModelError
 
 if TYPE_CHECKING:
@@ -51,6 +52,13 @@ _NOT_TENSORS = (
 )
 # Weights a checkpoint may lack without harm: the pooler, which no encoder uses.
 _UNUSED_WEIGHTS = ("pooler.",)
+
+
+def torch_out_of_memory() -> type[BaseException]:
+    """CUDA's out-of-memory error: the only error a batch is retried on, in halves."""
+    import torch
+
+    return torch.cuda.OutOfMemoryError
 
 
 def load_state(path: Path) -> dict[str, torch.Tensor]:
@@ -127,14 +135,122 @@ class Embedder(Protocol):
     def multivector_dim(self) -> int | None: ...
 
     def embed_batches(
-        self, batches: list[TokenBatch], finished: Callable[[int, float], None]
+        self, batches: list[TokenBatch], finished: Callable[[int, float, float], None]
     ) -> list[Embeddings]: ...
 
     def close(self) -> None: ...
 
 
+@dataclass(slots=True)
+class DeviceInputs:
+    """A batch on its way to the device: `input_ids` and `attention_mask` padded on the
+    right to the longest document, the padded ids on the host too, and on CUDA the event
+    that marks the end of their copy (made on a side stream, see `Encoder.upload`)."""
+
+    batch: TokenBatch
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    host_ids: np.ndarray
+    copied: Any = None
+
+
+@dataclass(slots=True)
+class DeviceOutputs:
+    """What a forward pass leaves on the device for a batch, in shapes fixed by the batch
+    (nothing that would make the host wait for the device to learn a size):
+
+    - `dense`: [documents, D] float32;
+    - `sparse_weights`: [documents, K] float32, and `sparse_ids` [documents, K] (None: the
+      column is the id). A document's entries are those with a weight > 0, ascending by id;
+    - `multivector`: [documents, L, d] in the stored dtype, one row per padded position;
+      the document's rows are the first `multivector_lengths[i]` of its own, or where
+      `multivector_keep` [documents, L] (host, bool) is true."""
+
+    dense: torch.Tensor | None = None
+    sparse_weights: torch.Tensor | None = None
+    sparse_ids: torch.Tensor | None = None
+    multivector: torch.Tensor | None = None
+    multivector_lengths: np.ndarray | None = None
+    multivector_keep: np.ndarray | None = None
+
+
+class _Landing:
+    """A batch's outputs on their way back to the host: copied into pinned memory without
+    waiting (CUDA), with a flag saying whether every value is finite; `embeddings()`
+    waits for the copies (one synchronisation per batch) and splits them by document."""
+
+    def __init__(self, outputs: DeviceOutputs, lengths: np.ndarray) -> None:
+        import torch
+
+        self.outputs = outputs
+        self.lengths = lengths
+        floats = [
+            t for t in (outputs.dense, outputs.sparse_weights, outputs.multivector) if t is not None
+        ]
+        finite = [torch.isfinite(t).all() for t in floats]
+        tensors = {
+            "dense": outputs.dense,
+            "sparse_weights": outputs.sparse_weights,
+            "sparse_ids": outputs.sparse_ids,
+            "multivector": outputs.multivector,
+            "finite": torch.stack(finite).all() if finite else None,
+        }
+        self.event = None
+        cuda = any(t is not None and t.is_cuda for t in tensors.values())
+        self.host = {name: None if t is None else _to_host(t, cuda) for name, t in tensors.items()}
+        if cuda:
+            self.event = torch.cuda.Event()
+            self.event.record()
+
+    def embeddings(self) -> tuple[Embeddings, bool]:
+        """The batch's embeddings, and whether every value is finite."""
+        if self.event is not None:
+            self.event.synchronize()
+        host = {name: None if t is None else t.numpy() for name, t in self.host.items()}
+        outputs, dense = self.outputs, host["dense"]
+        sparse = multivector = None
+        if host["sparse_weights"] is not None:
+            sparse = _sparse_rows(host["sparse_weights"], host["sparse_ids"])
+        if host["multivector"] is not None:
+            vectors = host["multivector"]
+            if outputs.multivector_keep is not None:
+                keep = outputs.multivector_keep[:, : vectors.shape[1]]
+                ends = np.cumsum(keep.sum(axis=1))
+                multivector = np.split(vectors[keep], ends[:-1])
+            else:
+                assert outputs.multivector_lengths is not None
+                multivector = [vectors[i, :n] for i, n in enumerate(outputs.multivector_lengths)]
+        finite = host["finite"] is None or bool(host["finite"])
+        return Embeddings(dense, sparse, multivector), finite
+
+
+def _to_host(tensor: torch.Tensor, cuda: bool) -> torch.Tensor:
+    """`tensor` on the host: from CUDA into pinned memory, queued without waiting."""
+    import torch
+
+    if not tensor.is_cuda:
+        return tensor.detach()
+    host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=cuda)
+    return host.copy_(tensor, non_blocking=True)
+
+
+def _sparse_rows(weights: np.ndarray, ids: np.ndarray | None) -> list[SparseVector]:
+    """Each document's entries of weight > 0, in the order they come (ascending id)."""
+    keep = weights > 0
+    rows, columns = np.nonzero(keep)
+    found = (columns if ids is None else ids[keep]).astype(np.int32)
+    values = weights[keep].astype(np.float32, copy=False)
+    ends = np.cumsum(np.bincount(rows, minlength=len(weights)))[:-1]
+    return [
+        SparseVector(i, v)
+        for i, v in zip(np.split(found, ends), np.split(values, ends), strict=True)
+    ]
+
+
 class Encoder(ABC):
-    """Embeds token batches on one device."""
+    """Embeds token batches on one device. A family implements `forward`; the base moves
+    batches to the device and outputs back, runs batches back to back, halves those that
+    run out of memory and embeds again those whose values are not finite."""
 
     def __init__(self, spec: ModelSpec, device: str, dtype: torch.dtype) -> None:
         import torch
@@ -148,9 +264,12 @@ class Encoder(ABC):
         # lowest cosine to float32 0.99988 cast, 0.99996 under autocast, on 1,000 documents).
         self.autocast = device == "cpu" and dtype != torch.float32
         self.weights_dtype = torch.float32 if self.autocast else dtype
+        self.multivector_dtype = getattr(torch, spec.multivector_dtype)
         # Padded tokens of the smallest batch that ran out of memory (see
         # `embed_within_memory`).
         self.memory_limit: int | None = None
+        # Inputs are copied to a CUDA device on their own stream, while the last batch runs.
+        self._copies = torch.cuda.Stream(device) if device.startswith("cuda") else None
 
     def in_dtype(self, dtype: torch.dtype) -> Encoder:
         """This encoder computing in `dtype`: on a CPU the same float32 weights under
@@ -186,8 +305,56 @@ class Encoder(ABC):
         return None
 
     @abstractmethod
+    def forward(self, inputs: DeviceInputs) -> DeviceOutputs:
+        """The outputs of a batch, left on the device (see `DeviceOutputs`)."""
+
+    def padded(self, batch: TokenBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """`input_ids` and `attention_mask` on the host, padded on the right to the longest."""
+        import torch
+
+        lengths = torch.from_numpy(batch.lengths.astype(np.int64))
+        longest = int(lengths.max()) if len(lengths) else 0
+        positions = torch.arange(longest)
+        mask = positions.unsqueeze(0) < lengths.unsqueeze(1)
+        input_ids = torch.full((len(lengths), longest), self.spec.pad_token_id, dtype=torch.long)
+        input_ids[mask] = torch.from_numpy(batch.token_ids.astype(np.int64))
+        return input_ids, mask.long()
+
+    def upload(self, batch: TokenBatch) -> DeviceInputs:
+        """`batch` padded and on its way to the device: on CUDA copied from pinned memory on
+        the copy stream, without waiting; on a CPU the tensors themselves."""
+        import torch
+
+        input_ids, mask = self.padded(batch)
+        host_ids = input_ids.numpy()
+        if self._copies is None:
+            return DeviceInputs(batch, input_ids, mask, host_ids)
+        input_ids, mask = input_ids.pin_memory(), mask.pin_memory()
+        with torch.cuda.stream(self._copies):
+            on_device = input_ids.to(self.device, non_blocking=True)
+            mask_on_device = mask.to(self.device, non_blocking=True)
+            copied = torch.cuda.Event()
+            copied.record()
+        return DeviceInputs(batch, on_device, mask_on_device, host_ids, copied)
+
+    def launch(self, inputs: DeviceInputs) -> _Landing:
+        """Run `inputs` and start copying their outputs back; on CUDA nothing waits here."""
+        import torch
+
+        if inputs.copied is not None:
+            compute = torch.cuda.current_stream(self.device)
+            compute.wait_event(inputs.copied)
+            # The inputs were made on the copy stream and are used on this one.
+            inputs.input_ids.record_stream(compute)
+            inputs.attention_mask.record_stream(compute)
+        with torch.inference_mode(), self.compute():
+            return _Landing(self.forward(inputs), inputs.batch.lengths)
+
     def embed(self, batch: TokenBatch) -> Embeddings:
-        """Embeddings for every document of `batch`, in batch order."""
+        """Embeddings for every document of `batch`, in batch order; checked by
+        `embed_within_memory`, not here."""
+        embeddings, _ = self.launch(self.upload(batch)).embeddings()
+        return embeddings
 
     def embed_within_memory(self, batch: TokenBatch) -> Embeddings:
         """`embed`, halving the batch for as long as the GPU runs out of memory; a batch
@@ -197,26 +364,33 @@ class Encoder(ABC):
         is an error: the budget and max length are then too large for this device. The
         smallest batch that ran out of memory (in padded tokens) is remembered for the rest
         of the run: a batch as large is halved before it runs, not after it fails again."""
-        import torch
-
-        limit = self.memory_limit
-        if len(batch) > 1 and limit is not None and batch.padded_tokens >= limit:
+        if self._must_halve(batch):
             return self._in_halves(batch)
         try:
-            with self.compute():
-                embeddings = self.embed(batch)
-        except torch.cuda.OutOfMemoryError as e:
-            # Keep only the message: the exception holds the frames and their tensors.
-            message = str(e).splitlines()[0]
-        else:
-            return embeddings if embeddings.finite() else self._finite(batch)
+            embeddings, finite = self.launch(self.upload(batch)).embeddings()
+        except torch_out_of_memory() as e:
+            return self._after_out_of_memory(batch, e)
+        return embeddings if finite else self._finite(batch)
+
+    def _must_halve(self, batch: TokenBatch) -> bool:
+        limit = self.memory_limit
+        return len(batch) > 1 and limit is not None and batch.padded_tokens >= limit
+
+    def _after_out_of_memory(self, batch: TokenBatch, error: BaseException) -> Embeddings:
+        """Remember the batch's size and embed it in halves; one document is an error."""
+        import torch
+
+        # Keep only the message: the exception holds the frames and their tensors.
+        message = str(error).splitlines()[0]
         if len(batch) == 1:
             raise ModelError(
                 f"one document of {int(batch.lengths[0])} tokens does not fit in {self.device} "
                 f"memory ({message}): lower --max-length"
             )
+        limit = self.memory_limit
         self.memory_limit = min(limit or batch.padded_tokens, batch.padded_tokens)
-        torch.cuda.empty_cache()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
         return self._in_halves(batch)
 
     def _in_halves(self, batch: TokenBatch) -> Embeddings:
@@ -241,34 +415,67 @@ class Encoder(ABC):
         return self.in_dtype(torch.float32).embed_within_memory(batch)
 
     def embed_batches(
-        self, batches: list[TokenBatch], finished: Callable[[int, float], None]
+        self, batches: list[TokenBatch], finished: Callable[[int, float, float], None]
     ) -> list[Embeddings]:
-        """Embeddings of each batch, in order; `finished(i, seconds)` after each one."""
-        outputs = []
+        """Embeddings of each batch, in order; `finished(i, model_seconds, host_seconds)`
+        after each one.
+
+        Batches run back to back: batch i+1 is padded and copied to the device while batch
+        i runs, and batch i's outputs come back to the host (and are split by document)
+        while batch i+1 runs. On a CPU the same steps run one after the other. A batch that
+        runs out of memory, or must be halved, or gives values that are not finite, goes
+        through `embed_within_memory` on its own."""
+        outputs: list[Embeddings] = []
+        landing: tuple[int, _Landing | Embeddings, float] | None = None
+        upcoming = self.upload(batches[0]) if batches else None
         for number, batch in enumerate(batches):
+            assert upcoming is not None
             started = time.perf_counter()
-            outputs.append(self.embed_within_memory(batch))
-            finished(number, time.perf_counter() - started)
+            launched = self._launch_within_memory(batch, upcoming)
+            seconds = time.perf_counter() - started
+            upcoming = self.upload(batches[number + 1]) if number + 1 < len(batches) else None
+            if landing is not None:
+                outputs.append(self._landed(batches[landing[0]], *landing, finished))
+            landing = (number, launched, seconds)
+        if landing is not None:
+            outputs.append(self._landed(batches[landing[0]], *landing, finished))
         return outputs
+
+    def _launch_within_memory(
+        self, batch: TokenBatch, inputs: DeviceInputs
+    ) -> _Landing | Embeddings:
+        """`launch`, or the embeddings themselves where the batch went the careful way."""
+        if self._must_halve(batch):
+            return self._in_halves(batch)
+        try:
+            return self.launch(inputs)
+        except torch_out_of_memory() as e:
+            return self._after_out_of_memory(batch, e)
+
+    def _landed(
+        self,
+        batch: TokenBatch,
+        number: int,
+        launched: _Landing | Embeddings,
+        seconds: float,
+        finished: Callable[[int, float, float], None],
+    ) -> Embeddings:
+        """A launched batch's embeddings, once back on the host; report its times."""
+        if isinstance(launched, Embeddings):
+            finished(number, seconds, 0.0)
+            return launched
+        started = time.perf_counter()
+        if launched.event is not None:
+            launched.event.synchronize()
+        waited = time.perf_counter() - started
+        embeddings, finite = launched.embeddings()
+        if not finite:
+            embeddings = self._finite(batch)
+        finished(number, seconds + waited, time.perf_counter() - started - waited)
+        return embeddings
 
     def close(self) -> None:  # noqa: B027 (an encoder in this process has nothing to stop)
         """Nothing to stop: the model goes with this object."""
-
-    def padded(self, batch: TokenBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        """`input_ids` and `attention_mask` on the device, padded on the right to the longest."""
-        import torch
-
-        lengths = torch.from_numpy(batch.lengths.astype(np.int64))
-        longest = int(lengths.max()) if len(lengths) else 0
-        positions = torch.arange(longest)
-        mask = positions.unsqueeze(0) < lengths.unsqueeze(1)
-        input_ids = torch.full((len(lengths), longest), self.spec.pad_token_id, dtype=torch.long)
-        input_ids[mask] = torch.from_numpy(batch.token_ids.astype(np.int64))
-        mask = mask.long()
-        if self.device.startswith("cuda"):
-            # From pinned memory the copies run asynchronously, queued before the forward.
-            input_ids, mask = input_ids.pin_memory(), mask.pin_memory()
-        return input_ids.to(self.device, non_blocking=True), mask.to(self.device, non_blocking=True)
 
     def tune_batch_tokens(self) -> int | None:
         """A token budget that fills this GPU's free memory, from one probe: a batch of

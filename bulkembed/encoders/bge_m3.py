@@ -19,9 +19,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from bulkembed.contracts import Embeddings, TokenBatch
-from bulkembed.encoders.base import Encoder, load_model, load_state
-from bulkembed.encoders.sparse import max_weight_per_token
+from bulkembed.encoders.base import DeviceInputs, DeviceOutputs, Encoder, load_model, load_state
+from bulkembed.encoders.sparse import max_weight_per_id
 from bulkembed.errors import ModelError
 
 if TYPE_CHECKING:
@@ -60,7 +59,7 @@ class BGEM3Encoder(Encoder):
             self.colbert_head = _load_head(
                 spec, "colbert_linear.pt", hidden, self.weights_dtype
             ).to(device)
-        self.excluded = np.array(spec.special_token_ids, dtype=np.int64)
+        self.excluded = torch.tensor(spec.special_token_ids, dtype=torch.long, device=device)
 
     @property
     def dense_dim(self) -> int | None:
@@ -70,23 +69,19 @@ class BGEM3Encoder(Encoder):
     def multivector_dim(self) -> int | None:
         return None if self.colbert_head is None else self.colbert_head.out_features
 
-    @torch.inference_mode()
-    def embed(self, batch: TokenBatch) -> Embeddings:
-        input_ids, attention_mask = self.padded(batch)
-        hidden = self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-        dense = sparse = multivector = None
+    def forward(self, inputs: DeviceInputs) -> DeviceOutputs:
+        input_ids, mask = inputs.input_ids, inputs.attention_mask
+        hidden = self.model(input_ids=input_ids, attention_mask=mask).last_hidden_state
+        outputs = DeviceOutputs()
         if "dense" in self.outputs:
-            dense = F.normalize(hidden[:, 0].float(), dim=-1).cpu().numpy()
+            outputs.dense = F.normalize(hidden[:, 0].float(), dim=-1)
         if self.sparse_head is not None:
-            weights = torch.relu(self.sparse_head(hidden)).squeeze(-1).float().cpu().numpy()
-            ids = input_ids.cpu().numpy()
-            sparse = [
-                max_weight_per_token(
-                    weights[i, :n], ids[i, :n], self.excluded, self.spec.sparse_top_k
-                )
-                for i, n in enumerate(batch.lengths)
-            ]
+            weights = torch.relu(self.sparse_head(hidden)).squeeze(-1)
+            keep = mask.bool() & ~torch.isin(input_ids, self.excluded)
+            ids, weights = max_weight_per_id(weights, input_ids, keep, self.spec.sparse_top_k)
+            outputs.sparse_ids, outputs.sparse_weights = ids, weights
         if self.colbert_head is not None:
-            vectors = F.normalize(self.colbert_head(hidden[:, 1:]).float(), dim=-1).cpu().numpy()
-            multivector = [vectors[i, : max(int(n) - 1, 0)] for i, n in enumerate(batch.lengths)]
-        return Embeddings(dense, sparse, multivector)
+            vectors = F.normalize(self.colbert_head(hidden[:, 1:]).float(), dim=-1)
+            outputs.multivector = vectors.to(self.multivector_dtype)
+            outputs.multivector_lengths = np.maximum(inputs.batch.lengths.astype(np.int64) - 1, 0)
+        return outputs

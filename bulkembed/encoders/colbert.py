@@ -14,8 +14,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from bulkembed.contracts import Embeddings, TokenBatch
-from bulkembed.encoders.base import Encoder, load_model, load_state
+from bulkembed.encoders.base import DeviceInputs, DeviceOutputs, Encoder, load_model, load_state
 from bulkembed.errors import ModelError
 from bulkembed.model_files import model_file, read_json
 
@@ -64,14 +63,11 @@ class ColbertEncoder(Encoder):
     def multivector_dim(self) -> int:
         return self.projection.out_features
 
-    @torch.inference_mode()
-    def embed(self, batch: TokenBatch) -> Embeddings:
-        input_ids, attention_mask = self.padded(batch)
-        hidden = self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-        vectors = F.normalize(self.projection(hidden).float(), dim=-1).cpu().numpy()
-        ids = input_ids.cpu().numpy()
-        rows = []
-        for i, n in enumerate(batch.lengths):
-            keep = ~np.isin(ids[i, :n], self.skipped)
-            rows.append(vectors[i, :n][keep])
-        return Embeddings(multivector=rows)
+    def forward(self, inputs: DeviceInputs) -> DeviceOutputs:
+        mask = inputs.attention_mask
+        hidden = self.model(input_ids=inputs.input_ids, attention_mask=mask).last_hidden_state
+        vectors = F.normalize(self.projection(hidden).float(), dim=-1)
+        # Which rows are kept is known from the ids the host holds: no wait for the device.
+        real = np.arange(inputs.host_ids.shape[1]) < inputs.batch.lengths[:, None]
+        keep = real & ~np.isin(inputs.host_ids, self.skipped)
+        return DeviceOutputs(multivector=vectors.to(self.multivector_dtype), multivector_keep=keep)

@@ -8,8 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from bulkembed.config import Pooling
-from bulkembed.contracts import Embeddings, TokenBatch
-from bulkembed.encoders.base import Encoder, load_model
+from bulkembed.encoders.base import DeviceInputs, DeviceOutputs, Encoder, load_model
 from bulkembed.encoders.pooling import pool
 
 if TYPE_CHECKING:
@@ -27,11 +26,10 @@ class DenseEncoder(Encoder):
     def dense_dim(self) -> int:
         return int(self.model.config.hidden_size)
 
-    @torch.inference_mode()
-    def embed(self, batch: TokenBatch) -> Embeddings:
-        input_ids, attention_mask = self.padded(batch)
-        hidden = self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-        vectors = pool(hidden, attention_mask, self.spec.pooling or Pooling.CLS)
+    def forward(self, inputs: DeviceInputs) -> DeviceOutputs:
+        mask = inputs.attention_mask
+        hidden = self.model(input_ids=inputs.input_ids, attention_mask=mask).last_hidden_state
+        vectors = pool(hidden, mask, self.spec.pooling or Pooling.CLS)
         if self.spec.normalize:
             vectors = F.normalize(vectors, p=2, dim=1)
-        return Embeddings(dense=vectors.cpu().numpy())
+        return DeviceOutputs(dense=vectors)

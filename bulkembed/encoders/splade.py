@@ -13,9 +13,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from bulkembed.contracts import Embeddings, TokenBatch
-from bulkembed.encoders.base import Encoder, load_model
-from bulkembed.encoders.sparse import nonzero_rows, splade_pool
+from bulkembed.encoders.base import DeviceInputs, DeviceOutputs, Encoder, load_model
+from bulkembed.encoders.sparse import keep_top_k, splade_pool
 
 if TYPE_CHECKING:
     from bulkembed.model_spec import ModelSpec
@@ -31,14 +30,14 @@ class SpladeEncoder(Encoder):
         self.model = model = load_model(spec, device, self.weights_dtype, masked_lm=True)
         self.vocabulary = int(model.config.vocab_size)
 
-    @torch.inference_mode()
-    def embed(self, batch: TokenBatch) -> Embeddings:
-        input_ids, attention_mask = self.padded(batch)
+    def forward(self, inputs: DeviceInputs) -> DeviceOutputs:
+        input_ids, attention_mask = inputs.input_ids, inputs.attention_mask
         per_document = input_ids.shape[1] * self.vocabulary * 4
         step = max(1, LOGITS_BYTES // max(per_document, 1))
-        rows = []
-        for start in range(0, len(batch), step):
+        pooled = []
+        for start in range(0, len(input_ids), step):
             ids, mask = input_ids[start : start + step], attention_mask[start : start + step]
             logits = self.model(input_ids=ids, attention_mask=mask).logits
-            rows.extend(nonzero_rows(splade_pool(logits, mask), self.spec.sparse_top_k))
-        return Embeddings(sparse=rows)
+            pooled.append(splade_pool(logits, mask))
+        weights = torch.cat(pooled) if pooled else torch.empty(0, self.vocabulary)
+        return DeviceOutputs(sparse_weights=keep_top_k(weights, self.spec.sparse_top_k))

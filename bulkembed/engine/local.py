@@ -151,10 +151,12 @@ def embed_locally(
         if plan.my_units is None:
             _start_counting(plan, reporter)
         try:
-            chunks = _pending_chunks(plan, sink, done, previous)
+            chunks = stats.timed_iterator("read", _pending_chunks(plan, sink, done, previous))
             with (
                 TokenizerPool(plan.tokenizer_settings, plan.workers) as pool,
-                WriteBehind[EmbeddedWindow](lambda window: window.write(writer)) as behind,
+                WriteBehind[EmbeddedWindow](
+                    lambda window: stats.timed_iterator("write", window.write(writer))
+                ) as behind,
             ):
                 formatted = _Formatter(output_format, run)
                 embed_windows(pool.map(chunks), session, formatted, behind.submit, stats, reporter)

@@ -88,15 +88,15 @@ class EncoderPool:
         self.batch_tokens = min(budgets) if budgets else None
 
     def embed_batches(
-        self, batches: list[TokenBatch], finished: Callable[[int, float], None]
+        self, batches: list[TokenBatch], finished: Callable[[int, float, float], None]
     ) -> list[Embeddings]:
-        """Embeddings of each batch, in order; `finished(i, seconds)` as each one comes
+        """Embeddings of each batch, in order; `finished(i, seconds, 0)` as each one comes
         back, with its device time shared out over the devices (they run side by side)."""
         outputs = []
         in_flight = BATCHES_PER_WORKER * len(self.devices)
         for number, (embeddings, seconds) in self._pool.map(enumerate(batches), in_flight):
             outputs.append(embeddings)
-            finished(number, seconds / len(self.devices))
+            finished(number, seconds / len(self.devices), 0.0)
         return outputs
 
     def close(self) -> None:

@@ -71,6 +71,15 @@ def fail_on_bad_records(chunks: Iterable[Chunk]) -> Iterator[Chunk]:
         yield chunk
 
 
+def _tokenizer_seconds(
+    tokenized: Iterator[TokenizedChunk], stats: RunStats
+) -> Iterator[TokenizedChunk]:
+    """`tokenized`, adding each chunk's tokenizer seconds to the tokenize stage."""
+    for chunk in tokenized:
+        stats.stages["tokenize"] += chunk.seconds
+        yield chunk
+
+
 def embed_windows(
     tokenized: Iterator[TokenizedChunk],
     session: DeviceSession,
@@ -82,10 +91,12 @@ def embed_windows(
     """Embed `tokenized` window by window on `session`, and `write` each window's vectors
     as `formatted` makes them, in input order; count into `stats`."""
     size = window_tokens(session.budget, session.embedder.multivector_dim)
-    for window in windows(tokenized, size):
+    for window in windows(_tokenizer_seconds(tokenized, stats), size):
         session.settle(window)
         embedded, padded = session.embed(window, stats, reporter)
-        write(EmbeddedWindow(window, formatted(embedded), padded))
+        with stats.timed("post-process"):
+            vectors = formatted(embedded)
+        write(EmbeddedWindow(window, vectors, padded))
         carried = [c.chunk.carried for c in window if c.chunk.carried is not None]
         stats.carried += sum(len(c.records.positions) for c in carried)
         reporter.update(stats)

@@ -1,0 +1,154 @@
+"""The device hot path: sparse weights reduced on the device, batches run back to back
+(the next one uploaded before the last one lands), outputs split on the host."""
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+from helpers import sample_texts
+
+from bulkembed.config import RunConfig
+from bulkembed.contracts import SparseVector
+from bulkembed.encoders import DeviceInputs, DeviceOutputs, Encoder, TokenBatch, build_encoder
+from bulkembed.encoders.sparse import keep_top_k, max_weight_per_id
+from bulkembed.model_spec import resolve_model
+from bulkembed.tokenize import TextTokenizer, TokenizerSettings
+
+
+def _per_document(weights, token_ids, excluded, top_k=None) -> SparseVector:
+    """The reference, one document at a time on the host: for each id the largest
+    weight, ids in `excluded` and weights <= 0 dropped, ascending by id, the `top_k`
+    largest (lowest id first among equals)."""
+    keep = (weights > 0) & ~np.isin(token_ids, excluded)
+    ids, kept = token_ids[keep], weights[keep]
+    if len(ids) == 0:
+        return SparseVector(np.empty(0, np.int32), np.empty(0, np.float32))
+    order = np.argsort(ids, kind="stable")
+    ids, kept = ids[order], kept[order]
+    unique, starts = np.unique(ids, return_index=True)
+    values = np.maximum.reduceat(kept, starts).astype(np.float32)
+    if top_k is not None and len(unique) > top_k:
+        best = np.sort(np.argsort(-values, kind="stable")[:top_k])
+        unique, values = unique[best], values[best]
+    return SparseVector(unique.astype(np.int32), values)
+
+
+@pytest.mark.parametrize("top_k", [None, 1, 3, 100])
+@pytest.mark.parametrize("seed", range(5))
+def test_sparse_weights_reduced_on_the_device_equal_the_per_document_result(seed, top_k):
+    rng = np.random.default_rng(seed)
+    documents, longest = 7, 40
+    lengths = rng.integers(0, longest + 1, documents)
+    # Few distinct ids and weights rounded to tenths: many repeats and ties.
+    token_ids = rng.integers(0, 12, (documents, longest))
+    weights = np.round(rng.normal(0.2, 0.5, (documents, longest)), 1).astype(np.float32)
+    excluded = np.array([0, 2])
+    real = np.arange(longest) < lengths[:, None]
+    keep = real & ~np.isin(token_ids, excluded)
+
+    ids, reduced = max_weight_per_id(
+        torch.from_numpy(weights), torch.from_numpy(token_ids), torch.from_numpy(keep), top_k
+    )
+    ids, reduced = ids.numpy(), reduced.numpy()
+    for document in range(documents):
+        n = lengths[document]
+        expected = _per_document(weights[document, :n], token_ids[document, :n], excluded, top_k)
+        found = reduced[document] > 0
+        assert ids[document][found].tolist() == expected.indices.tolist()
+        assert reduced[document][found].tolist() == expected.values.tolist()
+
+
+def test_keep_top_k_keeps_the_largest_and_the_lowest_id_among_equals():
+    weights = torch.tensor([[0.2, 0.7, 0.7, 0.0, 0.7], [0.0, 0.0, 0.1, 0.0, 0.0]])
+    assert keep_top_k(weights, 2).tolist() == [
+        [0.0, pytest.approx(0.7), pytest.approx(0.7), 0.0, 0.0],
+        [0.0, 0.0, pytest.approx(0.1), 0.0, 0.0],
+    ]
+
+
+class _Recording(Encoder):
+    """Records when batches are uploaded and run; embeds a document as its length."""
+
+    events: list[str]
+
+    @property
+    def dense_dim(self) -> int:
+        return 1
+
+    def upload(self, batch: TokenBatch) -> DeviceInputs:
+        self.events.append(f"upload {int(batch.lengths[0])}")
+        return super().upload(batch)
+
+    def forward(self, inputs: DeviceInputs) -> DeviceOutputs:
+        self.events.append(f"run {int(inputs.batch.lengths[0])}")
+        return DeviceOutputs(dense=inputs.attention_mask.sum(dim=1, keepdim=True).float())
+
+
+def test_the_next_batch_is_uploaded_and_run_before_the_last_one_lands(tiny_st):
+    spec = resolve_model(RunConfig(inputs=("x",), output="o", model=str(tiny_st("mean"))))
+    encoder = _Recording(spec, "cpu", torch.float32)
+    encoder.events = []
+    batches = [TokenBatch.from_sequences([np.arange(n)] * 2) for n in (3, 2, 1)]
+
+    def finished(number: int, seconds: float, host_seconds: float) -> None:
+        encoder.events.append(f"landed {int(batches[number].lengths[0])}")
+        assert seconds >= 0 and host_seconds >= 0
+
+    outputs = encoder.embed_batches(batches, finished)
+    assert [o.dense[:, 0].tolist() for o in outputs] == [[3, 3], [2, 2], [1, 1]]
+    assert encoder.events == [
+        "upload 3",
+        "run 3",
+        "upload 2",
+        "run 2",
+        "upload 1",
+        "landed 3",
+        "run 1",
+        "landed 2",
+        "landed 1",
+    ]
+
+
+def _batches(spec, texts: list[str], size: int) -> list[TokenBatch]:
+    tokenizer = TextTokenizer(TokenizerSettings(spec.tokenizer_json, spec.max_length))
+    batches = []
+    for start in range(0, len(texts), size):
+        flat, lengths, _ = tokenizer(texts[start : start + size])
+        batches.append(TokenBatch(flat, lengths))
+    return batches
+
+
+@pytest.mark.parametrize("dtype_out", ["float32", "float16"])
+def test_batches_run_back_to_back_give_what_each_gives_alone(tiny_bge_m3, dtype_out):
+    config = RunConfig(inputs=("x",), output="o", model=str(tiny_bge_m3), dtype_out=dtype_out)
+    spec = resolve_model(config)
+    encoder = build_encoder(spec, "cpu", torch.float32)
+    batches = _batches(spec, sample_texts(24), 5)
+    together = encoder.embed_batches(batches, lambda *_: None)
+    reference = build_encoder(replace(spec, multivector_dtype="float32"), "cpu", torch.float32)
+    for batch, found in zip(batches, together, strict=True):
+        alone = reference.embed(batch)
+        assert np.array_equal(found.dense, alone.dense)
+        for a, b in zip(found.sparse, alone.sparse, strict=True):
+            assert np.array_equal(a.indices, b.indices) and np.array_equal(a.values, b.values)
+        assert [len(m) for m in found.multivector] == [int(n) - 1 for n in batch.lengths]
+        for a, b in zip(found.multivector, alone.multivector, strict=True):
+            # float16 rows are the float32 rows rounded once.
+            assert a.dtype == np.dtype(dtype_out)
+            assert np.array_equal(a, b.astype(dtype_out))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_batches_run_back_to_back_match_the_cpu(tiny_bge_m3):
+    spec = resolve_model(RunConfig(inputs=("x",), output="o", model=str(tiny_bge_m3)))
+    batches = _batches(spec, sample_texts(40), 8)
+    cuda = build_encoder(spec, "cuda:0", torch.float32).embed_batches(batches, lambda *_: None)
+    cpu = build_encoder(spec, "cpu", torch.float32).embed_batches(batches, lambda *_: None)
+    for a, b in zip(cuda, cpu, strict=True):
+        assert np.allclose(a.dense, b.dense, atol=1e-5)
+        for x, y in zip(a.sparse, b.sparse, strict=True):
+            assert np.array_equal(x.indices, y.indices)
+            assert np.allclose(x.values, y.values, atol=1e-5)
+        for x, y in zip(a.multivector, b.multivector, strict=True):
+            assert np.allclose(x, y, atol=1e-5)
