@@ -122,7 +122,7 @@ class OutputFormat:
             dense = self._quantized(self.truncate(dense))
         multivector = embeddings.multivector
         if multivector is not None and self.dtype_out == "float16":
-            multivector = [m.astype(np.float16) for m in multivector]
+            multivector = [m.astype(np.float16, copy=False) for m in multivector]
         return Embeddings(dense, embeddings.sparse, multivector)
 
     def _quantized(self, dense: np.ndarray) -> np.ndarray:

@@ -87,15 +87,15 @@ class PartWriter:
         if chunk.carried is not None:
             batches.append(_carried_batch(chunk.carried, self.schema))
             tally.carried += len(chunk.carried.records.positions)
-        if batches:
+        if len(batches) > 1:
+            assert chunk.carried is not None
+            positions = chunk.positions + chunk.carried.records.positions
             rows = pa.Table.from_batches(batches)
-            if len(batches) > 1:
-                assert chunk.carried is not None
-                positions = chunk.positions + chunk.carried.records.positions
-                rows = rows.take(pa.array(np.argsort(positions, kind="stable"), pa.int64()))
-            for batch in rows.combine_chunks().to_batches():
-                self.sink.write(chunk.part, batch)
-            tally.rows += rows.num_rows
+            rows = rows.take(pa.array(np.argsort(positions, kind="stable"), pa.int64()))
+            batches = rows.combine_chunks().to_batches()
+        for batch in batches:
+            self.sink.write(chunk.part, batch)
+            tally.rows += batch.num_rows
         tally.changed += chunk.changed
         tally.bad_records += len(chunk.bad)
         tally.truncated += tokenized.truncated

@@ -88,6 +88,15 @@ def test_bge_m3_outputs_can_be_chosen(tmp_path, tiny_bge_m3):
     assert "unknown output(s) colbert" in result.stderr
 
 
+def test_the_bge_m3_recipe_writes_multivectors_only_when_asked(tmp_path, tiny_bge_m3):
+    texts = ["one text", "another"]
+    table, _ = _embed(tmp_path / "a", tiny_bge_m3, texts, "--recipe", "bge-m3")
+    assert table.schema.names == ["id", "dense", "sparse", "content_hash"]
+    outputs = ("--outputs", "dense,sparse,multivector")
+    table, _ = _embed(tmp_path / "b", tiny_bge_m3, texts, "--recipe", "bge-m3", *outputs)
+    assert table.schema.names == ["id", "dense", "sparse", "multivector", "content_hash"]
+
+
 def test_splade_matches_sentence_transformers_sparse_encoder(tmp_path, tiny_splade):
     from sentence_transformers import SparseEncoder
 

@@ -7,6 +7,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from helpers import (
+    embed_texts,
     fill_the_disk_at_commit,
     run_cli,
     sample_texts,
@@ -188,3 +189,28 @@ def test_layer_norm_before_the_cut_when_the_recipe_says_so(tiny_bert):
     shaped = OutputFormat(dim=4, normalize=True, layer_norm_before_dim=True).truncate(full)
     reference = F.layer_norm(torch.from_numpy(full), normalized_shape=(32,))[:, :4]
     np.testing.assert_allclose(shaped, F.normalize(reference, dim=1).numpy(), rtol=1e-4, atol=1e-6)
+
+
+def test_vectors_are_written_plain_and_read_alike_by_pyarrow_and_duckdb(tmp_path, tiny_bge_m3):
+    import duckdb
+
+    outputs = ("--outputs", "dense,sparse,multivector", "--dtype-out", "float16")
+    table, out = embed_texts(tmp_path, tiny_bge_m3, sample_texts(6), *outputs)
+    part = next(out.glob("part-*.parquet"))
+    row_group = pq.read_metadata(part).row_group(0)
+    columns = {
+        row_group.column(i).path_in_schema: row_group.column(i)
+        for i in range(row_group.num_columns)
+    }
+    for vector in ("dense.list.element", "multivector.list.element.list.element"):
+        assert columns[vector].compression == "UNCOMPRESSED"
+        assert not columns[vector].is_stats_set
+        assert "RLE_DICTIONARY" not in columns[vector].encodings
+    assert columns["id"].is_stats_set
+    rows = duckdb.sql(f"SELECT id, dense, sparse, multivector FROM read_parquet('{part}')")
+    by_id = {row[0]: row[1:] for row in rows.fetchall()}
+    for record in table.to_pylist():
+        dense, sparse, multivector = by_id[record["id"]]
+        assert np.array_equal(np.float16(dense), np.float16(record["dense"]))
+        assert sparse == record["sparse"]
+        assert np.array_equal(np.float16(multivector), np.float16(record["multivector"]))
