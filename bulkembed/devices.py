@@ -72,21 +72,40 @@ def cpu_accelerates_bfloat16() -> bool:
     return _BFLOAT16_UNITS.search(flags) is not None
 
 
-def resolve_dtype(dtype: DType, device: str) -> torch.dtype:
-    """`--dtype`, with `auto` as float16 on CUDA, and on CPU bfloat16 where the CPU
-    accelerates it, else float32. A half-precision `auto` choice is checked against float32
-    at start-up (see `bulkembed.precision`)."""
+def cuda_supports_bfloat16(device: str) -> bool:
+    """Whether a CUDA device computes in bfloat16 natively (compute capability 8.0 on)."""
+    import torch
+
+    return torch.cuda.get_device_capability(device) >= (8, 0)
+
+
+def resolve_dtype(dtype: DType, device: str, trained_dtype: str | None = None) -> torch.dtype:
+    """`--dtype`, with `auto` on CUDA as bfloat16 for a model saved in bfloat16 on a device
+    that computes in it (its range is the one the model was trained in), else float16; on
+    a CPU bfloat16 where the CPU accelerates it, else float32. A half-precision `auto`
+    choice is checked against float32 at start-up (see `bulkembed.precision`)."""
     import torch
 
     if dtype is DType.AUTO:
         if device != "cpu":
-            return torch.float16
+            native = trained_dtype == "bfloat16" and cuda_supports_bfloat16(device)
+            return torch.bfloat16 if native else torch.float16
         return torch.bfloat16 if cpu_accelerates_bfloat16() else torch.float32
     return {
         DType.FLOAT32: torch.float32,
         DType.FLOAT16: torch.float16,
         DType.BFLOAT16: torch.bfloat16,
     }[dtype]
+
+
+def allow_tensor_cores(device: str, dtype: torch.dtype) -> None:
+    """float32 matrix multiplies on CUDA in TF32 (10-bit mantissa, float32 range): several
+    times faster on tensor cores, at about 1e-3 relative error per product, well inside
+    what the start-up check and the parity tests accept for half precision."""
+    import torch
+
+    if device.startswith("cuda") and dtype == torch.float32:
+        torch.set_float32_matmul_precision("high")
 
 
 _M_MMAP_THRESHOLD = -3  # glibc mallopt parameter

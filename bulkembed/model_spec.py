@@ -73,6 +73,8 @@ class ModelSpec:
     compile: bool = False
     # What multi-vector rows are stored as (`--dtype-out`): the cast happens on the device.
     multivector_dtype: str = "float32"
+    # The dtype the weights were saved in (config.json `torch_dtype`), if it says.
+    trained_dtype: str | None = None
 
 
 def _family(
@@ -291,4 +293,5 @@ def resolve_model(config: RunConfig) -> ModelSpec:
         tokenizer_json=tokenizer.backend_tokenizer.to_str(),
         compile=config.compile,
         multivector_dtype=config.dtype_out.value,
+        trained_dtype=model_config.get("torch_dtype") or model_config.get("dtype"),
     )

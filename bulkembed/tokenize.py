@@ -9,6 +9,7 @@ of hanging the run.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -86,10 +87,24 @@ class TextTokenizer:
         return *self(texts), time.perf_counter() - started
 
 
+def tokenizer_threads(workers: int) -> int:
+    """Threads for each tokenizer process: the cores shared out among the processes, so
+    that one process per core runs single-threaded and none oversubscribes the machine.
+
+    >>> import os; tokenizer_threads(os.cpu_count()), tokenizer_threads(1) == os.cpu_count()
+    (1, True)
+    """
+    return max(1, (os.cpu_count() or 1) // max(1, workers))
+
+
 def _start_tokenizer(
-    settings: TokenizerSettings,
+    setting: tuple[TokenizerSettings, int],
 ) -> tuple[Callable[[list[str]], tuple[np.ndarray, np.ndarray, int, float]], None]:
-    """A worker's tokenizer (`bulkembed.workers`): rebuilt once, from its JSON, and timed."""
+    """A worker's tokenizer (`bulkembed.workers`): rebuilt once, from its JSON, and timed,
+    with its batch encoding spread over `threads` (the tokenizers library's thread pool
+    reads this variable when it first starts, in this new process)."""
+    settings, threads = setting
+    os.environ["RAYON_NUM_THREADS"] = str(threads)
     return TextTokenizer(settings).timed, None
 
 
@@ -113,7 +128,7 @@ class TokenizerPool:
         else:
             self._pool = WorkerPool(
                 _start_tokenizer,
-                [settings] * workers,
+                [(settings, tokenizer_threads(workers))] * workers,
                 "tokenizer",
                 [f"process {n}" for n in range(workers)],
                 START_TIMEOUT_SECONDS,

@@ -61,6 +61,34 @@ def test_auto_dtype_is_bfloat16_on_cpus_that_accelerate_it_and_float16_on_cuda(m
     assert resolve_dtype(DType.BFLOAT16, "cpu") is torch.bfloat16
 
 
+def test_auto_dtype_on_cuda_is_bfloat16_for_models_saved_in_it_where_the_device_has_it(
+    monkeypatch,
+):
+    from bulkembed import devices
+
+    monkeypatch.setattr(devices, "cuda_supports_bfloat16", lambda device: True)
+    assert resolve_dtype(DType.AUTO, "cuda:0", "bfloat16") is torch.bfloat16
+    assert resolve_dtype(DType.AUTO, "cuda:0", "float32") is torch.float16
+    assert resolve_dtype(DType.AUTO, "cuda:0", None) is torch.float16
+    monkeypatch.setattr(devices, "cuda_supports_bfloat16", lambda device: False)
+    assert resolve_dtype(DType.AUTO, "cuda:0", "bfloat16") is torch.float16
+
+
+def test_float32_on_cuda_uses_tensor_cores():
+    from bulkembed.devices import allow_tensor_cores
+
+    before = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("highest")
+        allow_tensor_cores("cpu", torch.float32)
+        allow_tensor_cores("cuda:0", torch.float16)
+        assert torch.get_float32_matmul_precision() == "highest"
+        allow_tensor_cores("cuda:0", torch.float32)
+        assert torch.get_float32_matmul_precision() == "high"
+    finally:
+        torch.set_float32_matmul_precision(before)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
@@ -88,9 +116,17 @@ def test_a_run_turns_off_the_onednn_primitive_cache(tmp_path, tiny_st, monkeypat
 
 def test_tuned_batch_tokens_fill_a_share_of_free_memory_in_whole_documents():
     # 10 GiB free at 100 kB a token: 70% is 75,161 tokens, 146 documents of 512.
-    assert tuned_batch_tokens(10 * 2**30, 100_000, 512) == 146 * 512
+    assert tuned_batch_tokens(10 * 2**30, 200_000, 512) == 73 * 512
     assert tuned_batch_tokens(2**20, 100_000, 512) == 512  # one document at least
-    assert tuned_batch_tokens(2**40, 1.0, 512) == 2**20  # capped
+    assert tuned_batch_tokens(2**40, 1.0, 512) == 2**16  # capped where GEMMs are saturated
+
+
+def test_the_budget_probe_is_a_padded_batch_at_the_maximum_length(tiny_st):
+    spec = resolve_model(RunConfig(inputs=("x",), output="o", model=str(tiny_st("mean"))))
+    probe = build_encoder(spec, "cpu", torch.float32).probe_batch()
+    longest = spec.max_length
+    assert probe.lengths.tolist() == [longest] * (8192 // longest - 1) + [longest - 1]
+    assert probe.padded_tokens == 8192
 
 
 def test_max_batch_tokens_auto_keeps_the_default_on_cpu(tmp_path, tiny_st):

@@ -1,6 +1,7 @@
 """`--dtype auto`: a fast dtype is kept only if a sample of the corpus agrees with float32."""
 
 import json
+import re
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -29,8 +30,12 @@ def test_auto_falls_back_to_float32_when_the_fast_dtype_breaks_parity(
     monkeypatch.setattr(precision, "PARITY_THRESHOLD", 1.5)  # no dtype can pass
     table, summary = _embed(tmp_path, model, "auto")
     assert summary["dtype"] == "float32"
-    assert summary["dtype_check"].startswith("bfloat16 against float32 on 64 document(s)")
-    assert summary["dtype_check"].endswith("below 1.5: running in float32")
+    assert re.fullmatch(
+        r"bfloat16 against float32 on 64 document\(s\): lowest dense cosine [01]\.\d{7}; "
+        r"below 1\.5: running in float32, several times slower "
+        r"\(--dtype bfloat16 keeps bfloat16 without the check\)",
+        summary["dtype_check"],
+    )
     assert table.equals(reference)
 
 
@@ -41,7 +46,7 @@ def test_auto_keeps_the_fast_dtype_when_it_agrees(tmp_path, tiny_st, monkeypatch
     monkeypatch.setattr(precision, "PARITY_THRESHOLD", 0.9)
     table, summary = _embed(tmp_path, model, "auto")
     assert summary["dtype"] == "bfloat16"
-    assert summary["dtype_check"].endswith(", kept")
+    assert summary["dtype_check"].endswith("; kept")
     fast = np.array(table.column("dense").to_pylist())
     exact = np.array(reference.column("dense").to_pylist())
     assert not np.array_equal(fast, exact)
@@ -54,23 +59,28 @@ def test_float32_cpus_run_no_check(tmp_path, tiny_st, monkeypatch):
     assert (summary["dtype"], summary["dtype_check"]) == ("float32", None)
 
 
-def test_lowest_cosine_covers_every_output():
+def test_dense_vectors_must_all_agree_and_the_others_at_the_first_percentile():
     dense = np.array([[1.0, 0.0], [0.0, 2.0]], dtype=np.float32)
     tilted = np.array([[1.0, 0.0], [0.1, 2.0]], dtype=np.float32)
-    assert precision.lowest_cosine(Embeddings(dense), Embeddings(dense)) == pytest.approx(1.0)
-    assert precision.lowest_cosine(Embeddings(dense), Embeddings(tilted)) == pytest.approx(
-        2 / np.sqrt(4.01)
-    )
+    assert precision.agreement(Embeddings(dense), Embeddings(dense)).dense == pytest.approx(1.0)
+    found = precision.agreement(Embeddings(dense), Embeddings(tilted))
+    assert (found.dense, found.others) == (pytest.approx(2 / np.sqrt(4.01)), None)
     a = SparseVector(np.array([1, 5]), np.array([1.0, 1.0]))
     b = SparseVector(np.array([1, 7]), np.array([1.0, 1.0]))
-    assert precision.lowest_cosine(Embeddings(sparse=[a]), Embeddings(sparse=[b])) == pytest.approx(
-        0.5
+    found = precision.agreement(Embeddings(sparse=[a]), Embeddings(sparse=[b]))
+    assert (found.dense, found.others) == (None, pytest.approx(0.5))
+    # 200 token vectors, one of them turned round: the 1st percentile still agrees.
+    tokens = np.eye(200, dtype=np.float32)
+    turned = tokens.copy()
+    turned[7] = -turned[7]
+    found = precision.agreement(Embeddings(multivector=[tokens]), Embeddings(multivector=[turned]))
+    assert found.others == pytest.approx(1.0) and found.worst == pytest.approx(1.0)
+    # Three of them: it does not.
+    turned[8], turned[9] = -turned[8], -turned[9]
+    found = precision.agreement(Embeddings(multivector=[tokens]), Embeddings(multivector=[turned]))
+    assert found.others < 0
+    # A document with another number of token vectors disagrees entirely.
+    found = precision.agreement(
+        Embeddings(multivector=[np.eye(3)]), Embeddings(multivector=[np.eye(2)])
     )
-    tokens = [np.eye(3, dtype=np.float32)]
-    assert precision.lowest_cosine(
-        Embeddings(multivector=tokens), Embeddings(multivector=[np.eye(3)[::-1].copy()])
-    ) == pytest.approx(0.0)
-    assert (
-        precision.lowest_cosine(Embeddings(multivector=tokens), Embeddings(multivector=[np.eye(2)]))
-        == 0.0
-    )
+    assert found.others == 0.0

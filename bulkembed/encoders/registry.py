@@ -24,6 +24,8 @@ _BUILT_IN = {
     "colbert": "bulkembed.encoders.colbert:ColbertEncoder",
 }
 _REGISTRY: dict[str, type[Encoder]] = {}
+# CPU threads of a process that feeds a CUDA device.
+CUDA_FEEDER_THREADS = 2
 
 
 def register_encoder(family: str, encoder: type[Encoder]) -> None:
@@ -55,13 +57,16 @@ def start_encoder(
     each worker of the several-devices pool and each Ray actor start encoders here."""
     import torch
 
-    from bulkembed.devices import keep_memory_flat
+    from bulkembed.devices import allow_tensor_cores, keep_memory_flat
 
     if device == "cpu" and threads is not None:
         torch.set_num_threads(threads)
     if device.startswith("cuda"):
-        # Kernels and allocations of this process default to its own device.
+        # Kernels and allocations of this process default to its own device; its CPU work
+        # (padding, pinning) needs few threads, and the cores go to the tokenizers.
         torch.cuda.set_device(device)
+        torch.set_num_threads(CUDA_FEEDER_THREADS)
+    allow_tensor_cores(device, dtype)
     keep_memory_flat()
     encoder = build_encoder(spec, device, dtype)
     return encoder, encoder.tune_batch_tokens() if tune else None

@@ -355,5 +355,5 @@ def _run_dataset(
         outcome.devices,
         ",".join(sorted(dtypes)) or outcome.dtype,
         min(budgets, default=outcome.max_batch_tokens),
-        min(checks, key=lambda c: c.lowest_cosine, default=None),
+        min(checks, key=lambda c: c.agreement.worst, default=None),
     )

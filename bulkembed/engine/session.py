@@ -35,8 +35,9 @@ class DeviceSession:
     first device, and the first window with a document settles the dtype (`settle`): its
     first documents are embedded both ways and the candidate is kept only if they agree.
     With several devices one worker process per device (`EncoderPool`) starts once the dtype
-    is known. `budget` is the token budget of a batch; `--max-batch-tokens auto` only ever
-    lowers it, so that batches packed before still fit."""
+    is known. `budget` is the token budget of a batch; `--max-batch-tokens auto` probes it
+    at start, again in the dtype the check keeps (before the first batch), and the pool's
+    workers only ever lower it, so that batches packed before still fit."""
 
     def __init__(
         self,
@@ -57,7 +58,7 @@ class DeviceSession:
         self.threads = threads
         self.tune = tune
         self.reporter = reporter
-        self.candidate = resolve_dtype(dtype, devices[0])
+        self.candidate = resolve_dtype(dtype, devices[0], spec.trained_dtype)
         self.checking = dtype is DType.AUTO and self.candidate != torch.float32
         self.budget = spec.max_batch_tokens
         self.tuned = False
@@ -88,11 +89,12 @@ class DeviceSession:
         self._use_budget(pool.batch_tokens)
         return pool
 
-    def _use_budget(self, budget: int | None) -> None:
-        """Batch by `budget` tokens from now on (`--max-batch-tokens auto`)."""
+    def _use_budget(self, budget: int | None, lower_only: bool = True) -> None:
+        """Batch by `budget` tokens from now on (`--max-batch-tokens auto`); unless told
+        otherwise, never more than a budget found before (batches packed by it must fit)."""
         if budget is None:
             return
-        if self.tuned:
+        if self.tuned and lower_only:
             budget = min(budget, self.budget)
         self.tuned = True
         self.budget = budget
@@ -114,9 +116,15 @@ class DeviceSession:
             return
         encoder, self.precision = checked
         self.checking = False
-        self.reporter.info(f"--dtype auto: {self.precision.describe()}")
+        if self.precision.passed:
+            self.reporter.info(f"--dtype auto: {self.precision.describe()}")
+        else:
+            self.reporter.warn(f"--dtype auto: {self.precision.describe()}")
         if len(self.devices) == 1:
             self.embedder = encoder
+            if self.tune and self.precision.passed:
+                # The probe at start ran in float32: the chosen dtype takes less memory.
+                self._use_budget(encoder.tune_batch_tokens(), lower_only=False)
             return
         # The check ran on the first device in this process: free it for its worker.
         del encoder, checked
