@@ -88,6 +88,13 @@ def _carried_bytes(chunk: TokenizedChunk) -> int:
     return 0 if carried is None else carried.embeddings.nbytes
 
 
+def share_of_window(chunk: TokenizedChunk, max_batch_tokens: int) -> float:
+    """What a chunk takes of a full window: its tokens over `WINDOW_BATCHES` budgets, plus
+    its carried-over vectors over `CARRIED_WINDOW_BYTES`."""
+    tokens = int(chunk.lengths.sum()) / (WINDOW_BATCHES * max_batch_tokens)
+    return tokens + _carried_bytes(chunk) / CARRIED_WINDOW_BYTES
+
+
 def windows(chunks: Iterator[TokenizedChunk], max_tokens: int) -> Iterator[list[TokenizedChunk]]:
     """Consecutive chunks, gathered until they hold `max_tokens` to embed, or
     `CARRIED_WINDOW_BYTES` of vectors carried over from a previous output; a larger chunk

@@ -88,3 +88,27 @@ def test_leaving_on_an_error_stops_the_thread_between_steps():
         raise KeyboardInterrupt
     assert "bulkembed-writer" not in {t.name for t in threading.enumerate()}
     assert 0 < len(steps) < 1000
+
+
+def test_leaf_paths_are_the_columns_pyarrow_writes():
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from bulkembed.sinks.parquet import leaf_paths
+
+    schema = pa.schema(
+        [
+            ("id", pa.string()),
+            ("dense", pa.list_(pa.float32(), 4)),
+            ("sparse", pa.struct([("indices", pa.list_(pa.int32()))])),
+            ("multivector", pa.list_(pa.list_(pa.float16(), 4))),
+            ("meta", pa.struct([("a", pa.int64()), ("m", pa.map_(pa.string(), pa.int8()))])),
+            ("tags", pa.large_list(pa.string())),
+            ("kind", pa.dictionary(pa.int32(), pa.string())),
+        ]
+    )
+    buffer = pa.BufferOutputStream()
+    pq.write_table(schema.empty_table(), buffer)
+    written = pq.ParquetFile(pa.BufferReader(buffer.getvalue())).schema
+    expected = [written.column(i).path for i in range(len(written))]
+    assert [p for f in schema for p in leaf_paths(f.name, f.type)] == expected

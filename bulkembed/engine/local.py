@@ -1,7 +1,8 @@
 """The local engine: every pending unit streams through this machine's processes.
 
 Records stream from the inputs (done units skipped), lose repeated ids, stop at `--limit`,
-and go to tokenizer processes that run ahead of the model on a bounded queue. The unit loop
+and go to tokenizer processes that run ahead of the model, up to a window, from the moment
+the run starts (the first window is tokenized while the model loads). The unit loop
 (`embed_windows`) embeds them window by window on the run's devices, and a write-behind
 thread writes each window into its units' parts while the next one is embedded; a unit's
 part is committed, then marked done, with its last chunk.
@@ -10,6 +11,7 @@ part is committed, then marked done, with its last chunk.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import replace
 from typing import TYPE_CHECKING
@@ -17,6 +19,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from bulkembed.config import OnBadRecord
+from bulkembed.engine.ahead import ReadAhead
 from bulkembed.engine.plan import RunOutcome, RunPlan
 from bulkembed.engine.session import DeviceSession
 from bulkembed.engine.stream import EmbeddedWindow, embed_windows, fail_on_bad_records, part_schema
@@ -26,6 +29,7 @@ from bulkembed.progress import Reporter, RunStats
 from bulkembed.sources import Chunk, SeenIds, count_records, drop_duplicate_ids, take
 from bulkembed.tokenize import TokenizerPool
 from bulkembed.units import SkippedUnits
+from bulkembed.windows import share_of_window
 from bulkembed.writer import PartWriter, WriteBehind
 
 if TYPE_CHECKING:
@@ -135,36 +139,44 @@ def embed_locally(
     previous: PreviousOutput | None,
     reporter: Reporter,
 ) -> RunOutcome:
-    """Embed every unit not in `done` (nor outside this `--shard`'s share) into `sink`."""
+    """Embed every unit not in `done` (nor outside this `--shard`'s share) into `sink`.
+
+    Reading and tokenizing start first, on a thread (`ReadAhead`), so that the first window
+    is tokenized while the model loads."""
     config = plan.config
     devices = list(plan.devices)
-    session = DeviceSession(
-        plan.spec, devices, config.dtype, None, config.tune_batch_tokens, reporter
-    )
     stats = RunStats()
-    try:
-        reporter.info(_describe(plan, session, len(done), previous))
-        output_format = _output_format(plan, run, done)
-        schema = part_schema(plan.reader, plan.spec, session.embedder, output_format)
-        writer = PartWriter(run, sink, schema)
-        reporter.start(stats)
-        if plan.my_units is None:
-            _start_counting(plan, reporter)
+    chunks = stats.timed_iterator("read", _pending_chunks(plan, sink, done, previous))
+    budget = plan.spec.max_batch_tokens
+    with (
+        TokenizerPool(plan.tokenizer_settings, plan.workers) as pool,
+        ReadAhead(pool.map(chunks), lambda c: share_of_window(c, budget)) as tokenized,
+    ):
+        session = DeviceSession(
+            plan.spec, devices, config.dtype, None, config.tune_batch_tokens, reporter
+        )
         try:
-            chunks = stats.timed_iterator("read", _pending_chunks(plan, sink, done, previous))
-            with (
-                TokenizerPool(plan.tokenizer_settings, plan.workers) as pool,
-                WriteBehind[EmbeddedWindow](
+            reporter.info(_describe(plan, session, len(done), previous))
+            output_format = _output_format(plan, run, done)
+            schema = part_schema(plan.reader, plan.spec, session.embedder, output_format)
+            writer = PartWriter(run, sink, schema)
+            stats.started = time.monotonic()
+            reporter.start(stats)
+            if plan.my_units is None:
+                _start_counting(plan, reporter)
+            try:
+                with WriteBehind[EmbeddedWindow](
                     lambda window: stats.timed_iterator("write", window.write(writer))
-                ) as behind,
-            ):
-                formatted = _Formatter(output_format, run)
-                embed_windows(pool.map(chunks), session, formatted, behind.submit, stats, reporter)
-                behind.finish()
-            sink.finish()
+                ) as behind:
+                    formatted = _Formatter(output_format, run)
+                    embed_windows(
+                        iter(tokenized), session, formatted, behind.submit, stats, reporter
+                    )
+                    behind.finish()
+                sink.finish()
+            finally:
+                writer.close()
+                reporter.close()
         finally:
-            writer.close()
-            reporter.close()
-    finally:
-        session.close()
+            session.close()
     return RunOutcome(stats, ",".join(devices), session.dtype, session.budget, session.precision)

@@ -64,13 +64,29 @@ def _label(path: Path) -> dict[str, Any] | None:
     return found
 
 
+def leaf_paths(name: str, kind: pa.DataType) -> list[str]:
+    """The Parquet column paths of an Arrow field, as pyarrow writes them (lists in the
+    compliant nested layout, `name.list.element`).
+
+    >>> leaf_paths("sparse", pa.struct([("indices", pa.list_(pa.int32()))]))
+    ['sparse.indices.list.element']
+    """
+    if pa.types.is_struct(kind):
+        return [p for child in kind for p in leaf_paths(f"{name}.{child.name}", child.type)]
+    if pa.types.is_map(kind):
+        entries = f"{name}.key_value"
+        return leaf_paths(f"{entries}.key", kind.key_type) + leaf_paths(
+            f"{entries}.value", kind.item_type
+        )
+    if isinstance(kind, pa.ListType | pa.LargeListType | pa.FixedSizeListType):
+        return leaf_paths(f"{name}.list.element", kind.value_type)
+    return [name]
+
+
 def writer_options(schema: pa.Schema) -> dict[str, Any]:
     """`ParquetWriter` options for parts of `schema`: the leaf columns of the embeddings
     plain (no dictionary, statistics or compression), the others as pyarrow's defaults."""
-    buffer = pa.BufferOutputStream()
-    pq.write_table(schema.empty_table(), buffer)
-    parquet_schema = pq.ParquetFile(pa.BufferReader(buffer.getvalue())).schema
-    paths = [parquet_schema.column(i).path for i in range(len(parquet_schema))]
+    paths = [p for field in schema for p in leaf_paths(field.name, field.type)]
     others = [p for p in paths if p.split(".")[0] not in EMBEDDING_COLUMNS]
     return {
         "use_dictionary": others,
