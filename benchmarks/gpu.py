@@ -1,61 +1,184 @@
-"""GPU throughput of `bulkembed run`: tokens/s, model FLOP utilization, device idle time.
+"""GPU throughput of `bulkembed run`: tokens/s, model FLOP utilization, device busy time.
 
-Runs the CLI end to end on a real-text corpus (`corpus.py`, repeated `--copies` times with
-distinct ids) with a real model on every CUDA device (`--devices auto`), in bfloat16 with
-the token budget tuned to the free memory (`--max-batch-tokens auto`), and prints one JSON
-object:
+Runs the CLI end to end on a real-text corpus (`corpus.py`, `--copies` times with distinct
+ids) with a real model on every CUDA device, in bfloat16, the token budget tuned to the free
+memory, dense vectors only (`--outputs` for more): one warm-up run on the first
+`--warmup-docs` documents, then `--repeats` timed runs. Prints one JSON line on stdout, the
+median and each repeat of:
 
-- tokens_per_s, docs_per_s, device_idle_fraction (from the run's `summary.json`), peak RSS;
-- mfu_of_matmul: model FLOPs per token × tokens/s ÷ (a measured bfloat16 matrix multiply's
-  FLOP/s × devices);
-- mfu_of_peak: the same against `--peak-tflops` per device, the data sheet's dense bfloat16
-  figure (989 for an H100 SXM), when given.
+- tokens_per_s while embedding (the run's `summary.json`) and end to end (wall clock);
+- gpu_busy_fraction: NVML's utilization (the share of time a kernel ran, not how full the
+  SMs were), sampled on a thread during the timed runs; null without `pynvml`;
+- mfu: the corpus's forward FLOPs (`forward_flops`, over each document's own token count)
+  per second over the devices' dense data-sheet peak (`PEAK_TFLOPS` or `--peak-tflops`).
 
-The model comes from the Hugging Face cache or hub (`BAAI/bge-m3` by default; bge-base or a
-local folder where memory is short).
+FLOPs count the transformer up to its last hidden state: with `--outputs` beyond dense, the
+time of the extra heads lowers the MFU.
 
-    python benchmarks/gpu.py [--model BAAI/bge-m3] [--docs 5000 --copies 20] [--compile]
+    HF_HUB_OFFLINE=1 python benchmarks/gpu.py [--model BAAI/bge-m3] [--docs 5000 --copies 20]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
+import shutil
+import statistics
+import sys
 import tempfile
-import time
+import threading
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager, nullcontext
+from importlib.util import find_spec
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-import torch
 from corpus import build, write
 from memory import measure
-from throughput import flops_per_token
 
-MATMUL_SIZE = 8192
+if TYPE_CHECKING:
+    import torch
+
+# Data sheet, dense, no sparsity: TFLOP/s per device in bfloat16 (float16 is the same), by a
+# pattern of the CUDA device name; the first match wins. NVL boards have other figures.
+PEAK_TFLOPS = (
+    (r"H100.*PCIe", 756.0),
+    (r"H100(?!.*NVL)", 989.0),  # SXM
+    (r"H200(?!.*NVL)", 989.0),
+    (r"A100", 312.0),
+    (r"\bL40S\b", 362.0),
+    (r"\bL4\b", 121.0),
+    (r"\bA10\b", 125.0),
+)
+SAMPLE_SECONDS = 0.1
+# Figures of each timed run reported as their median.
+MEDIANS = (
+    "wall_seconds",
+    "tokens_per_s",
+    "tokens_per_s_end_to_end",
+    "gpu_busy_fraction",
+    "host_clock_idle_fraction",
+)
 
 
-def cuda_matmul_flops(device: str, dtype: torch.dtype, seconds: float = 3.0) -> float:
-    """FLOP/s of a square matrix multiply in `dtype` on one CUDA device."""
-    a = torch.randn(MATMUL_SIZE, MATMUL_SIZE, dtype=dtype, device=device)
-    b = torch.randn(MATMUL_SIZE, MATMUL_SIZE, dtype=dtype, device=device)
-    for _ in range(3):
-        a @ b
-    torch.cuda.synchronize(device)
-    runs, started = 0, time.perf_counter()
-    while time.perf_counter() - started < seconds:
-        for _ in range(10):
-            a @ b
-        runs += 10
-        torch.cuda.synchronize(device)
-    return 2 * MATMUL_SIZE**3 * runs / (time.perf_counter() - started)
+def forward_flops(lengths: Iterable[int], matmul_weights: int, hidden: int, layers: int) -> int:
+    """Forward FLOPs of a transformer encoder over documents of these token counts. A
+    document of n tokens costs 2 × matmul_weights × n in its linear layers and
+    4 × n² × hidden × layers in attention (QKᵀ and AV, 2 FLOPs per multiply-add), so the
+    sum is over documents, not n times the mean length: attention per token grows with n.
+
+    bge-base (85M weights in linear layers, width 768, 12 layers), one document of 512
+    tokens, then two of 100 and 300 against two of 200, as many tokens:
+
+    >>> forward_flops([512], matmul_weights=84_934_656, hidden=768, layers=12) / 1e9
+    96.63676416
+    >>> forward_flops([100, 300], 1, 1, 1), forward_flops([200, 200], 1, 1, 1)
+    (400800, 320800)
+    """
+    return sum(2 * matmul_weights * n + 4 * n * n * hidden * layers for n in lengths)
 
 
-def model_on_meta(model: str) -> torch.nn.Module:
-    """The model's architecture without its weights: enough to count them."""
+def matmul_weights(model: torch.nn.Module) -> int:
+    """Weights of the linear layers on the way to the last hidden state (the pooler, run on
+    one token per document and unused, left out)."""
+    import torch
+
+    return sum(
+        module.weight.numel()
+        for name, module in model.named_modules()
+        if isinstance(module, torch.nn.Linear) and "pooler" not in name
+    )
+
+
+def corpus_flops(model: str, texts: list[str]) -> tuple[int, list[int], int]:
+    """Forward FLOPs of `model` over `texts`, each text's token count as `bulkembed run`
+    tokenizes it (prompt, special tokens, truncation), and the max length it truncates at."""
+    import torch
     from transformers import AutoConfig, AutoModel
 
+    from bulkembed.config import RunConfig
+    from bulkembed.model_spec import resolve_model
+    from bulkembed.tokenize import TextTokenizer, TokenizerSettings
+
+    spec = resolve_model(RunConfig(inputs=("-",), output="-", model=model))
+    settings = TokenizerSettings(
+        spec.tokenizer_json, spec.max_length, spec.prompt, spec.lowercase, spec.prefix_token_id
+    )
+    lengths = TextTokenizer(settings)(texts)[1].tolist()
     config = AutoConfig.from_pretrained(model)
     with torch.device("meta"):
-        return AutoModel.from_config(config)
+        weights = matmul_weights(AutoModel.from_config(config))
+    flops = forward_flops(lengths, weights, config.hidden_size, config.num_hidden_layers)
+    return flops, lengths, spec.max_length
+
+
+def peak_tflops(device: str, given: float | None) -> tuple[float | None, str]:
+    """The dense peak TFLOP/s of one device, and where the figure comes from.
+
+    >>> peak_tflops("NVIDIA H100 PCIe", None)[0], peak_tflops("NVIDIA A100-SXM4-80GB", None)[0]
+    (756.0, 312.0)
+    >>> peak_tflops("NVIDIA L40", None)
+    (None, "no data-sheet peak known for 'NVIDIA L40': pass --peak-tflops")
+    """
+    if given:
+        return given, "--peak-tflops"
+    for pattern, tflops in PEAK_TFLOPS:
+        if re.search(pattern, device, re.IGNORECASE):
+            return tflops, "data sheet, dense, no sparsity"
+    return None, f"no data-sheet peak known for {device!r}: pass --peak-tflops"
+
+
+@contextmanager
+def nvml_utilization(devices: list[int]) -> Iterator[list[list[int]]]:
+    """Samples of NVML utilization.gpu (percent) of each device, every `SAMPLE_SECONDS`,
+    taken on a thread while the block runs."""
+    import pynvml
+
+    pynvml.nvmlInit()
+    handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in devices]
+    samples: list[list[int]] = []
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.wait(SAMPLE_SECONDS):
+            samples.append([pynvml.nvmlDeviceGetUtilizationRates(h).gpu for h in handles])
+
+    thread = threading.Thread(target=sample, daemon=True)
+    thread.start()
+    try:
+        yield samples
+    finally:
+        stop.set()
+        thread.join()
+        pynvml.nvmlShutdown()
+
+
+def nvml_indices(count: int) -> list[int]:
+    """NVML's indices of the CUDA devices the run sees (CUDA_VISIBLE_DEVICES, when numeric)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")
+    numeric = all(v.strip().isdigit() for v in visible)
+    return [int(v) for v in visible][:count] if numeric else list(range(count))
+
+
+def timed_run(corpus: list[Path], out: Path, model: str, options: list[str]) -> dict[str, Any]:
+    """One `bulkembed run` into `out` (removed after): its figures, and each device's busy
+    fraction when NVML can be sampled."""
+    import torch
+
+    sampled = nvml_indices(torch.cuda.device_count()) if find_spec("pynvml") else []
+    with nvml_utilization(sampled) if sampled else nullcontext([]) as samples:
+        run = measure(corpus, out, model, *options)
+    shutil.rmtree(out)
+    busy = [round(sum(d) / len(d) / 100, 3) for d in zip(*samples, strict=True)]
+    return {
+        **run,
+        "tokens_per_s_end_to_end": round(run["tokens"] / run["wall_seconds"], 1),
+        "gpu_busy_fraction": round(statistics.mean(busy), 3) if busy else None,
+        "gpu_busy_per_device": busy or None,
+        "host_clock_idle_fraction": run["device_idle_fraction"],
+    }
 
 
 def main() -> None:
@@ -65,44 +188,75 @@ def main() -> None:
     parser.add_argument("--copies", type=int, default=20)
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
     parser.add_argument("--max-batch-tokens", default="auto")
+    parser.add_argument("--outputs", default="dense", help="passed to bulkembed run")
     parser.add_argument("--compile", action="store_true")
-    parser.add_argument("--peak-tflops", type=float, help="data-sheet TFLOP/s per device")
+    parser.add_argument("--warmup-docs", type=int, default=2000)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--peak-tflops", type=float, help="dense TFLOP/s of one device")
     args = parser.parse_args()
+    import torch
+
     if not torch.cuda.is_available():
         raise SystemExit("no CUDA device: this benchmark measures GPUs (see throughput.py)")
 
-    options = ["--devices", "auto", "--dtype", args.dtype]
+    options = ["--devices", "auto", "--dtype", args.dtype, "--outputs", args.outputs]
     options += ["--max-batch-tokens", args.max_batch_tokens]
     options += ["--compile"] if args.compile else []
     records = build(args.docs, args.copies)
+    flops, lengths, max_length = corpus_flops(args.model, [r["text"] for r in records])
+    devices = torch.cuda.device_count()
+    name = torch.cuda.get_device_name(0)
+    peak, peak_source = peak_tflops(name, args.peak_tflops)
     with tempfile.TemporaryDirectory() as tmp:
         corpus = write(records, Path(tmp) / "corpus", files=8, fmt="jsonl")
-        run = measure(corpus, Path(tmp) / "out", args.model, *options)
-    devices = torch.cuda.device_count()
-    per_token = flops_per_token(model_on_meta(args.model), run["tokens"] / run["docs"])
-    matmul = cuda_matmul_flops("cuda:0", getattr(torch, args.dtype))
-    achieved = per_token * run["tokens_per_s"]
+        print(f"warm-up: {args.warmup_docs} documents", file=sys.stderr)
+        warmup = [*options, "--limit", str(args.warmup_docs)]
+        measure(corpus, Path(tmp) / "warmup", args.model, *warmup)
+        runs = []
+        for repeat in range(args.repeats):
+            print(f"run {repeat + 1}/{args.repeats}: {len(records)} documents", file=sys.stderr)
+            runs.append(timed_run(corpus, Path(tmp) / "out", args.model, options))
+    tokens = sum(lengths)
+    if runs[0]["tokens"] != tokens:
+        print(f"FLOPs counted {tokens} tokens, the run {runs[0]['tokens']}", file=sys.stderr)
+
+    def median(key: str) -> float | None:
+        values = [r[key] for r in runs if r[key] is not None]
+        return round(statistics.median(values), 3) if values else None
+
+    def mfu(tokens_per_s: float | None) -> float | None:
+        if peak is None or tokens_per_s is None:
+            return None
+        return round(flops / tokens * tokens_per_s / (peak * 1e12 * devices), 3)
+
     results = {
-        "device": torch.cuda.get_device_name(0),
+        "device": name,
         "devices": devices,
         "model": args.model,
-        "docs": run["docs"],
-        "tokens": run["tokens"],
-        "mean_tokens": round(run["tokens"] / run["docs"], 1),
+        "outputs": args.outputs,
         "compile": args.compile,
-        **{k: run[k] for k in ("dtype", "max_batch_tokens", "wall_seconds", "peak_rss_mb")},
-        "docs_per_s": run["docs_per_s"],
-        "tokens_per_s": run["tokens_per_s"],
-        "tokens_per_s_end_to_end": round(run["tokens"] / run["wall_seconds"], 1),
-        "padding_efficiency": run["padding_efficiency"],
-        "device_idle_fraction": run["device_idle_fraction"],
-        "model_gflops_per_token": round(per_token / 1e9, 4),
-        "matmul_tflops": round(matmul / 1e12, 1),
-        "mfu_of_matmul": round(achieved / (matmul * devices), 3),
+        **{k: runs[0][k] for k in ("dtype", "docs", "tokens", "padding_efficiency")},
+        "max_length": max_length,
+        "mean_tokens": round(tokens / len(lengths), 1),
+        "warmup_docs": args.warmup_docs,
+        **{k: median(k) for k in MEDIANS},
+        "gpu_busy_source": (
+            f"NVML utilization.gpu, every {SAMPLE_SECONDS} s"
+            if find_spec("pynvml")
+            else "not measured: pynvml not installed (pip install nvidia-ml-py)"
+        ),
+        "model_tflops": round(flops / 1e12, 1),
+        "gflops_per_token": round(flops / tokens / 1e9, 4),
+        "peak_tflops_per_device": peak,
+        "peak_source": peak_source,
+        "mfu": mfu(median("tokens_per_s")),
+        "mfu_end_to_end": mfu(median("tokens_per_s_end_to_end")),
+        "repeats": [
+            {k: r[k] for k in (*MEDIANS, "gpu_busy_per_device", "max_batch_tokens", "peak_rss_mb")}
+            for r in runs
+        ],
     }
-    if args.peak_tflops:
-        results["mfu_of_peak"] = round(achieved / (args.peak_tflops * 1e12 * devices), 3)
-    print(json.dumps(results, indent=2))
+    print(json.dumps(results))
 
 
 if __name__ == "__main__":

@@ -50,7 +50,8 @@ def _tree_rss_mb(pid: int) -> float:
 
 
 def measure(corpus: list[Path], out: Path, model: str, *options: str) -> dict:
-    """Run `bulkembed run` (with `options`) on `corpus`; its figures and peak memory."""
+    """Run `bulkembed run` (with `options`) on `corpus`; its figures and peak memory. What
+    it prints goes to stderr, leaving stdout to the benchmark's JSON."""
     bulkembed = str(Path(sys.executable).with_name("bulkembed"))
     command = [
         bulkembed,
@@ -64,7 +65,7 @@ def measure(corpus: list[Path], out: Path, model: str, *options: str) -> dict:
         *options,
     ]
     started = time.monotonic()
-    process = subprocess.Popen(command)
+    process = subprocess.Popen(command, stdout=sys.stderr)
     peak = 0.0
     while process.poll() is None:
         peak = max(peak, _tree_rss_mb(process.pid))

@@ -33,6 +33,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import torch
 from corpus import build, write
+from gpu import forward_flops, matmul_weights
 from memory import measure
 
 MATMUL_SIZE = 2048
@@ -48,15 +49,6 @@ def matmul_flops(dtype: torch.dtype, seconds: float = 2.0) -> float:
         a @ b
         runs += 1
     return 2 * MATMUL_SIZE**3 * runs / (time.perf_counter() - started)
-
-
-def flops_per_token(model: torch.nn.Module, mean_tokens: float) -> float:
-    """Forward FLOPs per token: 2 per weight outside the embeddings, plus attention's
-    scores and weighted sums (2 × 2 × layers × sequence length × width)."""
-    config = model.config
-    weights = sum(p.numel() for name, p in model.named_parameters() if "embeddings" not in name)
-    attention = 4 * config.num_hidden_layers * mean_tokens * config.hidden_size
-    return 2 * weights + attention
 
 
 def timed_encode(model: object, texts: list[str], **options: object) -> tuple[float, object]:
@@ -137,7 +129,12 @@ def main() -> None:
                 "device_idle_fraction": run["device_idle_fraction"],
             }
 
-    per_token = flops_per_token(reference[0].auto_model, tokens / len(texts))
+    model = reference[0].auto_model
+    config = model.config
+    flops = forward_flops(
+        lengths, matmul_weights(model), config.hidden_size, config.num_hidden_layers
+    )
+    per_token = flops / tokens
     ceiling = {"float32": matmul_flops(torch.float32)}
     if args.bf16:
         ceiling["bfloat16"] = matmul_flops(torch.bfloat16)
