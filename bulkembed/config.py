@@ -32,8 +32,8 @@ class Pooling(str, Enum):
 
 
 class DType(str, Enum):
-    """Compute precision of the model. `auto` is float16 on CUDA, bfloat16 on CPUs with
-    bfloat16 units, else float32 (see `bulkembed.devices.resolve_dtype`)."""
+    """Compute precision of the model. `auto` is bfloat16 or float16 on CUDA, bfloat16 on
+    CPUs with bfloat16 units, else float32 (see `bulkembed.devices.resolve_dtype`)."""
 
     AUTO = "auto"
     FLOAT32 = "float32"

@@ -95,9 +95,11 @@ DTypeOption = Annotated[
     DType,
     typer.Option(
         "--dtype",
-        help="Compute precision. auto: float16 on CUDA; on CPU bfloat16 where the CPU has "
-        "bfloat16 units (AMX, AVX512-BF16), else float32. A half-precision auto choice is "
-        "checked against float32 on the first 64 documents and dropped below cosine 0.9999.",
+        help="Compute precision. auto: on CUDA bfloat16 for models saved in bfloat16 on "
+        "devices that have it, else float16; on CPU bfloat16 where the CPU has bfloat16 "
+        "units (AMX, AVX512-BF16), else float32. A half-precision auto choice is checked "
+        "against float32 on the first 64 documents and dropped, with a warning, below "
+        "cosine 0.9999 (every dense vector; 99% of multi-vector and sparse ones).",
     ),
 ]
 PoolingOption = Annotated[
