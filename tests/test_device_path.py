@@ -80,7 +80,7 @@ class _Recording(Encoder):
         self.events.append(f"upload {int(batch.lengths[0])}")
         return super().upload(batch)
 
-    def forward(self, inputs: DeviceInputs) -> DeviceOutputs:
+    def embed(self, inputs: DeviceInputs) -> DeviceOutputs:
         self.events.append(f"run {int(inputs.batch.lengths[0])}")
         return DeviceOutputs(dense=inputs.attention_mask.sum(dim=1, keepdim=True).float())
 
@@ -128,7 +128,7 @@ def test_batches_run_back_to_back_give_what_each_gives_alone(tiny_bge_m3, dtype_
     together = encoder.embed_batches(batches, lambda *_: None)
     reference = build_encoder(replace(spec, multivector_dtype="float32"), "cpu", torch.float32)
     for batch, found in zip(batches, together, strict=True):
-        alone = reference.embed(batch)
+        alone = reference.embed_batch(batch)
         assert np.array_equal(found.dense, alone.dense)
         for a, b in zip(found.sparse, alone.sparse, strict=True):
             assert np.array_equal(a.indices, b.indices) and np.array_equal(a.values, b.values)

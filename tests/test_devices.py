@@ -98,8 +98,8 @@ def test_cuda_half_precision_matches_cpu_float32(tiny_st, dtype):
         sample_texts(64)
     )
     batch = TokenBatch(flat, lengths)
-    cpu = build_encoder(spec, "cpu", torch.float32).embed(batch).dense
-    gpu = build_encoder(spec, "cuda:0", dtype).embed(batch).dense
+    cpu = build_encoder(spec, "cpu", torch.float32).embed_batch(batch).dense
+    gpu = build_encoder(spec, "cuda:0", dtype).embed_batch(batch).dense
     assert gpu.dtype == np.float32
     assert (cpu * gpu).sum(axis=1).min() >= 0.999
 
@@ -179,7 +179,7 @@ def test_cuda_budget_probe_fits_the_free_memory(tiny_st):
         np.full(budget, spec.pad_token_id, dtype=np.int32),
         np.full(documents, spec.max_length, dtype=np.int32),
     )
-    assert encoder.embed(batch).dense.shape[0] == documents
+    assert encoder.embed_batch(batch).dense.shape[0] == documents
 
 
 @pytest.mark.gpu

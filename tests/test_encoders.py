@@ -23,7 +23,7 @@ def _embed(folder, texts, **options) -> np.ndarray:
     encoder = build_encoder(spec, "cpu", torch.float32)
     tokenizer = TextTokenizer(TokenizerSettings(spec.tokenizer_json, spec.max_length, spec.prompt))
     flat, lengths, _ = tokenizer(texts)
-    return encoder.embed(TokenBatch(flat, lengths)).dense
+    return encoder.embed_batch(TokenBatch(flat, lengths)).dense
 
 
 @pytest.mark.parametrize("mode", ["cls", "mean", "lasttoken"])
@@ -86,7 +86,7 @@ class _LengthEncoder(Encoder):
     def dense_dim(self) -> int:
         return 2
 
-    def forward(self, inputs: DeviceInputs) -> DeviceOutputs:
+    def embed(self, inputs: DeviceInputs) -> DeviceOutputs:
         batch = inputs.batch
         starts = np.cumsum(batch.lengths) - batch.lengths
         firsts = batch.token_ids[starts]
@@ -100,7 +100,7 @@ def test_registry_builds_registered_and_built_in_families(tiny_st):
     from dataclasses import replace
 
     encoder = build_encoder(replace(spec, family="length-test"), "cpu", torch.float32)
-    out = encoder.embed(TokenBatch.from_sequences([np.array([5, 6, 7]), np.array([9])]))
+    out = encoder.embed_batch(TokenBatch.from_sequences([np.array([5, 6, 7]), np.array([9])]))
     assert out.dense.tolist() == [[3.0, 5.0], [1.0, 9.0]]
     with pytest.raises(ModelError, match="unknown model family 'nope'"):
         build_encoder(replace(spec, family="nope"), "cpu", torch.float32)

@@ -108,7 +108,7 @@ class _SmallMemoryEncoder(Encoder):
     def dense_dim(self) -> int:
         return 1
 
-    def forward(self, inputs: DeviceInputs) -> DeviceOutputs:
+    def embed(self, inputs: DeviceInputs) -> DeviceOutputs:
         batch = inputs.batch
         self.calls.append(len(batch))
         if len(batch) > 3:
@@ -136,14 +136,14 @@ def test_out_of_memory_halves_the_batch_until_it_fits(tiny_st):
 
 
 class _SingleDocumentTooLarge(_SmallMemoryEncoder):
-    def forward(self, inputs: DeviceInputs) -> DeviceOutputs:
+    def embed(self, inputs: DeviceInputs) -> DeviceOutputs:
         raise torch.cuda.OutOfMemoryError("CUDA out of memory.")
 
 
 class _TokenMemoryEncoder(_SmallMemoryEncoder):
     """Runs out of CUDA memory on batches of more than 12 padded tokens."""
 
-    def forward(self, inputs: DeviceInputs) -> DeviceOutputs:
+    def embed(self, inputs: DeviceInputs) -> DeviceOutputs:
         batch = inputs.batch
         self.calls.append(len(batch))
         if batch.padded_tokens > 12:
@@ -175,7 +175,7 @@ class _NotFiniteInHalfPrecision(_SmallMemoryEncoder):
 
     broken = False
 
-    def forward(self, inputs: DeviceInputs) -> DeviceOutputs:
+    def embed(self, inputs: DeviceInputs) -> DeviceOutputs:
         self.calls.append(str(self.dtype))
         dense = inputs.batch.lengths.reshape(-1, 1).astype(np.float32)
         if self.broken or self.dtype != torch.float32:

@@ -1,7 +1,9 @@
 """The encoder interface: a flat batch of token ids in, embeddings out.
 
-An encoder implements one method, `embed`. The base class holds the shared plumbing: the
-device and dtype, and turning a flat batch into padded tensors.
+An encoder implements one method, `embed(inputs) -> DeviceOutputs`: the batch's outputs,
+left on its device. The base class holds the shared plumbing: the device and dtype, padded
+tensors copied in ahead of time, outputs copied back and split by document, batches run back
+to back (`embed_batches`), out-of-memory halving and the non-finite check.
 """
 
 from __future__ import annotations
@@ -257,7 +259,7 @@ def _sparse_rows(weights: np.ndarray, ids: np.ndarray | None) -> list[SparseVect
 
 
 class Encoder(ABC):
-    """Embeds token batches on one device. A family implements `forward`; the base moves
+    """Embeds token batches on one device. A family implements `embed`; the base moves
     batches to the device and outputs back, runs batches back to back, halves those that
     run out of memory and embeds again those whose values are not finite."""
 
@@ -314,7 +316,7 @@ class Encoder(ABC):
         return None
 
     @abstractmethod
-    def forward(self, inputs: DeviceInputs) -> DeviceOutputs:
+    def embed(self, inputs: DeviceInputs) -> DeviceOutputs:
         """The outputs of a batch, left on the device (see `DeviceOutputs`)."""
 
     def padded(self, batch: TokenBatch) -> tuple[torch.Tensor, torch.Tensor]:
@@ -357,16 +359,16 @@ class Encoder(ABC):
             inputs.input_ids.record_stream(compute)
             inputs.attention_mask.record_stream(compute)
         with torch.inference_mode(), self.compute():
-            return _Landing(self.forward(inputs), inputs.batch.lengths)
+            return _Landing(self.embed(inputs), inputs.batch.lengths)
 
-    def embed(self, batch: TokenBatch) -> Embeddings:
+    def embed_batch(self, batch: TokenBatch) -> Embeddings:
         """Embeddings for every document of `batch`, in batch order; checked by
         `embed_within_memory`, not here."""
         embeddings, _ = self.launch(self.upload(batch)).embeddings()
         return embeddings
 
     def embed_within_memory(self, batch: TokenBatch) -> Embeddings:
-        """`embed`, halving the batch for as long as the GPU runs out of memory; a batch
+        """`embed_batch`, halving the batch for as long as the GPU runs out of memory; a batch
         whose vectors are not all finite is embedded again in float32 (`_finite`).
 
         Only CUDA's out-of-memory error is caught, and a single document that does not fit
@@ -510,7 +512,7 @@ class Encoder(ABC):
         torch.cuda.empty_cache()
         before = torch.cuda.memory_allocated(self.device)
         torch.cuda.reset_peak_memory_stats(self.device)
-        self.embed(probe)
+        self.embed_batch(probe)
         peak = torch.cuda.max_memory_allocated(self.device) - before
         torch.cuda.empty_cache()
         free, _ = torch.cuda.mem_get_info(self.device)

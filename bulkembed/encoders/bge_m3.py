@@ -69,7 +69,7 @@ class BGEM3Encoder(Encoder):
     def multivector_dim(self) -> int | None:
         return None if self.colbert_head is None else self.colbert_head.out_features
 
-    def forward(self, inputs: DeviceInputs) -> DeviceOutputs:
+    def embed(self, inputs: DeviceInputs) -> DeviceOutputs:
         input_ids, mask = inputs.input_ids, inputs.attention_mask
         hidden = self.model(input_ids=input_ids, attention_mask=mask).last_hidden_state
         outputs = DeviceOutputs()

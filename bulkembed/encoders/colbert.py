@@ -63,7 +63,7 @@ class ColbertEncoder(Encoder):
     def multivector_dim(self) -> int:
         return self.projection.out_features
 
-    def forward(self, inputs: DeviceInputs) -> DeviceOutputs:
+    def embed(self, inputs: DeviceInputs) -> DeviceOutputs:
         mask = inputs.attention_mask
         hidden = self.model(input_ids=inputs.input_ids, attention_mask=mask).last_hidden_state
         vectors = F.normalize(self.projection(hidden).float(), dim=-1)

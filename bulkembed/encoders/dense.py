@@ -26,7 +26,7 @@ class DenseEncoder(Encoder):
     def dense_dim(self) -> int:
         return int(self.model.config.hidden_size)
 
-    def forward(self, inputs: DeviceInputs) -> DeviceOutputs:
+    def embed(self, inputs: DeviceInputs) -> DeviceOutputs:
         mask = inputs.attention_mask
         hidden = self.model(input_ids=inputs.input_ids, attention_mask=mask).last_hidden_state
         vectors = pool(hidden, mask, self.spec.pooling or Pooling.CLS)

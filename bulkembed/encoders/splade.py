@@ -30,7 +30,7 @@ class SpladeEncoder(Encoder):
         self.model = model = load_model(spec, device, self.weights_dtype, masked_lm=True)
         self.vocabulary = int(model.config.vocab_size)
 
-    def forward(self, inputs: DeviceInputs) -> DeviceOutputs:
+    def embed(self, inputs: DeviceInputs) -> DeviceOutputs:
         input_ids, attention_mask = inputs.input_ids, inputs.attention_mask
         per_document = input_ids.shape[1] * self.vocabulary * 4
         step = max(1, LOGITS_BYTES // max(per_document, 1))
