@@ -3,8 +3,8 @@
 Each worker rebuilds the fast tokenizer from its JSON once, then turns lists of texts into
 flat arrays of token ids plus lengths (truncated, no padding), which pickle cheaply. The
 workers are a `bulkembed.workers.WorkerPool`: at most `max_in_flight` chunks are queued,
-results come back in submission order, and a worker that dies raises `WorkerError` instead
-of hanging the run.
+results come back in submission order, and a worker that dies or is stuck on a chunk raises
+`WorkerError` instead of hanging the run (a chunk is cheap to redo: the run is resumed).
 """
 
 from __future__ import annotations
@@ -133,6 +133,7 @@ class TokenizerPool:
                 [f"process {n}" for n in range(workers)],
                 START_TIMEOUT_SECONDS,
                 RESULT_TIMEOUT_SECONDS,
+                task="chunk",
             )
 
     def map(self, chunks: Iterable[Chunk]) -> Iterator[TokenizedChunk]:

@@ -1,24 +1,40 @@
 """Worker processes that cannot hang a run: the pool behind the tokenizers and the encoders.
 
 Each worker is spawned, builds what it works with once (`start(setting)`, e.g. a tokenizer
-or a model on its device), reports `READY`, then takes tasks from one shared queue until it
-is told to stop, so a slower worker simply takes fewer. Tasks carry their number and
-results come back in submission order, with at most `max_in_flight` queued. A worker that
-fails reports `FAILED`; one that dies, or stays silent past its time limit, is found by the
-parent on its next wait: either way the parent raises, never waits forever. Workers ignore
-SIGINT and SIGTERM (the parent decides how to stop) and exit once their parent is gone.
+or a model on its device), reports `READY`, then handles the tasks of its own queue in
+order until it is told to stop. Tasks carry their number and results come back in
+submission order, with at most `max_in_flight` sent out.
+
+The parent hands each task to the live worker that holds the fewest, so a slower worker
+simply gets fewer, and it always knows which tasks each worker holds. One queue per worker,
+rather than one shared queue that workers take from, is what makes that exact: there is no
+moment when a task has left a shared queue but its taker has not yet said so, and a worker
+killed while waiting on its queue breaks no one else's. Each worker answers on its own pipe,
+and the parent waits on the pipes and on the processes themselves, so it sees a result or a
+death at once, without polling.
+
+A worker that fails reports `FAILED` and the run stops. One that dies (killed, out of
+memory) stops the run too, unless the pool was made with `requeue`: then the tasks it held
+go to the live workers, once each, and the run goes on; a task that was handed out again
+already, or no live worker left, stops it. A task that takes longer than `task_timeout`
+stops it as well, naming the worker. Either way the parent raises, never waits forever.
+Workers ignore SIGINT and SIGTERM (the parent decides how to stop) and exit once their
+parent is gone.
 """
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import queue
 import signal
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from enum import Enum
+from multiprocessing.connection import Connection, wait
 from typing import Any, Generic, TypeVar
 
 from bulkembed.errors import WorkerError
@@ -27,14 +43,15 @@ Key = TypeVar("Key")
 Setting = TypeVar("Setting")
 Task = TypeVar("Task")
 Result = TypeVar("Result")
-# How often a waiting parent checks that its workers are alive, and a worker its parent.
-POLL_SECONDS = 1.0
+# How often a worker checks that its parent is alive.
 PARENT_CHECK_SECONDS = 0.5
+# How long a worker told to stop may take to finish its queued tasks.
+STOP_SECONDS = 10.0
 
 
 class Message(str, Enum):
-    """What a worker reports: started (with what it says about itself), a task's result, or
-    a failure (with its message)."""
+    """What a worker reports: started (with what it says about itself), a task's result
+    (with its number), or a failure (with its message)."""
 
     READY = "ready"
     DONE = "done"
@@ -49,39 +66,65 @@ def exit_with_parent(parent: int) -> None:
     os._exit(0)
 
 
-def _work(
+def _send(outbox: queue.SimpleQueue[Any], results: Connection) -> None:
+    """Send a worker's messages to its parent until None comes, so that the worker goes on
+    with its next task while the parent is busy elsewhere."""
+    while (message := outbox.get()) is not None:
+        results.send(message)
+
+
+def _serve(
     start: Callable[[Any], tuple[Callable[[Any], Any], Any]],
     setting: Any,
-    number: int,
     tasks: Any,
-    results: Any,
-    parent: int,
+    outbox: queue.SimpleQueue[Any],
 ) -> None:
-    """A worker's life: start, report, handle tasks until None comes."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    threading.Thread(target=exit_with_parent, args=(parent,), daemon=True).start()
+    """Start, report, handle tasks until None comes or one fails."""
     try:
         handle, about = start(setting)
     except Exception as e:  # reported to the parent, which raises it there
-        results.put((Message.FAILED, number, f"{type(e).__name__}: {e}"))
+        outbox.put((Message.FAILED, f"{type(e).__name__}: {e}"))
         return
-    results.put((Message.READY, number, about))
+    outbox.put((Message.READY, about))
     while (task := tasks.get()) is not None:
         index, item = task
         try:
             result = handle(item)
         except Exception as e:
-            results.put((Message.FAILED, number, f"{type(e).__name__}: {e}"))
+            outbox.put((Message.FAILED, f"{type(e).__name__}: {e}"))
             return
-        results.put((Message.DONE, index, result))
+        outbox.put((Message.DONE, index, result))
+
+
+def _work(
+    start: Callable[[Any], tuple[Callable[[Any], Any], Any]],
+    setting: Any,
+    tasks: Any,
+    results: Connection,
+    parent: int,
+) -> None:
+    """A worker's life: its tasks served, its messages sent, until it is told to stop."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    threading.Thread(target=exit_with_parent, args=(parent,), daemon=True).start()
+    outbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
+    sender = threading.Thread(target=_send, args=(outbox, results))
+    sender.start()
+    try:
+        _serve(start, setting, tasks, outbox)
+    finally:
+        outbox.put(None)
+        sender.join()
 
 
 class WorkerPool(Generic[Task, Result]):
     """One spawned worker per entry of `settings`, each started with `start(setting)` (a
     module-level function), which returns the task handler and what the worker says about
-    itself (`ready`, in worker order). `role` names the workers in errors ("tokenizer"), and
-    `places` says where each one runs ("cuda:0")."""
+    itself (`ready`, in worker order). `role` names the workers in errors ("tokenizer"),
+    `places` says where each one runs ("cuda:0") and `task` what one task is ("batch").
+    `start_timeout` bounds the start, `task_timeout` each task from the moment its worker
+    begins it. With `requeue`, the tasks of a worker that dies go to the others, and `warn`
+    is told so in one line."""
 
     def __init__(
         self,
@@ -90,102 +133,203 @@ class WorkerPool(Generic[Task, Result]):
         role: str,
         places: list[str],
         start_timeout: float,
-        result_timeout: float,
+        task_timeout: float,
+        *,
+        task: str = "task",
+        requeue: bool = False,
+        warn: Callable[[str], None] | None = None,
     ) -> None:
         context = multiprocessing.get_context("spawn")
         self.role = role
         self.places = places
-        self.result_timeout = result_timeout
-        self._tasks = context.Queue()
-        self._results = context.Queue()
-        self._workers = [
-            context.Process(
+        self.task = task
+        self.start_timeout = start_timeout
+        self.task_timeout = task_timeout
+        self.requeue = requeue
+        self._warn = warn
+        self._tasks = [context.Queue() for _ in settings]
+        self._results: list[Connection] = []
+        self._workers = []
+        for number, setting in enumerate(settings):
+            reader, writer = context.Pipe(duplex=False)
+            worker = context.Process(
                 target=_work,
-                args=(start, setting, number, self._tasks, self._results, os.getpid()),
+                args=(start, setting, self._tasks[number], writer, os.getpid()),
                 name=f"bulkembed-{role}-{places[number]}",
                 daemon=True,
             )
-            for number, setting in enumerate(settings)
-        ]
-        for worker in self._workers:
             worker.start()
-        ready: dict[int, Any] = {}
+            # The worker holds the only writing end now: its death reads as end of file.
+            writer.close()
+            self._results.append(reader)
+            self._workers.append(worker)
+        self._live = set(range(len(settings)))
+        # The tasks handed to each worker and not answered yet, in the order it takes them,
+        # and since when it works on the first of them.
+        self._held: list[dict[int, Task]] = [{} for _ in settings]
+        self._since = [0.0] * len(settings)
+        self._handed_again: set[int] = set()
+        self._submitted = 0
+        self._starting = True
+        self._failed = False
+        self._ready: dict[int, Any] = {}
+        deadline = time.monotonic() + start_timeout
         try:
-            while len(ready) < len(self._workers):
-                _, number, about = self._next(Message.READY, start_timeout)
-                ready[number] = about
+            while len(self._ready) < len(self._workers):
+                number, (_, about) = self._next(deadline)
+                self._ready[number] = about
         except BaseException:
             self.close(failed=True)
             raise
-        self.ready = [ready[number] for number in range(len(self._workers))]
+        self._starting = False
+        self.ready = [self._ready[number] for number in range(len(self._workers))]
 
     def __len__(self) -> int:
         return len(self._workers)
 
-    def _next(self, kind: Message, timeout: float) -> tuple[Message, int, Any]:
-        """The next message from the workers, of `kind`; a failure, a death or `timeout`
-        seconds of silence raise."""
-        waited = 0.0
-        while True:
-            try:
-                message = self._results.get(timeout=POLL_SECONDS)
-            except queue.Empty:
-                waited += POLL_SECONDS
-                if not all(w.is_alive() for w in self._workers):
-                    raise self._error("process died (killed, or out of memory?)") from None
-                if waited >= timeout:
-                    raise self._error(f"gave no result in {timeout:.0f} s") from None
-                continue
-            if message[0] is Message.FAILED:
-                place = self.places[message[1]]
-                raise WorkerError(f"the {self.role} on {place} failed: {message[2]}")
-            assert message[0] is kind, message
-            return message
+    def _next(self, start_deadline: float | None = None) -> tuple[int, tuple[Any, ...]]:
+        """The next message from a live worker, with the worker's number. A failure raises;
+        a death hands the worker's tasks on, or raises; so does a time limit run out: the
+        `start_deadline` while the workers start, afterwards `task_timeout` for the task
+        each worker is on. After an error, `close` kills the workers at once."""
+        try:
+            return self._receive(start_deadline)
+        except WorkerError:
+            self._failed = True
+            raise
 
-    def _error(self, what: str) -> WorkerError:
-        article = "an" if self.role[0] in "aeiou" else "a"
+    def _receive(self, start_deadline: float | None) -> tuple[int, tuple[Any, ...]]:
+        """`_next`, before an error is remembered."""
+        while True:
+            if start_deadline is None:
+                deadline, late = self._task_deadline()
+            else:
+                deadline, late = start_deadline, None
+            live = sorted(self._live)
+            waiting = [self._results[n] for n in live] + [self._workers[n].sentinel for n in live]
+            timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+            ready = wait(waiting, timeout)
+            if not ready:
+                raise self._late(late)
+            for number in live:
+                connection = self._results[number]
+                if connection not in ready and self._workers[number].sentinel not in ready:
+                    continue
+                message = None
+                if connection.poll():
+                    with contextlib.suppress(EOFError, OSError):
+                        message = connection.recv()
+                if message is None:
+                    self._died(number)
+                    break
+                if message[0] is Message.FAILED:
+                    place = self.places[number]
+                    raise WorkerError(f"the {self.role} on {place} failed: {message[1]}")
+                return number, message
+
+    def _task_deadline(self) -> tuple[float | None, int | None]:
+        """When the first task that workers are on runs out of time, and whose it is."""
+        busy = [number for number in self._live if self._held[number]]
+        if not busy:
+            return None, None
+        number = min(busy, key=lambda n: self._since[n])
+        return self._since[number] + self.task_timeout, number
+
+    def _late(self, number: int | None) -> WorkerError:
+        """The error of a time limit run out: a worker's task, or the start."""
+        if number is None:
+            waiting = sorted({self.places[n] for n in self._live if n not in self._ready})
+            return WorkerError(
+                f"the {self.role} on {', '.join(waiting)} did not start in {self.start_timeout:g} s"
+            )
         return WorkerError(
-            f"{article} {self.role} worker {what}; committed output is kept: run the same "
-            "command again to resume"
+            f"the {self.role} on {self.places[number]} took more than "
+            f"{self.task_timeout:g} s for one {self.task} (stuck or hung?); committed "
+            "output is kept: run the same command again to resume"
         )
+
+    def _died(self, number: int) -> None:
+        """Worker `number` is gone: with `requeue`, its tasks go to the live workers; raise
+        if it cannot be (not asked for, still starting, none left, or a task's second
+        death)."""
+        self._live.discard(number)
+        self._workers[number].join(timeout=STOP_SECONDS)
+        lost, self._held[number] = self._held[number], {}
+        if (
+            not self.requeue
+            or self._starting
+            or not self._live
+            or not self._handed_again.isdisjoint(lost)
+        ):
+            article = "an" if self.role[0] in "aeiou" else "a"
+            raise WorkerError(
+                f"{article} {self.role} worker process died (killed, or out of memory?); "
+                "committed output is kept: run the same command again to resume"
+            )
+        if self._warn is not None:
+            others = ", ".join(self.places[n] for n in sorted(self._live))
+            self._warn(
+                f"the {self.role} on {self.places[number]} died (killed, or out of memory?): "
+                f"its {len(lost)} {self.task}(s) in flight run again on {others}"
+            )
+        for index, task in lost.items():
+            self._handed_again.add(index)
+            self._hand_out(index, task)
+
+    def _hand_out(self, index: int, task: Task) -> None:
+        """Send task `index` to the live worker that holds the fewest."""
+        number = min(self._live, key=lambda n: (len(self._held[n]), n))
+        if not self._held[number]:
+            self._since[number] = time.monotonic()
+        self._held[number][index] = task
+        self._tasks[number].put((index, task))
+
+    def _result(self) -> tuple[int, Result]:
+        """The next task's number and result, from whichever worker is first."""
+        number, (kind, index, result) = self._next()
+        assert kind is Message.DONE, kind
+        del self._held[number][index]
+        # A worker takes its tasks in order: it is on the next one from now.
+        self._since[number] = time.monotonic()
+        return index, result
 
     def map(
         self, items: Iterable[tuple[Key, Task]], max_in_flight: int
     ) -> Iterator[tuple[Key, Result]]:
         """For each `(key, task)` of `items`, the key with the task's result, in the order of
-        `items`, keeping at most `max_in_flight` tasks queued. Keys stay in this process."""
+        `items`, keeping at most `max_in_flight` tasks out. Keys stay in this process."""
         keys: dict[int, Key] = {}
         found: dict[int, Result] = {}
-        submitted = returned = 0
+        out: deque[int] = deque()
         pending = iter(items)
         while True:
-            while submitted - returned < max_in_flight:
-                item = next(pending, None)
-                if item is None:
-                    break
-                keys[submitted], task = item
-                self._tasks.put((submitted, task))
-                submitted += 1
-            if returned == submitted:
+            while len(out) < max_in_flight and (item := next(pending, None)) is not None:
+                index = self._submitted
+                self._submitted += 1
+                keys[index], task = item
+                out.append(index)
+                self._hand_out(index, task)
+            if not out:
                 return
-            while returned not in found:
-                _, index, result = self._next(Message.DONE, self.result_timeout)
+            first = out.popleft()
+            while first not in found:
+                index, result = self._result()
                 found[index] = result
-            yield keys.pop(returned), found.pop(returned)
-            returned += 1
+            yield keys.pop(first), found.pop(first)
 
     def close(self, failed: bool = False) -> None:
-        """Stop the workers: asked to, once their queued tasks are done; after a failure
-        (one of them may be stuck) killed at once."""
-        if not failed:
+        """Stop the workers: asked to, once their queued tasks are done; after a failure,
+        here or told of (one of them may be stuck), killed at once."""
+        if not failed and not self._failed:
+            for number in self._live:
+                self._tasks[number].put(None)
             for worker in self._workers:
-                if worker.is_alive():
-                    self._tasks.put(None)
-            for worker in self._workers:
-                worker.join(timeout=10)
+                worker.join(timeout=STOP_SECONDS)
         for worker in self._workers:
             if worker.is_alive():
                 worker.kill()
                 worker.join()
-        self._tasks.cancel_join_thread()
-        self._results.cancel_join_thread()
+        for tasks in self._tasks:
+            tasks.cancel_join_thread()
+        for connection in self._results:
+            connection.close()

@@ -1,14 +1,27 @@
 """`--devices cpu,cpu`: one encoder process per device, output identical to one worker's."""
 
 import json
+import os
 import shutil
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import torch
 from helpers import records, run_cli, write_corpus
 
 from bulkembed import devices, precision
+from bulkembed.engine import pool
+from bulkembed.errors import BulkembedError
+
+# What a faulty encoder worker (`_start_faulty`) does, and the file its first fault claims.
+FAULT = "TEST_ENCODER_FAULT"
+MARKER = "TEST_ENCODER_FAULT_MARKER"
 
 # Batches small enough that each worker gets several.
 BATCHES = ("--max-batch-tokens", 1024)
@@ -76,3 +89,110 @@ def test_auto_dtype_with_several_devices_is_checked_before_the_workers_start(
     )
     assert told.exit_code == 0, told.output
     assert pq.read_table(tmp_path / "auto").equals(pq.read_table(tmp_path / "told"))
+
+
+@dataclass
+class _Faulty:
+    """A worker's encoder that, at its third batch, kills its own process (`die`) or never
+    answers (`hang`); only the first worker to get there, so that the run can go on."""
+
+    embed: Any
+    fault: str
+    marker: Path
+    batches: int = 0
+
+    def __call__(self, batch: Any) -> Any:
+        self.batches += 1
+        if self.batches == 3 and self._first():
+            if self.fault == "die":
+                os.kill(os.getpid(), signal.SIGKILL)
+            time.sleep(600)
+        return self.embed(batch)
+
+    def _first(self) -> bool:
+        try:
+            os.close(os.open(self.marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            return False
+        return True
+
+
+def _start_faulty(device: Any) -> tuple[_Faulty, Any]:
+    """`bulkembed.engine.pool._start`, with the fault that `TEST_ENCODER_FAULT` names."""
+    embed, about = START_ENCODER_WORKER(device)
+    return _Faulty(embed, os.environ[FAULT], Path(os.environ[MARKER])), about
+
+
+START_ENCODER_WORKER = pool._start
+
+
+def _with_fault(monkeypatch, tmp_path, fault):
+    """Encoder workers (spawned: they read the environment) with `fault` at a third batch."""
+    monkeypatch.setattr(pool, "_start", _start_faulty)
+    monkeypatch.setenv(FAULT, fault)
+    monkeypatch.setenv(MARKER, str(tmp_path / "fault"))
+
+
+@pytest.mark.slow
+def test_a_killed_encoder_s_batches_run_on_the_other_and_the_output_is_the_same(
+    tmp_path, tiny_st, monkeypatch
+):
+    corpus, model = _corpus(tmp_path), tiny_st("mean")
+    monkeypatch.setattr(devices, "cpu_threads_per_worker", lambda found: 1)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as each of the two workers runs
+    try:
+        one = run_cli(corpus, model, tmp_path / "one", "--devices", "cpu", *BATCHES, workers=None)
+    finally:
+        torch.set_num_threads(threads)
+    assert one.exit_code == 0, one.output
+    _with_fault(monkeypatch, tmp_path, "die")
+    two = run_cli(corpus, model, tmp_path / "two", "--devices", "cpu,cpu", *BATCHES, workers=None)
+    assert two.exit_code == 0, two.output
+    assert (tmp_path / "fault").exists()
+    assert "warning: the encoder on cpu died (killed, or out of memory?): its " in two.output
+    expected = pq.read_table(tmp_path / "one").sort_by("id")
+    got = pq.read_table(tmp_path / "two").sort_by("id")
+    assert got["id"].to_pylist() == expected["id"].to_pylist()
+    np.testing.assert_allclose(
+        np.stack(got["dense"].to_numpy(zero_copy_only=False)),
+        np.stack(expected["dense"].to_numpy(zero_copy_only=False)),
+        rtol=0,
+        atol=1e-6,
+    )
+
+
+@pytest.mark.slow
+def test_a_hung_encoder_is_a_one_line_error_naming_its_device(tmp_path, tiny_st, monkeypatch):
+    _with_fault(monkeypatch, tmp_path, "hang")
+    monkeypatch.setenv("BULKEMBED_BATCH_TIMEOUT", "2")
+    model = tiny_st("mean")
+    started = time.monotonic()
+    result = run_cli(
+        _corpus(tmp_path), model, tmp_path / "out", "--devices", "cpu,cpu", *BATCHES, workers=None
+    )
+    assert result.exit_code == 1, result.output
+    assert (tmp_path / "fault").exists()
+    assert (
+        "error: the encoder on cpu took more than 2 s for one batch (stuck or hung?); "
+        "committed output is kept: run the same command again to resume"
+    ) in result.output
+    assert time.monotonic() - started < 60
+
+
+@pytest.mark.parametrize(
+    ("value", "seconds"), [(None, pool.BATCH_TIMEOUT_SECONDS), ("2.5", 2.5), ("900", 900.0)]
+)
+def test_the_batch_time_limit_comes_from_the_environment(monkeypatch, value, seconds):
+    if value is None:
+        monkeypatch.delenv("BULKEMBED_BATCH_TIMEOUT", raising=False)
+    else:
+        monkeypatch.setenv("BULKEMBED_BATCH_TIMEOUT", value)
+    assert pool.batch_timeout() == seconds
+
+
+@pytest.mark.parametrize("value", ["", "soon", "0", "-5", "inf", "nan"])
+def test_a_batch_time_limit_that_is_not_seconds_is_refused(monkeypatch, value):
+    monkeypatch.setenv("BULKEMBED_BATCH_TIMEOUT", value)
+    with pytest.raises(BulkembedError, match="^BULKEMBED_BATCH_TIMEOUT must be seconds above 0"):
+        pool.batch_timeout()

@@ -1,21 +1,25 @@
-"""Encoders on worker processes, one per device, fed from one shared queue of batches.
+"""Encoders on worker processes, one per device, each batch sent to the least busy one.
 
-Each worker starts the model on its device as every encoder starts (`start_encoder`) and
-takes the next batch from the shared queue as soon as it is free, so a slower device simply
-takes fewer batches (no static split). Results come back in submission order. The workers
-are a `bulkembed.workers.WorkerPool`: one that fails or dies ends the run with an error,
-never a hang, and they exit when the run's process is gone.
+Each worker starts the model on its device as every encoder starts (`start_encoder`); the
+run hands each batch to the worker that holds the fewest, so a slower device simply gets
+fewer batches (no static split). Results come back in submission order. The workers are a
+`bulkembed.workers.WorkerPool`: one that dies (killed, out of memory) has its batches in
+flight embedded again by the others, with a warning, so the output is the same; one that
+fails, a batch that kills a second worker, or no worker left ends the run with an error,
+and so does a batch that takes more than `batch_timeout()` (a hung device), never a hang.
+The workers exit when the run's process is gone.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from bulkembed.contracts import Embeddings, TokenBatch
-from bulkembed.errors import WorkerError
+from bulkembed.errors import BulkembedError, WorkerError
 from bulkembed.workers import WorkerPool
 
 if TYPE_CHECKING:
@@ -26,6 +30,24 @@ if TYPE_CHECKING:
 BATCHES_PER_WORKER = 2
 # Loading a large model from a network disk and probing its budget can take minutes.
 START_TIMEOUT_SECONDS = 1800
+# A batch takes seconds even on a CPU; a device this late is hung, not slow.
+BATCH_TIMEOUT_SECONDS = 600
+BATCH_TIMEOUT_VARIABLE = "BULKEMBED_BATCH_TIMEOUT"
+
+
+def batch_timeout() -> float:
+    """The seconds one batch may take: `BULKEMBED_BATCH_TIMEOUT` where it is set, else
+    `BATCH_TIMEOUT_SECONDS`."""
+    value = os.environ.get(BATCH_TIMEOUT_VARIABLE)
+    if value is None:
+        return BATCH_TIMEOUT_SECONDS
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = 0.0
+    if not 0 < seconds < float("inf"):
+        raise BulkembedError(f"{BATCH_TIMEOUT_VARIABLE} must be seconds above 0, not {value!r}")
+    return seconds
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,10 +87,17 @@ def _start(device: _Device) -> tuple[_Timed, tuple[int | None, int | None, int |
 class EncoderPool:
     """One encoder process per device; `embed_batches` spreads batches over them. With
     `tune`, each worker probes its device's token budget (`Encoder.tune_batch_tokens`) and
-    `batch_tokens` is the smallest, so that every batch fits every device."""
+    `batch_tokens` is the smallest, so that every batch fits every device. `warn` is told
+    when a worker dies and its batches run again on the others."""
 
     def __init__(
-        self, spec: ModelSpec, devices: list[str], dtype_name: str, threads: int, tune: bool
+        self,
+        spec: ModelSpec,
+        devices: list[str],
+        dtype_name: str,
+        threads: int,
+        tune: bool,
+        warn: Callable[[str], None] | None = None,
     ) -> None:
         self.devices = devices
         self._pool: WorkerPool[TokenBatch, tuple[Embeddings, float]] = WorkerPool(
@@ -77,7 +106,10 @@ class EncoderPool:
             "encoder",
             devices,
             START_TIMEOUT_SECONDS,
-            START_TIMEOUT_SECONDS,
+            batch_timeout(),
+            task="batch",
+            requeue=True,
+            warn=warn,
         )
         dims = {(dense, multivector) for dense, multivector, _ in self._pool.ready}
         if len(dims) != 1:

@@ -85,7 +85,9 @@ class DeviceSession:
         from bulkembed.engine.pool import EncoderPool
 
         threads = cpu_threads_per_worker(self.devices)
-        pool = EncoderPool(self.spec, self.devices, self.dtype, threads, self.tune)
+        pool = EncoderPool(
+            self.spec, self.devices, self.dtype, threads, self.tune, self.reporter.warn
+        )
         self._use_budget(pool.batch_tokens)
         return pool
 
