@@ -1,13 +1,16 @@
-"""Gather tokenized chunks into windows, and embed a window batch by batch.
+"""Gather tokenized chunks into windows, and embed windows as one stream of batches.
 
 A window holds about `WINDOW_BATCHES` batches' worth of tokens. It is sorted by length and
-packed into token-budget batches (`pack_batches`); each batch runs on the encoder, and the
-outputs are put back in input order.
+packed into token-budget batches (`pack_batches`); the batches of window after window run
+on the encoder back to back (`embed_packed`), and each window's outputs are put back in
+input order.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -113,41 +116,81 @@ def windows(chunks: Iterator[TokenizedChunk], max_tokens: int) -> Iterator[list[
         yield window
 
 
-def embed_window(
-    window: list[TokenizedChunk],
+@dataclass(slots=True)
+class PackedWindow:
+    """A window's chunks packed into token-budget batches, and the batches' embeddings as
+    they land."""
+
+    chunks: list[TokenizedChunk]
+    batches: list[Batch]
+    token_batches: list[TokenBatch]
+    outputs: list[Embeddings] = field(default_factory=list)
+
+    @property
+    def complete(self) -> bool:
+        return len(self.outputs) == len(self.batches)
+
+    def embedded(self) -> tuple[Embeddings, np.ndarray]:
+        """Embeddings of every document of the window and the length each was padded to,
+        both in input order."""
+        if not self.batches:
+            return Embeddings(), np.empty(0, dtype=np.int64)
+        order = input_order(self.batches)
+        padded = np.concatenate([np.full(b.size, b.lengths[0], np.int64) for b in self.batches])
+        return Embeddings.concatenate(self.outputs).take(order), padded[order]
+
+
+def pack_window(window: list[TokenizedChunk], max_batch_tokens: int) -> PackedWindow:
+    """The window's documents sorted by length and packed into batches (`pack_batches`)."""
+    lengths = np.concatenate([c.lengths for c in window]) if window else np.empty(0, np.int32)
+    if len(lengths) == 0:
+        return PackedWindow(window, [], [])
+    token_ids = np.concatenate([c.token_ids for c in window])
+    starts = np.cumsum(lengths) - lengths
+    batches = pack_batches(lengths, max_batch_tokens)
+    token_batches = [
+        TokenBatch.from_sequences(
+            [token_ids[s : s + n] for s, n in zip(starts[b.indices], b.lengths, strict=True)]
+        )
+        for b in batches
+    ]
+    return PackedWindow(window, batches, token_batches)
+
+
+def embed_packed(
+    windows: Iterator[list[TokenizedChunk]],
     encoder: Embedder,
-    max_batch_tokens: int,
+    max_batch_tokens: Callable[[], int],
     stats: RunStats,
     reporter: Reporter,
-) -> tuple[Embeddings, np.ndarray]:
-    """Embeddings of every document of the window, and the length each was padded to,
-    both in input order."""
-    lengths = np.concatenate([c.lengths for c in window])
-    if len(lengths) == 0:
-        return Embeddings(), np.empty(0, dtype=np.int64)
-    with stats.timed("pack"):
-        token_ids = np.concatenate([c.token_ids for c in window])
-        starts = np.cumsum(lengths) - lengths
-        batches = pack_batches(lengths, max_batch_tokens)
-        token_batches = [
-            TokenBatch.from_sequences(
-                [token_ids[s : s + n] for s, n in zip(starts[b.indices], b.lengths, strict=True)]
-            )
-            for b in batches
-        ]
+) -> Iterator[PackedWindow]:
+    """Each window packed (by the budget `max_batch_tokens()` gives at the time) and
+    embedded, in order, as one stream of batches: the next window is gathered and packed
+    while the last batches of this one run (see `Encoder.embed_stream`)."""
+    pending: deque[PackedWindow] = deque()
 
-    def finished(number: int, seconds: float, host_seconds: float) -> None:
+    def batches() -> Iterator[tuple[tuple[PackedWindow, int], TokenBatch]]:
+        for window in windows:
+            with stats.timed("pack"):
+                packed = pack_window(window, max_batch_tokens())
+            pending.append(packed)
+            for number, batch in enumerate(packed.token_batches):
+                yield (packed, number), batch
+
+    def finished(key: tuple[PackedWindow, int], seconds: float, host_seconds: float) -> None:
+        packed, number = key
         stats.encode_seconds += seconds + host_seconds
         stats.stages["model"] += seconds
         stats.stages["post-process"] += host_seconds
-        _count(stats, batches[number])
+        _count(stats, packed.batches[number])
         reporter.update(stats)
 
-    outputs = encoder.embed_batches(token_batches, finished)
-    with stats.timed("post-process"):
-        order = input_order(batches)
-        padded = np.concatenate([np.full(b.size, b.lengths[0], dtype=np.int64) for b in batches])
-        return Embeddings.concatenate(outputs).take(order), padded[order]
+    for (packed, _), embeddings in encoder.embed_stream(batches(), finished):
+        packed.outputs.append(embeddings)
+        while pending and pending[0].complete:
+            yield pending.popleft()
+    while pending:
+        yield pending.popleft()
 
 
 def _count(stats: RunStats, batch: Batch) -> None:

@@ -4,6 +4,7 @@
 from dataclasses import replace
 
 import numpy as np
+import pyarrow as pa
 import pytest
 import torch
 from helpers import sample_texts
@@ -13,7 +14,10 @@ from bulkembed.contracts import SparseVector
 from bulkembed.encoders import DeviceInputs, DeviceOutputs, Encoder, TokenBatch, build_encoder
 from bulkembed.encoders.sparse import keep_top_k, max_weight_per_id
 from bulkembed.model_spec import resolve_model
-from bulkembed.tokenize import TextTokenizer, TokenizerSettings
+from bulkembed.progress import QuietReporter, RunStats
+from bulkembed.sources.records import Chunk
+from bulkembed.tokenize import TextTokenizer, TokenizedChunk, TokenizerSettings
+from bulkembed.windows import embed_packed
 
 
 def _per_document(weights, token_ids, excluded, top_k=None) -> SparseVector:
@@ -91,12 +95,16 @@ def test_the_next_batch_is_uploaded_and_run_before_the_last_one_lands(tiny_st):
     encoder.events = []
     batches = [TokenBatch.from_sequences([np.arange(n)] * 2) for n in (3, 2, 1)]
 
-    def finished(number: int, seconds: float, host_seconds: float) -> None:
-        encoder.events.append(f"landed {int(batches[number].lengths[0])}")
+    def finished(key: int, seconds: float, host_seconds: float) -> None:
+        encoder.events.append(f"landed {key}")
         assert seconds >= 0 and host_seconds >= 0
 
-    outputs = encoder.embed_batches(batches, finished)
-    assert [o.dense[:, 0].tolist() for o in outputs] == [[3, 3], [2, 2], [1, 1]]
+    outputs = list(encoder.embed_stream(((int(b.lengths[0]), b) for b in batches), finished))
+    assert [(key, o.dense[:, 0].tolist()) for key, o in outputs] == [
+        (3, [3, 3]),
+        (2, [2, 2]),
+        (1, [1, 1]),
+    ]
     assert encoder.events == [
         "upload 3",
         "run 3",
@@ -108,6 +116,25 @@ def test_the_next_batch_is_uploaded_and_run_before_the_last_one_lands(tiny_st):
         "landed 2",
         "landed 1",
     ]
+
+
+def test_the_next_window_is_packed_before_the_last_batch_of_one_lands(tiny_st):
+    spec = resolve_model(RunConfig(inputs=("x",), output="o", model=str(tiny_st("mean"))))
+    encoder = _Recording(spec, "cpu", torch.float32)
+    encoder.events = []
+
+    def windows():
+        for length in (4, 3):
+            encoder.events.append(f"window {length}")
+            chunk = Chunk(0, 0, pa.array(["a", "b"]), [], last_in_unit=False)
+            tokens = np.arange(2 * length, dtype=np.int32)
+            yield [TokenizedChunk(chunk, tokens, np.array([length, length], np.int32), 0)]
+
+    embedded = embed_packed(windows(), encoder, lambda: 100, RunStats(), QuietReporter())
+    found = [packed.embedded()[0].dense[:, 0].tolist() for packed in embedded]
+    assert found == [[4, 4], [3, 3]]
+    # Window 3 is gathered and its batch uploaded while window 4's batch is out.
+    assert encoder.events == ["window 4", "upload 4", "run 4", "window 3", "upload 3", "run 3"]
 
 
 def _batches(spec, texts: list[str], size: int) -> list[TokenBatch]:
@@ -125,10 +152,10 @@ def test_batches_run_back_to_back_give_what_each_gives_alone(tiny_bge_m3, dtype_
     spec = resolve_model(config)
     encoder = build_encoder(spec, "cpu", torch.float32)
     batches = _batches(spec, sample_texts(24), 5)
-    together = encoder.embed_batches(batches, lambda *_: None)
+    together = encoder.embed_stream(enumerate(batches), lambda *_: None)
     reference = build_encoder(replace(spec, multivector_dtype="float32"), "cpu", torch.float32)
-    for batch, found in zip(batches, together, strict=True):
-        alone = reference.embed_batch(batch)
+    for (number, found), batch in zip(together, batches, strict=True):
+        alone = reference.embed_batch(batches[number])
         assert np.array_equal(found.dense, alone.dense)
         for a, b in zip(found.sparse, alone.sparse, strict=True):
             assert np.array_equal(a.indices, b.indices) and np.array_equal(a.values, b.values)
@@ -143,8 +170,11 @@ def test_batches_run_back_to_back_give_what_each_gives_alone(tiny_bge_m3, dtype_
 def test_cuda_batches_run_back_to_back_match_the_cpu(tiny_bge_m3):
     spec = resolve_model(RunConfig(inputs=("x",), output="o", model=str(tiny_bge_m3)))
     batches = _batches(spec, sample_texts(40), 8)
-    cuda = build_encoder(spec, "cuda:0", torch.float32).embed_batches(batches, lambda *_: None)
-    cpu = build_encoder(spec, "cpu", torch.float32).embed_batches(batches, lambda *_: None)
+    encoders = [build_encoder(spec, device, torch.float32) for device in ("cuda:0", "cpu")]
+    cuda, cpu = (
+        [e for _, e in encoder.embed_stream(enumerate(batches), lambda *_: None)]
+        for encoder in encoders
+    )
     for a, b in zip(cuda, cpu, strict=True):
         assert np.allclose(a.dense, b.dense, atol=1e-5)
         for x, y in zip(a.sparse, b.sparse, strict=True):

@@ -3,7 +3,7 @@
 An encoder implements one method, `embed(inputs) -> DeviceOutputs`: the batch's outputs,
 left on its device. The base class holds the shared plumbing: the device and dtype, padded
 tensors copied in ahead of time, outputs copied back and split by document, batches run back
-to back (`embed_batches`), out-of-memory halving and the non-finite check.
+to back (`embed_stream`), out-of-memory halving and the non-finite check.
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ import copy
 import pickle
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import numpy as np
 
@@ -27,6 +27,9 @@ if TYPE_CHECKING:
     import torch
 
     from bulkembed.model_spec import ModelSpec
+
+# What a caller tags each batch of a stream with (`embed_stream`), to know it when it lands.
+Key = TypeVar("Key")
 
 
 # `tune_batch_tokens` probes with about this many tokens, and fills this share of the
@@ -143,9 +146,11 @@ class Embedder(Protocol):
     @property
     def multivector_dim(self) -> int | None: ...
 
-    def embed_batches(
-        self, batches: list[TokenBatch], finished: Callable[[int, float, float], None]
-    ) -> list[Embeddings]: ...
+    def embed_stream(
+        self,
+        batches: Iterable[tuple[Key, TokenBatch]],
+        finished: Callable[[Key, float, float], None],
+    ) -> Iterator[tuple[Key, Embeddings]]: ...
 
     def close(self) -> None: ...
 
@@ -425,32 +430,43 @@ class Encoder(ABC):
             )
         return self.in_dtype(torch.float32).embed_within_memory(batch)
 
-    def embed_batches(
-        self, batches: list[TokenBatch], finished: Callable[[int, float, float], None]
-    ) -> list[Embeddings]:
-        """Embeddings of each batch, in order; `finished(i, model_seconds, host_seconds)`
-        after each one.
+    def embed_stream(
+        self,
+        batches: Iterable[tuple[Key, TokenBatch]],
+        finished: Callable[[Key, float, float], None],
+    ) -> Iterator[tuple[Key, Embeddings]]:
+        """Each `(key, batch)` of `batches` with its embeddings, in order;
+        `finished(key, model_seconds, host_seconds)` as each one lands.
 
-        Batches run back to back: batch i+1 is padded and copied to the device while batch
-        i runs, and batch i's outputs come back to the host (and are split by document)
-        while batch i+1 runs. On a CPU the same steps run one after the other. A batch that
-        runs out of memory, or must be halved, or gives values that are not finite, goes
-        through `embed_within_memory` on its own."""
-        outputs: list[Embeddings] = []
-        landing: tuple[int, _Landing | Embeddings, float] | None = None
-        upcoming = self.upload(batches[0]) if batches else None
-        for number, batch in enumerate(batches):
-            assert upcoming is not None
+        Batches run back to back: batch i+1 is taken from `batches`, padded and copied to
+        the device while batch i runs, and batch i's outputs come back to the host (and are
+        split by document) while batch i+1 runs; so taking the next batch (packing the next
+        window) happens while the device is busy. On a CPU the same steps run one after the
+        other. A batch that runs out of memory, or must be halved, or gives values that are
+        not finite, goes through `embed_within_memory` on its own."""
+        pending = iter(batches)
+        landing: tuple[Key, TokenBatch, _Landing | Embeddings, float] | None = None
+        upcoming = self._upload_next(pending)
+        while upcoming is not None:
+            key, batch, inputs = upcoming
             started = time.perf_counter()
-            launched = self._launch_within_memory(batch, upcoming)
+            launched = self._launch_within_memory(batch, inputs)
             seconds = time.perf_counter() - started
-            upcoming = self.upload(batches[number + 1]) if number + 1 < len(batches) else None
+            upcoming = self._upload_next(pending)
             if landing is not None:
-                outputs.append(self._landed(batches[landing[0]], *landing, finished))
-            landing = (number, launched, seconds)
+                yield landing[0], self._landed(*landing, finished)
+            landing = (key, batch, launched, seconds)
         if landing is not None:
-            outputs.append(self._landed(batches[landing[0]], *landing, finished))
-        return outputs
+            yield landing[0], self._landed(*landing, finished)
+
+    def _upload_next(
+        self, batches: Iterator[tuple[Key, TokenBatch]]
+    ) -> tuple[Key, TokenBatch, DeviceInputs] | None:
+        found = next(batches, None)
+        if found is None:
+            return None
+        key, batch = found
+        return key, batch, self.upload(batch)
 
     def _launch_within_memory(
         self, batch: TokenBatch, inputs: DeviceInputs
@@ -465,15 +481,15 @@ class Encoder(ABC):
 
     def _landed(
         self,
+        key: Key,
         batch: TokenBatch,
-        number: int,
         launched: _Landing | Embeddings,
         seconds: float,
-        finished: Callable[[int, float, float], None],
+        finished: Callable[[Key, float, float], None],
     ) -> Embeddings:
         """A launched batch's embeddings, once back on the host; report its times."""
         if isinstance(launched, Embeddings):
-            finished(number, seconds, 0.0)
+            finished(key, seconds, 0.0)
             return launched
         started = time.perf_counter()
         if launched.event is not None:
@@ -482,7 +498,7 @@ class Encoder(ABC):
         embeddings, finite = launched.embeddings()
         if not finite:
             embeddings = self._finite(batch)
-        finished(number, seconds + waited, time.perf_counter() - started - waited)
+        finished(key, seconds + waited, time.perf_counter() - started - waited)
         return embeddings
 
     def close(self) -> None:  # noqa: B027 (an encoder in this process has nothing to stop)

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from bulkembed.contracts import Embeddings, TokenBatch
 from bulkembed.errors import BulkembedError, WorkerError
@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from bulkembed.encoders import Encoder
     from bulkembed.model_spec import ModelSpec
 
+Key = TypeVar("Key")
 # Batches queued per worker: enough that a worker never waits for the next one.
 BATCHES_PER_WORKER = 2
 # Loading a large model from a network disk and probing its budget can take minutes.
@@ -85,7 +86,7 @@ def _start(device: _Device) -> tuple[_Timed, tuple[int | None, int | None, int |
 
 
 class EncoderPool:
-    """One encoder process per device; `embed_batches` spreads batches over them. With
+    """One encoder process per device; `embed_stream` spreads batches over them. With
     `tune`, each worker probes its device's token budget (`Encoder.tune_batch_tokens`) and
     `batch_tokens` is the smallest, so that every batch fits every device. `warn` is told
     when a worker dies and its batches run again on the others."""
@@ -119,17 +120,18 @@ class EncoderPool:
         budgets = [budget for _, _, budget in self._pool.ready if budget is not None]
         self.batch_tokens = min(budgets) if budgets else None
 
-    def embed_batches(
-        self, batches: list[TokenBatch], finished: Callable[[int, float, float], None]
-    ) -> list[Embeddings]:
-        """Embeddings of each batch, in order; `finished(i, seconds, 0)` as each one comes
-        back, with its device time shared out over the devices (they run side by side)."""
-        outputs = []
+    def embed_stream(
+        self,
+        batches: Iterable[tuple[Key, TokenBatch]],
+        finished: Callable[[Key, float, float], None],
+    ) -> Iterator[tuple[Key, Embeddings]]:
+        """Each `(key, batch)` with its embeddings, in order; `finished(key, seconds, 0)` as
+        each one comes back, with its device time shared out over the devices (they run
+        side by side). The next batches are taken and queued while the devices work."""
         in_flight = BATCHES_PER_WORKER * len(self.devices)
-        for number, (embeddings, seconds) in self._pool.map(enumerate(batches), in_flight):
-            outputs.append(embeddings)
-            finished(number, seconds / len(self.devices), 0.0)
-        return outputs
+        for key, (embeddings, seconds) in self._pool.map(batches, in_flight):
+            finished(key, seconds / len(self.devices), 0.0)
+            yield key, embeddings
 
     def close(self) -> None:
         """Stop the workers: politely, then for good."""

@@ -6,17 +6,16 @@ that start theirs the same way. The local engine and each Ray actor hold one ses
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from itertools import chain
 from typing import TYPE_CHECKING
 
 from bulkembed.config import DType
-from bulkembed.progress import Reporter, RunStats
-from bulkembed.windows import embed_window
+from bulkembed.progress import Reporter
 
 if TYPE_CHECKING:
-    import numpy as np
     import torch
 
-    from bulkembed.contracts import Embeddings
     from bulkembed.encoders import Embedder
     from bulkembed.model_spec import ModelSpec
     from bulkembed.precision import PrecisionCheck
@@ -134,11 +133,20 @@ class DeviceSession:
             torch.cuda.empty_cache()
         self.embedder = self._start_pool()
 
-    def embed(
-        self, window: list[TokenizedChunk], stats: RunStats, reporter: Reporter
-    ) -> tuple[Embeddings, np.ndarray]:
-        """Embeddings of the window's documents and the length each was padded to."""
-        return embed_window(window, self.embedder, self.budget, stats, reporter)
+    def settle_first(
+        self, windows: Iterator[list[TokenizedChunk]]
+    ) -> Iterator[list[TokenizedChunk]]:
+        """`windows`, once the dtype is settled on the first of them that holds a document
+        (`settle`): those windows are taken now, before any batch runs, since the check
+        may change the embedder and its budget."""
+        taken = []
+        while self.checking:
+            window = next(windows, None)
+            if window is None:
+                break
+            taken.append(window)
+            self.settle(window)
+        return chain(taken, windows)
 
     def close(self) -> None:
         """Stop the device workers, if any."""

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from bulkembed.errors import InputError
 from bulkembed.schema import output_schema
-from bulkembed.windows import window_tokens, windows
+from bulkembed.windows import embed_packed, window_tokens, windows
 from bulkembed.writer import PartWriter, write_window
 
 if TYPE_CHECKING:
@@ -91,11 +91,16 @@ def embed_windows(
     """Embed `tokenized` window by window on `session`, and `write` each window's vectors
     as `formatted` makes them, in input order; count into `stats`."""
     size = window_tokens(session.budget, session.embedder.multivector_dim)
-    for window in windows(_tokenizer_seconds(tokenized, stats), size):
-        session.settle(window)
-        embedded, padded = session.embed(window, stats, reporter)
+    gathered = session.settle_first(windows(_tokenizer_seconds(tokenized, stats), size))
+    # The budget is read as each window is packed: the dtype check may have changed it.
+    packed_windows = embed_packed(
+        gathered, session.embedder, lambda: session.budget, stats, reporter
+    )
+    for packed in packed_windows:
         with stats.timed("post-process"):
+            embedded, padded = packed.embedded()
             vectors = formatted(embedded)
+        window = packed.chunks
         write(EmbeddedWindow(window, vectors, padded))
         carried = [c.chunk.carried for c in window if c.chunk.carried is not None]
         stats.carried += sum(len(c.records.positions) for c in carried)
