@@ -236,6 +236,8 @@ def summary_table(summary: dict[str, Any], title: str = "bulkembed summary") -> 
             text = f"{value:,.3f}" if value < 100 else f"{value:,.0f}"
         elif isinstance(value, int):
             text = f"{value:,}"
+        elif isinstance(value, dict):
+            text = ", ".join(f"{name} {figure}" for name, figure in value.items())
         else:
             text = str(value)
         table.add_row(key.replace("_", " "), text)

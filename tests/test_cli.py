@@ -198,3 +198,15 @@ def test_recipes_list_and_show():
     assert 'document: "passage: "' in shown.stdout
     missing = runner.invoke(app, ["recipes", "show", "nope"])
     assert missing.exit_code == 1 and "unknown recipe 'nope'" in missing.stderr
+
+
+def test_the_summary_table_shows_stage_seconds_on_one_line():
+    from rich.console import Console
+
+    from bulkembed.progress import summary_table
+
+    console = Console(width=120, record=True)
+    console.print(summary_table({"stage_seconds": {"read": 0.5, "write": 1.25}, "docs": 1000}))
+    text = console.export_text()
+    assert "stage seconds │ read 0.5, write 1.25" in text
+    assert "docs          │                1,000" in text

@@ -31,17 +31,22 @@ def _corpus(tmp_path):
     return write_corpus(tmp_path, records(400, prefix="d"), 200, row_group_size=50)
 
 
-@pytest.mark.slow
-def test_two_cpu_workers_write_what_one_writes(tmp_path, tiny_st, monkeypatch):
-    corpus, model = _corpus(tmp_path), tiny_st("mean")
+def _one_worker_run(corpus, model, out, monkeypatch) -> None:
+    """The reference output: one CPU worker, one thread, as each of two workers gets."""
     monkeypatch.setattr(devices, "cpu_threads_per_worker", lambda found: 1)
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # as each of the two workers runs
+    torch.set_num_threads(1)
     try:
-        one = run_cli(corpus, model, tmp_path / "one", "--devices", "cpu", *BATCHES, workers=None)
+        one = run_cli(corpus, model, out, "--devices", "cpu", *BATCHES, workers=None)
     finally:
         torch.set_num_threads(threads)
     assert one.exit_code == 0, one.output
+
+
+@pytest.mark.slow
+def test_two_cpu_workers_write_what_one_writes(tmp_path, tiny_st, monkeypatch):
+    corpus, model = _corpus(tmp_path), tiny_st("mean")
+    _one_worker_run(corpus, model, tmp_path / "one", monkeypatch)
     two = run_cli(corpus, model, tmp_path / "two", "--devices", "cpu,cpu", *BATCHES, workers=None)
     assert two.exit_code == 0, two.output
     assert pq.read_table(tmp_path / "two").equals(pq.read_table(tmp_path / "one"))
@@ -138,14 +143,7 @@ def test_a_killed_encoder_s_batches_run_on_the_other_and_the_output_is_the_same(
     tmp_path, tiny_st, monkeypatch
 ):
     corpus, model = _corpus(tmp_path), tiny_st("mean")
-    monkeypatch.setattr(devices, "cpu_threads_per_worker", lambda found: 1)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # as each of the two workers runs
-    try:
-        one = run_cli(corpus, model, tmp_path / "one", "--devices", "cpu", *BATCHES, workers=None)
-    finally:
-        torch.set_num_threads(threads)
-    assert one.exit_code == 0, one.output
+    _one_worker_run(corpus, model, tmp_path / "one", monkeypatch)
     _with_fault(monkeypatch, tmp_path, "die")
     two = run_cli(corpus, model, tmp_path / "two", "--devices", "cpu,cpu", *BATCHES, workers=None)
     assert two.exit_code == 0, two.output
