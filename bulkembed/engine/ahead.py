@@ -18,10 +18,11 @@ _JOIN_SECONDS = 5.0
 
 
 class ReadAhead(Generic[Item]):
-    """The items of `items`, in order, produced on a thread up to `capacity` ahead of the
-    consumer, where `cost(item)` is an item's share of it (at least one item is always
-    held). An error in `items` is raised in the consumer when it reaches that point.
-    Leaving the `with` block stops the thread after its current item.
+    """The items of `items`, in order, produced on a thread ahead of the consumer: queued
+    up to a capacity of 1, where `cost(item)` is an item's share of it (at least one item
+    is always queued), plus the next one, held until there is room. An error in `items`
+    is raised in the consumer when it reaches that point. Leaving the `with` block stops
+    the thread after its current item.
 
     >>> with ReadAhead(iter(range(5)), lambda n: 0.5) as ahead:
     ...     list(ahead)
