@@ -12,11 +12,14 @@ from bulkembed import devices, precision
 from bulkembed.encoders import Embeddings, SparseVector
 
 
-def _embed(tmp_path, model, out, *extra):
-    """Embed 100 sample documents into `tmp_path/out`: the table and the summary."""
+def _embed(tmp_path, model, out, *extra, shown=None):
+    """Embed 100 sample documents into `tmp_path/out`: the table and the summary; what the
+    run printed goes into `shown`."""
     corpus = write_jsonl(tmp_path / "c.jsonl", records(100, prefix="d"))
     result = run_cli(corpus, model, tmp_path / out, *extra)
     assert result.exit_code == 0, result.output
+    if shown is not None:
+        shown.append(result.output)
     summary = json.loads((tmp_path / out / "_bulkembed" / "summary.json").read_text())
     return pq.read_table(tmp_path / out), summary
 
@@ -28,8 +31,15 @@ def test_auto_falls_back_to_float32_when_the_fast_dtype_breaks_parity(
     reference, _ = _embed(tmp_path, model, "float32", "--dtype", "float32")
     monkeypatch.setattr(devices, "cpu_accelerates_bfloat16", lambda: True)
     monkeypatch.setattr(precision, "PARITY_THRESHOLD", 1.5)  # no dtype can pass
-    table, summary = _embed(tmp_path, model, "auto")
+    shown = []
+    table, summary = _embed(tmp_path, model, "auto", "--quiet", shown=shown)
     assert summary["dtype"] == "float32"
+    # Even with --quiet: when the check fails, and again as the run ends.
+    warnings = [line for line in shown[0].splitlines() if line.startswith("warning:")]
+    assert [w.split(":")[1].strip() for w in warnings] == [
+        "--dtype auto",
+        "this run computed in float32",
+    ]
     assert re.fullmatch(
         r"bfloat16 against float32 on 64 document\(s\): lowest dense cosine [01]\.\d{7}; "
         r"below 1\.5: running in float32, several times slower "

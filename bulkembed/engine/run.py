@@ -16,6 +16,7 @@ import threading
 from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from bulkembed.config import Engine, RunConfig
 from bulkembed.contracts import UnitRecord
@@ -27,6 +28,9 @@ from bulkembed.run_dir import RunDirectory, fingerprint
 from bulkembed.sinks import Sink, make_sink
 from bulkembed.summary import Summary, summarize
 from bulkembed.version import __version__
+
+if TYPE_CHECKING:
+    from bulkembed.precision import PrecisionCheck
 
 
 @contextlib.contextmanager
@@ -62,16 +66,22 @@ def embed_corpus(config: RunConfig, reporter: Reporter | None = None) -> Summary
         sink = make_sink(plan.target, config, plan.spec.normalize)
         run = RunDirectory.for_target(plan.target, config.shard)
         try:
-            summary = _run(plan, run, sink, reporter)
+            summary, precision = _run(plan, run, sink, reporter)
         finally:
             if not sink.resumable:
                 shutil.rmtree(run.meta, ignore_errors=True)
     reporter.finish(summary.as_dict())
+    if precision is not None and not precision.passed:
+        # Said again last: a run several times slower than it could be is worth a look.
+        reporter.warn(f"this run computed in float32: --dtype auto: {precision.describe()}")
     return summary
 
 
-def _run(plan: RunPlan, run: RunDirectory, sink: Sink, reporter: Reporter) -> Summary:
-    """Open the run directory, embed what is pending, write the summary."""
+def _run(
+    plan: RunPlan, run: RunDirectory, sink: Sink, reporter: Reporter
+) -> tuple[Summary, PrecisionCheck | None]:
+    """Open the run directory, embed what is pending, write the summary; the summary and
+    the `--dtype auto` check, if one was made."""
     config = plan.config
     settings = fingerprint(config, plan.spec, list(plan.files))
     done = run.open(settings, config.overwrite, sink, plan.my_units)
@@ -105,7 +115,7 @@ def _run(plan: RunPlan, run: RunDirectory, sink: Sink, reporter: Reporter) -> Su
         limited = config.limit is not None
         if complete:
             reporter.info(f"nothing to do: {plan.target.label} already holds every document")
-            return summarize(done, RunStats(), plan.run_info(), previous_rows, limited)
+            return summarize(done, RunStats(), plan.run_info(), previous_rows, limited), None
         outcome = _dispatch(plan, run, sink, done, previous, reporter)
         _mark_complete_if_whole(plan, run, reporter)
         done = run.done_units()
@@ -113,7 +123,7 @@ def _run(plan: RunPlan, run: RunDirectory, sink: Sink, reporter: Reporter) -> Su
         run.rebuild_quarantine(done, plan.my_units)
         summary = summarize(done, outcome.stats, plan.run_info(outcome), previous_rows, limited)
         run.write_summary(summary.as_dict())
-        return summary
+        return summary, outcome.precision
     finally:
         if not sink.resumable:
             _report_bad_records(run, reporter)
