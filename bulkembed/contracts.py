@@ -93,13 +93,6 @@ class Embeddings:
     sparse: list[SparseVector] | None = None
     multivector: list[np.ndarray] | None = None
 
-    def finite(self) -> bool:
-        """Whether every value of every output is a finite number (no NaN, no infinity)."""
-        arrays = [] if self.dense is None else [self.dense]
-        arrays += self.multivector or []
-        arrays += [vector.values for vector in self.sparse or []]
-        return all(bool(np.isfinite(a).all()) for a in arrays)
-
     @classmethod
     def concatenate(cls, parts: list[Embeddings]) -> Embeddings:
         """Rows of `parts`, one after the other."""

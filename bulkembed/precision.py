@@ -43,8 +43,8 @@ def sample_sequences(window: list[TokenizedChunk]) -> list[np.ndarray]:
 @dataclass(frozen=True, slots=True)
 class Agreement:
     """How far a fast dtype's vectors are from float32's: the lowest cosine of the dense
-    vectors, and the `PERCENTILE`th percentile of the multi-vector token vectors' and
-    sparse vectors' cosines (None for an output the run does not write)."""
+    vectors, and the lower of the `PERCENTILE`th percentiles of the multi-vector token
+    vectors' cosines and of the sparse vectors' (None for outputs the run does not write)."""
 
     dense: float | None
     others: float | None
@@ -101,19 +101,32 @@ def agreement(reference: Embeddings, candidate: Embeddings) -> Agreement:
     dense = None
     if reference.dense is not None and candidate.dense is not None:
         dense = float(_row_cosines(reference.dense, candidate.dense).min(initial=1.0))
-    others = []
+    # Each output judged on its own: thousands of agreeing token vectors must not hide 64
+    # sparse vectors that disagree.
+    percentiles = []
     if reference.multivector is not None and candidate.multivector is not None:
-        for a, b in zip(reference.multivector, candidate.multivector, strict=True):
-            others.append(_row_cosines(a, b) if len(a) == len(b) else np.zeros(max(len(a), 1)))
+        tokens = [
+            _row_cosines(a, b) if len(a) == len(b) else np.zeros(max(len(a), 1))
+            for a, b in zip(reference.multivector, candidate.multivector, strict=True)
+        ]
+        percentiles.append(_percentile(tokens))
     if reference.sparse is not None and candidate.sparse is not None:
+        vectors = []
         for left, right in zip(reference.sparse, candidate.sparse, strict=True):
             terms = np.union1d(left.indices, right.indices)
             dense_a, dense_b = np.zeros((1, len(terms))), np.zeros((1, len(terms)))
             dense_a[0, np.searchsorted(terms, left.indices)] = left.values
             dense_b[0, np.searchsorted(terms, right.indices)] = right.values
-            others.append(_row_cosines(dense_a, dense_b))
-    found = np.concatenate(others) if others else np.empty(0)
-    return Agreement(dense, float(np.percentile(found, PERCENTILE)) if len(found) else None)
+            vectors.append(_row_cosines(dense_a, dense_b))
+        percentiles.append(_percentile(vectors))
+    found = [p for p in percentiles if p is not None]
+    return Agreement(dense, min(found) if found else None)
+
+
+def _percentile(cosines: list[np.ndarray]) -> float | None:
+    """The `PERCENTILE`th percentile of some cosines; None if there are none."""
+    joined = np.concatenate(cosines) if cosines else np.empty(0)
+    return float(np.percentile(joined, PERCENTILE)) if len(joined) else None
 
 
 def embed_sample(encoder: Encoder, sequences: list[np.ndarray], budget: int) -> Embeddings:

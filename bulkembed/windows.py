@@ -169,13 +169,17 @@ def embed_packed(
     while the last batches of this one run (see `Encoder.embed_stream`)."""
     pending: deque[PackedWindow] = deque()
 
-    def batches() -> Iterator[tuple[tuple[PackedWindow, int], TokenBatch]]:
+    def batches() -> Iterator[tuple[tuple[PackedWindow, int], TokenBatch | None]]:
         for window in windows:
             with stats.timed("pack"):
                 packed = pack_window(window, max_batch_tokens())
             pending.append(packed)
             for number, batch in enumerate(packed.token_batches):
                 yield (packed, number), batch
+            if not packed.token_batches:
+                # Nothing to embed (bad records, rows carried over): a marker, so that the
+                # window goes on in its place rather than waiting for the next batch.
+                yield (packed, -1), None
 
     def finished(key: tuple[PackedWindow, int], seconds: float, host_seconds: float) -> None:
         packed, number = key
@@ -186,7 +190,8 @@ def embed_packed(
         reporter.update(stats)
 
     for (packed, _), embeddings in encoder.embed_stream(batches(), finished):
-        packed.outputs.append(embeddings)
+        if embeddings is not None:
+            packed.outputs.append(embeddings)
         while pending and pending[0].complete:
             yield pending.popleft()
     while pending:

@@ -3,6 +3,7 @@
 import random
 import subprocess
 import sys
+import weakref
 
 import numpy as np
 import pytest
@@ -149,6 +150,44 @@ class _TokenMemoryEncoder(_SmallMemoryEncoder):
         if batch.padded_tokens > 12:
             raise torch.cuda.OutOfMemoryError("CUDA out of memory.")
         return DeviceOutputs(dense=torch.from_numpy(batch.lengths.reshape(-1, 1)).float())
+
+
+class _HoldsMemory:
+    """Stands for the activations of a forward pass that ran out of memory."""
+
+
+class _LeavesActivations(_SmallMemoryEncoder):
+    """Allocates, then runs out of memory on batches of more than one document; records
+    whether the last failed pass's allocation is still alive when the halves run."""
+
+    def embed(self, inputs: DeviceInputs) -> DeviceOutputs:
+        batch = inputs.batch
+        self.calls.append(len(batch))
+        if self.failed is not None:
+            self.alive.append(self.failed() is not None)
+        if len(batch) > 1:
+            activations = _HoldsMemory()
+            self.failed = weakref.ref(activations)
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory.")
+        return DeviceOutputs(dense=torch.from_numpy(batch.lengths.reshape(-1, 1)).float())
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+def test_the_halves_of_a_batch_run_after_the_failed_pass_let_go_of_its_memory(tiny_st, streamed):
+    from bulkembed.config import RunConfig
+    from bulkembed.model_spec import resolve_model
+
+    spec = resolve_model(RunConfig(inputs=("x",), output="o", model=str(tiny_st("mean"))))
+    encoder = _LeavesActivations(spec, "cpu", torch.float32)
+    encoder.calls, encoder.alive, encoder.failed = [], [], None
+    batch = TokenBatch.from_sequences([np.arange(n) for n in (3, 2)])
+    if streamed:
+        [(_, out)] = encoder.embed_stream([("b", batch)], lambda *_: None)
+    else:
+        out = encoder.embed_within_memory(batch)
+    assert out.dense[:, 0].tolist() == [3, 2]
+    assert encoder.calls == [2, 1, 1]
+    assert encoder.alive == [False, False]
 
 
 def test_a_batch_that_ran_out_of_memory_is_remembered_for_the_rest_of_the_run(tiny_st):

@@ -89,6 +89,11 @@ def test_dense_vectors_must_all_agree_and_the_others_at_the_first_percentile():
     turned[8], turned[9] = -turned[8], -turned[9]
     found = precision.agreement(Embeddings(multivector=[tokens]), Embeddings(multivector=[turned]))
     assert found.others < 0
+    # Each output on its own: agreeing token vectors do not hide a sparse output that differs.
+    found = precision.agreement(
+        Embeddings(multivector=[tokens], sparse=[a]), Embeddings(multivector=[tokens], sparse=[b])
+    )
+    assert found.others == pytest.approx(0.5)
     # A document with another number of token vectors disagrees entirely.
     found = precision.agreement(
         Embeddings(multivector=[np.eye(3)]), Embeddings(multivector=[np.eye(2)])

@@ -1,6 +1,5 @@
 """Reading and tokenizing ahead on a thread: order, the bound, errors, stopping."""
 
-import threading
 import time
 
 import pytest
@@ -17,7 +16,10 @@ def test_items_come_in_order_and_no_further_ahead_than_the_capacity():
             yield number
 
     with ReadAhead(items(), lambda n: 0.25) as ahead:
-        time.sleep(0.3)
+        deadline = time.monotonic() + 10
+        while len(produced) < 5 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.2)
         # Four items of a quarter each fill it; the thread holds a fifth, waiting for room.
         assert produced == [0, 1, 2, 3, 4]
         assert list(ahead) == list(range(10))
@@ -51,5 +53,5 @@ def test_leaving_early_stops_the_thread():
 
     with ReadAhead(endless(), lambda n: 0.5) as ahead:
         assert next(iter(ahead)) == 1
-    time.sleep(0.5)
-    assert not any(t.name == "bulkembed-ahead" and t.is_alive() for t in threading.enumerate())
+    ahead._thread.join(timeout=5)
+    assert not ahead._thread.is_alive()

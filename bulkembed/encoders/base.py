@@ -148,9 +148,9 @@ class Embedder(Protocol):
 
     def embed_stream(
         self,
-        batches: Iterable[tuple[Key, TokenBatch]],
+        batches: Iterable[tuple[Key, TokenBatch | None]],
         finished: Callable[[Key, float, float], None],
-    ) -> Iterator[tuple[Key, Embeddings]]: ...
+    ) -> Iterator[tuple[Key, Embeddings | None]]: ...
 
     def close(self) -> None: ...
 
@@ -186,6 +186,9 @@ class DeviceOutputs:
     multivector: torch.Tensor | None = None
     multivector_lengths: np.ndarray | None = None
     multivector_keep: np.ndarray | None = None
+    # What the sparse weights were reduced from (a NaN there may vanish from them): checked
+    # to be finite with the outputs.
+    reduced_from: tuple[torch.Tensor, ...] = ()
 
 
 class _Landing:
@@ -198,9 +201,8 @@ class _Landing:
 
         self.outputs = outputs
         self.lengths = lengths
-        floats = [
-            t for t in (outputs.dense, outputs.sparse_weights, outputs.multivector) if t is not None
-        ]
+        written = (outputs.dense, outputs.sparse_weights, outputs.multivector)
+        floats = [t for t in written if t is not None] + list(outputs.reduced_from)
         # One pass over each output: a sum (in float64, which no sum of these outputs
         # overflows) is finite exactly when every value is.
         finite = [torch.isfinite(t.sum(dtype=torch.float64)) for t in floats]
@@ -212,11 +214,12 @@ class _Landing:
             "finite": torch.stack(finite).all() if finite else None,
         }
         self.event = None
-        cuda = any(t is not None and t.is_cuda for t in tensors.values())
-        self.host = {name: None if t is None else _to_host(t, cuda) for name, t in tensors.items()}
+        cuda = [t.device for t in tensors.values() if t is not None and t.is_cuda]
+        self.host = {name: None if t is None else _to_host(t) for name, t in tensors.items()}
         if cuda:
+            # Recorded on the stream of the outputs' device, whichever device is current.
             self.event = torch.cuda.Event()
-            self.event.record()
+            self.event.record(torch.cuda.current_stream(cuda[0]))
 
     def embeddings(self) -> tuple[Embeddings, bool]:
         """The batch's embeddings, and whether every value is finite."""
@@ -240,13 +243,13 @@ class _Landing:
         return Embeddings(dense, sparse, multivector), finite
 
 
-def _to_host(tensor: torch.Tensor, cuda: bool) -> torch.Tensor:
+def _to_host(tensor: torch.Tensor) -> torch.Tensor:
     """`tensor` on the host: from CUDA into pinned memory, queued without waiting."""
     import torch
 
     if not tensor.is_cuda:
         return tensor.detach()
-    host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=cuda)
+    host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
     return host.copy_(tensor, non_blocking=True)
 
 
@@ -385,19 +388,21 @@ class Encoder(ABC):
         try:
             embeddings, finite = self.launch(self.upload(batch)).embeddings()
         except torch_out_of_memory() as e:
-            return self._after_out_of_memory(batch, e)
-        return embeddings if finite else self._finite(batch)
+            # Keep only the message, and leave the handler before retrying: the exception
+            # holds the frames of the failed pass, and with them its tensors.
+            message = str(e).splitlines()[0]
+        else:
+            return embeddings if finite else self._finite(batch)
+        return self._after_out_of_memory(batch, message)
 
     def _must_halve(self, batch: TokenBatch) -> bool:
         limit = self.memory_limit
         return len(batch) > 1 and limit is not None and batch.padded_tokens >= limit
 
-    def _after_out_of_memory(self, batch: TokenBatch, error: BaseException) -> Embeddings:
+    def _after_out_of_memory(self, batch: TokenBatch, message: str) -> Embeddings:
         """Remember the batch's size and embed it in halves; one document is an error."""
         import torch
 
-        # Keep only the message: the exception holds the frames and their tensors.
-        message = str(error).splitlines()[0]
         if len(batch) == 1:
             raise ModelError(
                 f"one document of {int(batch.lengths[0])} tokens does not fit in {self.device} "
@@ -432,11 +437,12 @@ class Encoder(ABC):
 
     def embed_stream(
         self,
-        batches: Iterable[tuple[Key, TokenBatch]],
+        batches: Iterable[tuple[Key, TokenBatch | None]],
         finished: Callable[[Key, float, float], None],
-    ) -> Iterator[tuple[Key, Embeddings]]:
+    ) -> Iterator[tuple[Key, Embeddings | None]]:
         """Each `(key, batch)` of `batches` with its embeddings, in order;
-        `finished(key, model_seconds, host_seconds)` as each one lands.
+        `finished(key, model_seconds, host_seconds)` as each one lands. A `(key, None)`
+        marker comes back as it went in, in its place, without `finished`.
 
         Batches run back to back: batch i+1 is taken from `batches`, padded and copied to
         the device while batch i runs, and batch i's outputs come back to the host (and are
@@ -445,12 +451,12 @@ class Encoder(ABC):
         other. A batch that runs out of memory, or must be halved, or gives values that are
         not finite, goes through `embed_within_memory` on its own."""
         pending = iter(batches)
-        landing: tuple[Key, TokenBatch, _Landing | Embeddings, float] | None = None
+        landing: tuple[Key, TokenBatch | None, _Landing | Embeddings | None, float] | None = None
         upcoming = self._upload_next(pending)
         while upcoming is not None:
             key, batch, inputs = upcoming
             started = time.perf_counter()
-            launched = self._launch_within_memory(batch, inputs)
+            launched = None if batch is None else self._launch_within_memory(batch, inputs)
             seconds = time.perf_counter() - started
             upcoming = self._upload_next(pending)
             if landing is not None:
@@ -460,34 +466,51 @@ class Encoder(ABC):
             yield landing[0], self._landed(*landing, finished)
 
     def _upload_next(
-        self, batches: Iterator[tuple[Key, TokenBatch]]
-    ) -> tuple[Key, TokenBatch, DeviceInputs] | None:
+        self, batches: Iterator[tuple[Key, TokenBatch | None]]
+    ) -> tuple[Key, TokenBatch | None, DeviceInputs | None] | None:
+        """The next item with its batch copied in; None at the end. A marker (no batch), or
+        a batch whose copy ran out of memory, comes without inputs."""
+        import torch
+
         found = next(batches, None)
         if found is None:
             return None
         key, batch = found
-        return key, batch, self.upload(batch)
+        if batch is None:
+            return key, None, None
+        try:
+            return key, batch, self.upload(batch)
+        except torch_out_of_memory():
+            pass
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        return key, batch, None
 
     def _launch_within_memory(
-        self, batch: TokenBatch, inputs: DeviceInputs
+        self, batch: TokenBatch, inputs: DeviceInputs | None
     ) -> _Landing | Embeddings:
-        """`launch`, or the embeddings themselves where the batch went the careful way."""
-        if self._must_halve(batch):
-            return self._in_halves(batch)
+        """`launch`, or the embeddings themselves where the batch went the careful way
+        (its inputs could not be copied in ahead: None)."""
+        if inputs is None or self._must_halve(batch):
+            return self.embed_within_memory(batch)
         try:
             return self.launch(inputs)
         except torch_out_of_memory() as e:
-            return self._after_out_of_memory(batch, e)
+            message = str(e).splitlines()[0]
+        return self._after_out_of_memory(batch, message)
 
     def _landed(
         self,
         key: Key,
-        batch: TokenBatch,
-        launched: _Landing | Embeddings,
+        batch: TokenBatch | None,
+        launched: _Landing | Embeddings | None,
         seconds: float,
         finished: Callable[[Key, float, float], None],
-    ) -> Embeddings:
-        """A launched batch's embeddings, once back on the host; report its times."""
+    ) -> Embeddings | None:
+        """A launched batch's embeddings, once back on the host; report its times. None
+        for a marker."""
+        if batch is None or launched is None:
+            return None
         if isinstance(launched, Embeddings):
             finished(key, seconds, 0.0)
             return launched

@@ -78,8 +78,9 @@ class BGEM3Encoder(Encoder):
         if self.sparse_head is not None:
             weights = torch.relu(self.sparse_head(hidden)).squeeze(-1)
             keep = mask.bool() & ~torch.isin(input_ids, self.excluded)
-            ids, weights = max_weight_per_id(weights, input_ids, keep, self.spec.sparse_top_k)
-            outputs.sparse_ids, outputs.sparse_weights = ids, weights
+            ids, reduced = max_weight_per_id(weights, input_ids, keep, self.spec.sparse_top_k)
+            outputs.sparse_ids, outputs.sparse_weights = ids, reduced
+            outputs.reduced_from = (torch.where(keep, weights, 0.0),)
         if self.colbert_head is not None:
             vectors = F.normalize(self.colbert_head(hidden[:, 1:]).float(), dim=-1)
             outputs.multivector = vectors.to(self.multivector_dtype)

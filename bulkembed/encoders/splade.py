@@ -40,4 +40,5 @@ class SpladeEncoder(Encoder):
             logits = self.model(input_ids=ids, attention_mask=mask).logits
             pooled.append(splade_pool(logits, mask))
         weights = torch.cat(pooled) if pooled else torch.empty(0, self.vocabulary)
-        return DeviceOutputs(sparse_weights=keep_top_k(weights, self.spec.sparse_top_k))
+        kept = keep_top_k(weights, self.spec.sparse_top_k)
+        return DeviceOutputs(sparse_weights=kept, reduced_from=(weights,))

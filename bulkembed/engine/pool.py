@@ -68,7 +68,9 @@ class _Timed:
 
     encoder: Encoder
 
-    def __call__(self, batch: TokenBatch) -> tuple[Embeddings, float]:
+    def __call__(self, batch: TokenBatch | None) -> tuple[Embeddings | None, float]:
+        if batch is None:  # a marker of the stream, sent back in its place
+            return None, 0.0
         started = time.perf_counter()
         embeddings = self.encoder.embed_within_memory(batch)
         return embeddings, time.perf_counter() - started
@@ -101,7 +103,7 @@ class EncoderPool:
         warn: Callable[[str], None] | None = None,
     ) -> None:
         self.devices = devices
-        self._pool: WorkerPool[TokenBatch, tuple[Embeddings, float]] = WorkerPool(
+        self._pool: WorkerPool[TokenBatch | None, tuple[Embeddings | None, float]] = WorkerPool(
             _start,
             [_Device(spec, d, dtype_name, threads, tune) for d in devices],
             "encoder",
@@ -122,15 +124,17 @@ class EncoderPool:
 
     def embed_stream(
         self,
-        batches: Iterable[tuple[Key, TokenBatch]],
+        batches: Iterable[tuple[Key, TokenBatch | None]],
         finished: Callable[[Key, float, float], None],
-    ) -> Iterator[tuple[Key, Embeddings]]:
+    ) -> Iterator[tuple[Key, Embeddings | None]]:
         """Each `(key, batch)` with its embeddings, in order; `finished(key, seconds, 0)` as
         each one comes back, with its device time shared out over the devices (they run
-        side by side). The next batches are taken and queued while the devices work."""
+        side by side). The next batches are taken and queued while the devices work. A
+        `(key, None)` marker comes back in its place, as `Encoder.embed_stream` does."""
         in_flight = BATCHES_PER_WORKER * len(self.devices)
         for key, (embeddings, seconds) in self._pool.map(batches, in_flight):
-            finished(key, seconds / len(self.devices), 0.0)
+            if embeddings is not None:
+                finished(key, seconds / len(self.devices), 0.0)
             yield key, embeddings
 
     def close(self) -> None:

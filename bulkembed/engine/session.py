@@ -6,8 +6,6 @@ that start theirs the same way. The local engine and each Ray actor hold one ses
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from itertools import chain
 from typing import TYPE_CHECKING
 
 from bulkembed.config import DType
@@ -101,20 +99,21 @@ class DeviceSession:
         self.budget = budget
         self.reporter.info(f"--max-batch-tokens auto: {budget} tokens per batch")
 
-    def settle(self, window: list[TokenizedChunk]) -> None:
+    def settle(self, window: list[TokenizedChunk]) -> bool:
         """While `--dtype auto` awaits its check, make it on `window`'s first documents; a
-        window with no document to embed leaves it to the next one."""
+        window with no document to embed leaves it to the next one. Whether the dtype is
+        settled now."""
         import torch
 
         from bulkembed.encoders import Encoder
         from bulkembed.precision import check_on_window
 
         if not self.checking:
-            return
+            return True
         assert isinstance(self.embedder, Encoder)
         checked = check_on_window(self.embedder, window, self.candidate, self.budget)
         if checked is None:
-            return
+            return False
         encoder, self.precision = checked
         self.checking = False
         if self.precision.passed:
@@ -126,27 +125,13 @@ class DeviceSession:
             if self.tune and self.precision.passed:
                 # The probe at start ran in float32: the chosen dtype takes less memory.
                 self._use_budget(encoder.tune_batch_tokens(), lower_only=False)
-            return
+            return True
         # The check ran on the first device in this process: free it for its worker.
         del encoder, checked
         if self.devices[0].startswith("cuda"):
             torch.cuda.empty_cache()
         self.embedder = self._start_pool()
-
-    def settle_first(
-        self, windows: Iterator[list[TokenizedChunk]]
-    ) -> Iterator[list[TokenizedChunk]]:
-        """`windows`, once the dtype is settled on the first of them that holds a document
-        (`settle`): those windows are taken now, before any batch runs, since the check
-        may change the embedder and its budget."""
-        taken = []
-        while self.checking:
-            window = next(windows, None)
-            if window is None:
-                break
-            taken.append(window)
-            self.settle(window)
-        return chain(taken, windows)
+        return True
 
     def close(self) -> None:
         """Stop the device workers, if any."""

@@ -8,18 +8,20 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from itertools import chain
 from typing import TYPE_CHECKING
 
+import numpy as np
+
+from bulkembed.contracts import Embeddings
 from bulkembed.errors import InputError
 from bulkembed.schema import output_schema
 from bulkembed.windows import embed_packed, window_tokens, windows
 from bulkembed.writer import PartWriter, write_window
 
 if TYPE_CHECKING:
-    import numpy as np
     import pyarrow as pa
 
-    from bulkembed.contracts import Embeddings
     from bulkembed.encoders import Embedder
     from bulkembed.engine.session import DeviceSession
     from bulkembed.model_spec import ModelSpec
@@ -91,17 +93,30 @@ def embed_windows(
     """Embed `tokenized` window by window on `session`, and `write` each window's vectors
     as `formatted` makes them, in input order; count into `stats`."""
     size = window_tokens(session.budget, session.embedder.multivector_dim)
-    gathered = session.settle_first(windows(_tokenizer_seconds(tokenized, stats), size))
-    # The budget is read as each window is packed: the dtype check may have changed it.
-    packed_windows = embed_packed(
-        gathered, session.embedder, lambda: session.budget, stats, reporter
-    )
-    for packed in packed_windows:
+    gathered = windows(_tokenizer_seconds(tokenized, stats), size)
+
+    def emit(window: list[TokenizedChunk], embedded: Embeddings, padded: np.ndarray) -> None:
         with stats.timed("post-process"):
-            embedded, padded = packed.embedded()
             vectors = formatted(embedded)
-        window = packed.chunks
         write(EmbeddedWindow(window, vectors, padded))
         carried = [c.chunk.carried for c in window if c.chunk.carried is not None]
         stats.carried += sum(len(c.records.positions) for c in carried)
         reporter.update(stats)
+
+    # The dtype is settled on the first window with a document, before any batch runs (the
+    # check may change the embedder and its budget); windows before it have nothing to
+    # embed and are written as they come.
+    first = []
+    while session.checking and (window := next(gathered, None)) is not None:
+        if session.settle(window):
+            first.append(window)
+        else:
+            emit(window, Embeddings(), np.empty(0, dtype=np.int64))
+    # The budget is read as each window is packed.
+    packed_windows = embed_packed(
+        chain(first, gathered), session.embedder, lambda: session.budget, stats, reporter
+    )
+    for packed in packed_windows:
+        with stats.timed("post-process"):
+            embedded, padded = packed.embedded()
+        emit(packed.chunks, embedded, padded)
