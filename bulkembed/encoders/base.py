@@ -196,11 +196,10 @@ class _Landing:
     waiting (CUDA), with a flag saying whether every value is finite; `embeddings()`
     waits for the copies (one synchronisation per batch) and splits them by document."""
 
-    def __init__(self, outputs: DeviceOutputs, lengths: np.ndarray) -> None:
+    def __init__(self, outputs: DeviceOutputs) -> None:
         import torch
 
         self.outputs = outputs
-        self.lengths = lengths
         written = (outputs.dense, outputs.sparse_weights, outputs.multivector)
         floats = [t for t in written if t is not None] + list(outputs.reduced_from)
         # One pass over each output: a sum (in float64, which no sum of these outputs
@@ -367,7 +366,7 @@ class Encoder(ABC):
             inputs.input_ids.record_stream(compute)
             inputs.attention_mask.record_stream(compute)
         with torch.inference_mode(), self.compute():
-            return _Landing(self.embed(inputs), inputs.batch.lengths)
+            return _Landing(self.embed(inputs))
 
     def embed_batch(self, batch: TokenBatch) -> Embeddings:
         """Embeddings for every document of `batch`, in batch order; checked by
