@@ -68,6 +68,18 @@ class RunStats:
                 self.stages[stage] += time.perf_counter() - started
             yield item
 
+    def add(self, other: RunStats) -> None:
+        """Count in what `other` counted (another process's share of the run); the device
+        seconds of the two add up."""
+        self.docs += other.docs
+        self.carried += other.carried
+        self.encode_seconds += other.encode_seconds
+        self.tokens += other.tokens
+        self.padded_tokens += other.padded_tokens
+        self.batches += other.batches
+        for stage, seconds in other.stages.items():
+            self.stages[stage] += seconds
+
     @property
     def seconds(self) -> float:
         return time.monotonic() - self.started

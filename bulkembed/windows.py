@@ -101,17 +101,28 @@ def share_of_window(chunk: TokenizedChunk, max_batch_tokens: int) -> float:
 def windows(chunks: Iterator[TokenizedChunk], max_tokens: int) -> Iterator[list[TokenizedChunk]]:
     """Consecutive chunks, gathered until they hold `max_tokens` to embed, or
     `CARRIED_WINDOW_BYTES` of vectors carried over from a previous output; a larger chunk
-    is cut."""
+    is cut. A window also closes where a unit ends once it holds half of `max_tokens`, and
+    one that began inside a unit closes where that unit ends: so windows seldom straddle
+    units, and a run of them from one unit's start to another's end (what a device
+    process embeds and writes, see `bulkembed.engine.unit_pool`) stays about a unit long.
+    Windows depend only on the chunks since the last unit end that closed one."""
     window: list[TokenizedChunk] = []
     tokens = carried = 0
+    inside = False  # whether this window began inside a unit
     for chunk in chunks:
         for piece in split_chunk(chunk, max_tokens):
             window.append(piece)
             tokens += int(piece.lengths.sum())
             carried += _carried_bytes(piece)
-            if tokens >= max_tokens or carried >= CARRIED_WINDOW_BYTES:
+            ends = piece.chunk.last_in_unit
+            if (
+                tokens >= max_tokens
+                or carried >= CARRIED_WINDOW_BYTES
+                or (ends and (inside or 2 * tokens >= max_tokens))
+            ):
                 yield window
                 window, tokens, carried = [], 0, 0
+                inside = not ends
     if window:
         yield window
 

@@ -13,6 +13,11 @@ killed while waiting on its queue breaks no one else's. Each worker answers on i
 and the parent waits on the pipes and on the processes themselves, so it sees a result or a
 death at once, without polling.
 
+A task's handler may return a `Future` instead of its result: the worker goes on with its
+next task, and the result is sent once the future is done (a worker that writes what it
+embedded on a thread of its own). From inside a task, `report` sends the parent word of how
+it goes; any word from a worker starts its task's time limit again.
+
 A worker that fails reports `FAILED` and the run stops. One that dies (killed, out of
 memory) stops the run too, unless the pool was made with `requeue`: then the tasks it held
 go to the live workers, once each, and the run goes on; a task that was handed out again
@@ -24,7 +29,9 @@ parent is gone.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
+import functools
 import multiprocessing
 import os
 import queue
@@ -33,6 +40,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future
 from enum import Enum
 from multiprocessing.connection import Connection, wait
 from typing import Any, Generic, TypeVar
@@ -50,12 +58,29 @@ STOP_SECONDS = 10.0
 
 
 class Message(str, Enum):
-    """What a worker reports: started (with what it says about itself), a task's result
-    (with its number), or a failure (with its message)."""
+    """What a worker reports: started (with what it says about itself), how a task goes
+    (with its number, see `report`), a task's result (with its number), or a failure (with
+    its message)."""
 
     READY = "ready"
+    PROGRESS = "progress"
     DONE = "done"
     FAILED = "failed"
+
+
+class _Current:
+    """In a worker process: where its messages go, and the number of the task it is on."""
+
+    outbox: queue.SimpleQueue[Any] | None = None
+    task = -1
+
+
+def report(payload: Any) -> None:
+    """Send the parent `payload` about the task this worker is on (the `progress` given to
+    `WorkerPool.map` gets it); the task's time limit starts again. Outside a worker, or
+    outside a task, nothing happens."""
+    if _Current.outbox is not None and _Current.task >= 0:
+        _Current.outbox.put((Message.PROGRESS, _Current.task, payload))
 
 
 def exit_with_parent(parent: int) -> None:
@@ -86,14 +111,33 @@ def _serve(
         outbox.put((Message.FAILED, f"{type(e).__name__}: {e}"))
         return
     outbox.put((Message.READY, about))
+    _Current.outbox = outbox
+    later: list[Future[Any]] = []
     while (task := tasks.get()) is not None:
         index, item = task
+        _Current.task = index
         try:
             result = handle(item)
         except Exception as e:
             outbox.put((Message.FAILED, f"{type(e).__name__}: {e}"))
             return
-        outbox.put((Message.DONE, index, result))
+        finally:
+            _Current.task = -1
+        if isinstance(result, Future):
+            result.add_done_callback(functools.partial(_settled, outbox, index))
+            later = [*(f for f in later if not f.done()), result]
+        else:
+            outbox.put((Message.DONE, index, result))
+    concurrent.futures.wait(later)
+
+
+def _settled(outbox: queue.SimpleQueue[Any], index: int, future: Future[Any]) -> None:
+    """Send the outcome of task `index`, whose handler returned `future`."""
+    error = future.exception()
+    if error is None:
+        outbox.put((Message.DONE, index, future.result()))
+    else:
+        outbox.put((Message.FAILED, f"{type(error).__name__}: {error}"))
 
 
 def _work(
@@ -123,12 +167,13 @@ class WorkerPool(Generic[Task, Result]):
     itself (`ready`, in worker order). `role` names the workers in errors ("tokenizer"),
     `places` says where each one runs ("cuda:0") and `task` what one task is ("batch").
     `start_timeout` bounds the start, `task_timeout` each task from the moment its worker
-    begins it. With `requeue`, the tasks of a worker that dies go to the others, and `warn`
-    is told so in one line."""
+    begins it or last `report`s on it (what a report marks done is a `step`: "batch").
+    With `requeue`, the tasks of a worker that dies go to the others, and `warn` is told so
+    in one line."""
 
     def __init__(
         self,
-        start: Callable[[Setting], tuple[Callable[[Task], Result], Any]],
+        start: Callable[[Setting], tuple[Callable[[Task], Result | Future[Result]], Any]],
         settings: list[Setting],
         role: str,
         places: list[str],
@@ -136,6 +181,7 @@ class WorkerPool(Generic[Task, Result]):
         task_timeout: float,
         *,
         task: str = "task",
+        step: str | None = None,
         requeue: bool = False,
         warn: Callable[[str], None] | None = None,
     ) -> None:
@@ -143,6 +189,7 @@ class WorkerPool(Generic[Task, Result]):
         self.role = role
         self.places = places
         self.task = task
+        self.step = step or task
         self.start_timeout = start_timeout
         self.task_timeout = task_timeout
         self.requeue = requeue
@@ -186,6 +233,11 @@ class WorkerPool(Generic[Task, Result]):
 
     def __len__(self) -> int:
         return len(self._workers)
+
+    @property
+    def pids(self) -> list[int]:
+        """The workers' process ids."""
+        return [worker.pid for worker in self._workers if worker.pid is not None]
 
     def _next(self, start_deadline: float | None = None) -> tuple[int, tuple[Any, ...]]:
         """The next message from a live worker, with the worker's number. A failure raises;
@@ -244,7 +296,7 @@ class WorkerPool(Generic[Task, Result]):
             )
         return WorkerError(
             f"the {self.role} on {self.places[number]} took more than "
-            f"{self.task_timeout:g} s for one {self.task} (stuck or hung?); committed "
+            f"{self.task_timeout:g} s for one {self.step} (stuck or hung?); committed "
             "output is kept: run the same command again to resume"
         )
 
@@ -284,21 +336,36 @@ class WorkerPool(Generic[Task, Result]):
         self._held[number][index] = task
         self._tasks[number].put((index, task))
 
-    def _result(self) -> tuple[int, Result]:
-        """The next task's number and result, from whichever worker is first."""
-        number, (kind, index, result) = self._next()
-        assert kind is Message.DONE, kind
-        del self._held[number][index]
-        # A worker takes its tasks in order: it is on the next one from now.
-        self._since[number] = time.monotonic()
-        return index, result
+    def _result(self, progress: Callable[[int, Any], None]) -> tuple[int, Result]:
+        """The next task's number and result, from whichever worker is first; what workers
+        `report` meanwhile goes to `progress`, with the task's number."""
+        while True:
+            number, (kind, index, payload) = self._next()
+            # Word from a worker: it is alive, and on its next task once it gave a result.
+            self._since[number] = time.monotonic()
+            if kind is Message.PROGRESS:
+                progress(index, payload)
+                continue
+            assert kind is Message.DONE, kind
+            del self._held[number][index]
+            return index, payload
 
     def map(
-        self, items: Iterable[tuple[Key, Task]], max_in_flight: int
+        self,
+        items: Iterable[tuple[Key, Task]],
+        max_in_flight: int,
+        progress: Callable[[Key, Any], None] | None = None,
     ) -> Iterator[tuple[Key, Result]]:
         """For each `(key, task)` of `items`, the key with the task's result, in the order of
-        `items`, keeping at most `max_in_flight` tasks out. Keys stay in this process."""
+        `items`, keeping at most `max_in_flight` tasks out. Keys stay in this process. What a
+        task `report`s goes to `progress` with its key (a task run again after its worker
+        died reports from the start again)."""
         keys: dict[int, Key] = {}
+
+        def reported(index: int, payload: Any) -> None:
+            if progress is not None and index in keys:
+                progress(keys[index], payload)
+
         found: dict[int, Result] = {}
         out: deque[int] = deque()
         pending = iter(items)
@@ -313,7 +380,7 @@ class WorkerPool(Generic[Task, Result]):
                 return
             first = out.popleft()
             while first not in found:
-                index, result = self._result()
+                index, result = self._result(reported)
                 found[index] = result
             yield keys.pop(first), found.pop(first)
 

@@ -3,8 +3,10 @@
 Chunks arrive in input order. Rows go into their unit's part, with rows carried over from a
 previous output put back among them in input order; when a unit's last chunk is written,
 its part is committed (labelled with the run's id and the unit's counts and bad records, so
-that a lost marker can be taken back from it), its bad records go to the quarantine, and
-then its done-marker, with the same counts and bad records, is written to the ledger.
+that a lost marker can be taken back from it), and then the run directory is told: its bad
+records go to the quarantine and its done-marker, with the same counts and bad records, to
+the ledger. With several devices each device's process writes and commits its own parts,
+and tells the run's process, which keeps the ledger.
 """
 
 from __future__ import annotations
@@ -14,13 +16,12 @@ import queue
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, replace
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 import pyarrow as pa
 
 from bulkembed.contracts import Embeddings, UnitRecord
-from bulkembed.run_dir import RunDirectory
 from bulkembed.schema import CONTENT_HASH, record_batch
 from bulkembed.sinks import Sink
 from bulkembed.sources.records import BadRecord, Carried
@@ -62,11 +63,18 @@ def _carried_batch(carried: Carried, schema: pa.Schema) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays(columns, schema=schema)
 
 
-class PartWriter:
-    """Writes embedded chunks in input order, quarantines bad records, commits finished units."""
+# What is told of a committed unit: its record and its bad records.
+Committed = Callable[[UnitRecord, list[dict[str, Any]]], None]
 
-    def __init__(self, run: RunDirectory, sink: Sink, schema: pa.Schema) -> None:
-        self.run = run
+
+class PartWriter:
+    """Writes embedded chunks in input order and commits finished units, labelled with the
+    run's id (`run_id`); `committed` is told of each unit once its part is in place (the run
+    directory's `RunDirectory.committed`: quarantine, then done-marker)."""
+
+    def __init__(self, run_id: str, sink: Sink, schema: pa.Schema, committed: Committed) -> None:
+        self.run_id = run_id
+        self.committed = committed
         self.schema = schema
         self.sink = sink
         self.tallies: dict[str, _Tally] = {}
@@ -105,10 +113,9 @@ class PartWriter:
             record = UnitRecord(chunk.part, **asdict(self.tallies.pop(chunk.part)))
             bad = [b.fields() for b in self.bad.pop(chunk.part)]
             kept = bad if len(json.dumps(bad, default=str)) <= LABEL_BAD_RECORDS_BYTES else None
-            label = {"run": self.run.run_id, "unit": {**asdict(record), "bad": kept}}
+            label = {"run": self.run_id, "unit": {**asdict(record), "bad": kept}}
             found = self.sink.commit(chunk.part, label)
-            self.run.quarantine.append(bad, chunk.part)
-            self.run.mark_done(replace(record, **found), bad)
+            self.committed(replace(record, **found), bad)
 
     def close(self) -> None:
         self.sink.close()

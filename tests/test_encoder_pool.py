@@ -1,4 +1,8 @@
-"""`--devices cpu,cpu`: one encoder process per device, output identical to one worker's."""
+"""`--devices cpu,cpu`: one encoder process per device, output identical to one worker's.
+
+A Parquet output is written by the device processes themselves, unit by unit
+(`bulkembed.engine.unit_pool`); other outputs are written by the run's process, from the
+batches the devices embed (`bulkembed.engine.pool`). Both are tested."""
 
 import json
 import os
@@ -9,22 +13,46 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import lancedb
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
 from helpers import records, run_cli, write_corpus
 
-from bulkembed import devices, precision
-from bulkembed.engine import pool
+from bulkembed import devices, precision, windows
+from bulkembed.engine import pool, unit_pool
 from bulkembed.errors import BulkembedError
+from bulkembed.sinks import ParquetSink
 
 # What a faulty encoder worker (`_start_faulty`) does, and the file its first fault claims.
 FAULT = "TEST_ENCODER_FAULT"
 MARKER = "TEST_ENCODER_FAULT_MARKER"
 
-# Batches small enough that each worker gets several.
-BATCHES = ("--max-batch-tokens", 1024)
+# Batches and units small enough that each worker gets several.
+BATCHES = ("--max-batch-tokens", 1024, "--records-per-unit", 50)
+# Where each kind of output is written: by the device processes, or by the run's process.
+OUTPUTS = ["parts", "lancedb"]
+
+
+@pytest.fixture(autouse=True)
+def _small_windows(monkeypatch):
+    """Windows of two batches (gathered in the run's process): several unit groups each."""
+    monkeypatch.setattr(windows, "WINDOW_BATCHES", 2)
+
+
+def _target(tmp_path: Path, name: str, output: str) -> str:
+    folder = tmp_path / name
+    return str(folder) if output == "parts" else f"lancedb://{folder}?table=t"
+
+
+def _read(tmp_path: Path, name: str, output: str) -> pa.Table:
+    """The output `name`, rows in id order."""
+    folder = tmp_path / name
+    if output == "parts":
+        return pq.read_table(folder).sort_by("id")
+    return lancedb.connect(folder).open_table("t").to_arrow().sort_by("id")
 
 
 def _corpus(tmp_path):
@@ -43,13 +71,38 @@ def _one_worker_run(corpus, model, out, monkeypatch) -> None:
     assert one.exit_code == 0, one.output
 
 
+def _no_writes_here(monkeypatch) -> None:
+    """Fail any Parquet part written by this process: device processes write their own."""
+
+    def refuse(*_: Any) -> None:
+        raise AssertionError("the run's process wrote a part")
+
+    monkeypatch.setattr(ParquetSink, "write", refuse)
+
+
 @pytest.mark.slow
-def test_two_cpu_workers_write_what_one_writes(tmp_path, tiny_st, monkeypatch):
+@pytest.mark.parametrize("output", OUTPUTS)
+def test_two_cpu_workers_write_what_one_writes(tmp_path, tiny_st, monkeypatch, output):
     corpus, model = _corpus(tmp_path), tiny_st("mean")
-    _one_worker_run(corpus, model, tmp_path / "one", monkeypatch)
-    two = run_cli(corpus, model, tmp_path / "two", "--devices", "cpu,cpu", *BATCHES, workers=None)
+    _one_worker_run(corpus, model, _target(tmp_path, "one", output), monkeypatch)
+    _no_writes_here(monkeypatch)
+    two = run_cli(
+        corpus,
+        model,
+        _target(tmp_path, "two", output),
+        "--devices",
+        "cpu,cpu",
+        *BATCHES,
+        workers=None,
+    )
     assert two.exit_code == 0, two.output
-    assert pq.read_table(tmp_path / "two").equals(pq.read_table(tmp_path / "one"))
+    assert _read(tmp_path, "two", output).equals(_read(tmp_path, "one", output))
+    if output == "parts":
+        # Each unit committed once, in its own part, with its done-marker.
+        parts = sorted(p.name for p in (tmp_path / "two").glob("*.parquet"))
+        assert len(parts) == 8
+        assert len(list((tmp_path / "two" / "_bulkembed" / "done").iterdir())) == 8
+        assert not list((tmp_path / "two").glob(".*.tmp"))
 
 
 @pytest.mark.slow
@@ -71,6 +124,7 @@ def test_auto_dtype_with_several_devices_is_checked_before_the_workers_start(
 ):
     monkeypatch.setattr(devices, "cpu_accelerates_bfloat16", lambda: True)
     monkeypatch.setattr(precision, "PARITY_THRESHOLD", threshold)
+    _no_writes_here(monkeypatch)
     corpus, model = _corpus(tmp_path), tiny_st("mean")
     result = run_cli(
         corpus, model, tmp_path / "auto", "--devices", "cpu,cpu", *BATCHES, workers=None
@@ -128,46 +182,82 @@ def _start_faulty(device: Any) -> tuple[_Faulty, Any]:
     return _Faulty(embed, os.environ[FAULT], Path(os.environ[MARKER])), about
 
 
+def _start_faulty_unit(work: Any) -> tuple[_Faulty, Any]:
+    """`bulkembed.engine.unit_pool._start`, with the fault at a third unit."""
+    embed, about = START_UNIT_WORKER(work)
+    return _Faulty(embed, os.environ[FAULT], Path(os.environ[MARKER])), about
+
+
 START_ENCODER_WORKER = pool._start
+START_UNIT_WORKER = unit_pool._start
 
 
-def _with_fault(monkeypatch, tmp_path, fault):
-    """Encoder workers (spawned: they read the environment) with `fault` at a third batch."""
-    monkeypatch.setattr(pool, "_start", _start_faulty)
+def _with_fault(monkeypatch, tmp_path, fault, output):
+    """Encoder workers (spawned: they read the environment) with `fault` at a third batch,
+    or at a third unit where the devices write the parts."""
+    if output == "parts":
+        monkeypatch.setattr(unit_pool, "_start", _start_faulty_unit)
+    else:
+        monkeypatch.setattr(pool, "_start", _start_faulty)
     monkeypatch.setenv(FAULT, fault)
     monkeypatch.setenv(MARKER, str(tmp_path / "fault"))
 
 
 @pytest.mark.slow
-def test_a_killed_encoder_s_batches_run_on_the_other_and_the_output_is_the_same(
-    tmp_path, tiny_st, monkeypatch
+@pytest.mark.parametrize("output", OUTPUTS)
+def test_a_killed_encoder_s_work_runs_on_the_other_and_the_output_is_the_same(
+    tmp_path, tiny_st, monkeypatch, output
 ):
     corpus, model = _corpus(tmp_path), tiny_st("mean")
-    _one_worker_run(corpus, model, tmp_path / "one", monkeypatch)
-    _with_fault(monkeypatch, tmp_path, "die")
-    two = run_cli(corpus, model, tmp_path / "two", "--devices", "cpu,cpu", *BATCHES, workers=None)
+    _one_worker_run(corpus, model, _target(tmp_path, "one", output), monkeypatch)
+    _with_fault(monkeypatch, tmp_path, "die", output)
+    two = run_cli(
+        corpus,
+        model,
+        _target(tmp_path, "two", output),
+        "--devices",
+        "cpu,cpu",
+        *BATCHES,
+        workers=None,
+    )
     assert two.exit_code == 0, two.output
     assert (tmp_path / "fault").exists()
+    task = "unit group" if output == "parts" else "batch"
     assert "warning: the encoder on cpu died (killed, or out of memory?): its " in two.output
-    expected = pq.read_table(tmp_path / "one").sort_by("id")
-    got = pq.read_table(tmp_path / "two").sort_by("id")
+    assert f" {task}(s) in flight run again on cpu" in two.output
+    expected = _read(tmp_path, "one", output)
+    got = _read(tmp_path, "two", output)
+    if output == "parts":
+        # The group ran again whole, in the same windows and batches.
+        assert got.equals(expected)
+        assert sorted(p.name for p in (tmp_path / "two").iterdir() if p.name.startswith(".")) == []
     assert got["id"].to_pylist() == expected["id"].to_pylist()
+    dense = "dense" if output == "parts" else "vector"
     np.testing.assert_allclose(
-        np.stack(got["dense"].to_numpy(zero_copy_only=False)),
-        np.stack(expected["dense"].to_numpy(zero_copy_only=False)),
+        np.stack(got[dense].to_numpy(zero_copy_only=False)),
+        np.stack(expected[dense].to_numpy(zero_copy_only=False)),
         rtol=0,
         atol=1e-6,
     )
 
 
 @pytest.mark.slow
-def test_a_hung_encoder_is_a_one_line_error_naming_its_device(tmp_path, tiny_st, monkeypatch):
-    _with_fault(monkeypatch, tmp_path, "hang")
+@pytest.mark.parametrize("output", OUTPUTS)
+def test_a_hung_encoder_is_a_one_line_error_naming_its_device(
+    tmp_path, tiny_st, monkeypatch, output
+):
+    _with_fault(monkeypatch, tmp_path, "hang", output)
     monkeypatch.setenv("BULKEMBED_BATCH_TIMEOUT", "2")
     model = tiny_st("mean")
     started = time.monotonic()
     result = run_cli(
-        _corpus(tmp_path), model, tmp_path / "out", "--devices", "cpu,cpu", *BATCHES, workers=None
+        _corpus(tmp_path),
+        model,
+        _target(tmp_path, "out", output),
+        "--devices",
+        "cpu,cpu",
+        *BATCHES,
+        workers=None,
     )
     assert result.exit_code == 1, result.output
     assert (tmp_path / "fault").exists()

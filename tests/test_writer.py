@@ -112,3 +112,15 @@ def test_leaf_paths_are_the_columns_pyarrow_writes():
     written = pq.ParquetFile(pa.BufferReader(buffer.getvalue())).schema
     expected = [written.column(i).path for i in range(len(written))]
     assert [p for f in schema for p in leaf_paths(f.name, f.type)] == expected
+
+
+def test_a_dead_writer_s_temporary_parts_are_removed_and_nothing_else(tmp_path):
+    from bulkembed.sinks import ParquetSink
+
+    dead = tmp_path / ".part-00000-000000.4242-a1b2c3.parquet.tmp"
+    alive = tmp_path / ".part-00000-000001.4243-a1b2c3.parquet.tmp"
+    foreign = tmp_path / ".notes.4242-a1b2c3.parquet.tmp"
+    for path in (dead, alive, foreign):
+        path.write_bytes(b"x")
+    ParquetSink(tmp_path).remove_temporaries([4242])
+    assert sorted(p.name for p in tmp_path.iterdir()) == [foreign.name, alive.name]

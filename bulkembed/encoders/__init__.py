@@ -7,7 +7,7 @@ import torch. Tests and plugins add families with `register_encoder`.
 from __future__ import annotations
 
 from bulkembed.contracts import Embeddings, SparseVector, TokenBatch
-from bulkembed.encoders.base import DeviceInputs, DeviceOutputs, Embedder, Encoder
+from bulkembed.encoders.base import DeviceInputs, DeviceOutputs, Embedder, Encoder, VectorSizes
 from bulkembed.encoders.registry import build_encoder, register_encoder, start_encoder
 
 __all__ = [
@@ -18,6 +18,7 @@ __all__ = [
     "Encoder",
     "SparseVector",
     "TokenBatch",
+    "VectorSizes",
     "build_encoder",
     "register_encoder",
     "start_encoder",

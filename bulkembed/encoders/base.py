@@ -137,14 +137,18 @@ def load_model(spec: ModelSpec, device: str, dtype: torch.dtype, masked_lm: bool
     return model
 
 
-class Embedder(Protocol):
-    """What embeds a window's batches: one `Encoder`, or a pool of them on several devices."""
+class VectorSizes(Protocol):
+    """The sizes of the vectors a model gives: dense, and per token (None: not given)."""
 
     @property
     def dense_dim(self) -> int | None: ...
 
     @property
     def multivector_dim(self) -> int | None: ...
+
+
+class Embedder(VectorSizes, Protocol):
+    """What embeds a window's batches: one `Encoder`, or a pool of them on several devices."""
 
     def embed_stream(
         self,

@@ -5,7 +5,9 @@ and go to tokenizer processes that run ahead of the model, up to a window, from 
 the run starts (the first window is tokenized while the model loads). The unit loop
 (`embed_windows`) embeds them window by window on the run's devices, and a write-behind
 thread writes each window into its units' parts while the next one is embedded; a unit's
-part is committed, then marked done, with its last chunk.
+part is committed, then marked done, with its last chunk. With several devices and a
+Parquet output the same windows go, a unit group at a time, to device processes that embed
+and write them themselves (`UnitPool`), and this process marks their units done.
 """
 
 from __future__ import annotations
@@ -14,26 +16,37 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import replace
+from itertools import chain
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from bulkembed.config import OnBadRecord
+from bulkembed.devices import cpu_threads_per_worker
 from bulkembed.engine.ahead import ReadAhead
 from bulkembed.engine.plan import RunOutcome, RunPlan
-from bulkembed.engine.session import DeviceSession
-from bulkembed.engine.stream import EmbeddedWindow, embed_windows, fail_on_bad_records, part_schema
+from bulkembed.engine.session import DeviceSession, settle_dtype
+from bulkembed.engine.stream import (
+    EmbeddedWindow,
+    embed_windows,
+    fail_on_bad_records,
+    gather_windows,
+    part_schema,
+)
+from bulkembed.engine.unit_pool import Counts, UnitPool, UnitWork
 from bulkembed.errors import OutputError
 from bulkembed.incremental import PreviousOutput, hash_contents
 from bulkembed.progress import Reporter, RunStats
+from bulkembed.sinks import ParquetSink
 from bulkembed.sources import Chunk, SeenIds, count_records, drop_duplicate_ids, take
-from bulkembed.tokenize import TokenizerPool
+from bulkembed.tokenize import TokenizedChunk, TokenizerPool
 from bulkembed.units import SkippedUnits
 from bulkembed.windows import share_of_window
 from bulkembed.writer import PartWriter, WriteBehind
 
 if TYPE_CHECKING:
     from bulkembed.contracts import Embeddings, UnitRecord
+    from bulkembed.encoders import VectorSizes
     from bulkembed.outputs import OutputFormat
     from bulkembed.run_dir import RunDirectory
     from bulkembed.sinks import Sink
@@ -103,19 +116,18 @@ def _start_counting(plan: RunPlan, reporter: Reporter) -> None:
 
 
 def _describe(
-    plan: RunPlan, session: DeviceSession, done: int, previous: PreviousOutput | None
+    plan: RunPlan, sizes: VectorSizes, budget: int, done: int, previous: PreviousOutput | None
 ) -> str:
     """The start-up line: model, devices, outputs and the figures derived from the settings."""
-    spec, embedder = plan.spec, session.embedder
+    spec = plan.spec
     outputs = []
-    if embedder.dense_dim is not None:
+    if sizes.dense_dim is not None:
         pooling = spec.pooling.value if spec.pooling else "cls"
-        outputs.append(f"dense {embedder.dense_dim}-d ({pooling} pooling)")
+        outputs.append(f"dense {sizes.dense_dim}-d ({pooling} pooling)")
     if "sparse" in spec.outputs:
         outputs.append("sparse")
-    if embedder.multivector_dim is not None:
-        outputs.append(f"multivector {embedder.multivector_dim}-d")
-    budget = session.budget
+    if sizes.multivector_dim is not None:
+        outputs.append(f"multivector {sizes.multivector_dim}-d")
     return (
         f"{spec.source} on {', '.join(plan.devices)} ({plan.dtype}): "
         f"{', '.join(outputs)}; max length {spec.max_length}; batches of {budget} "
@@ -148,18 +160,23 @@ def embed_locally(
     stats = RunStats()
     chunks = stats.timed_iterator("read", _pending_chunks(plan, sink, done, previous))
     budget = plan.spec.max_batch_tokens
+    output_format = _output_format(plan, run, done)
     with (
         TokenizerPool(plan.tokenizer_settings, plan.workers) as pool,
         ReadAhead(pool.map(chunks), lambda c: share_of_window(c, budget)) as tokenized,
     ):
+        # int8/uint8 ranges not calibrated yet are calibrated on the first window, here.
+        if len(devices) > 1 and isinstance(sink, ParquetSink) and not output_format.needs_ranges:
+            return _embed_on_devices(
+                plan, run, sink, iter(tokenized), output_format, stats, done, previous, reporter
+            )
         session = DeviceSession(
             plan.spec, devices, config.dtype, None, config.tune_batch_tokens, reporter
         )
         try:
-            reporter.info(_describe(plan, session, len(done), previous))
-            output_format = _output_format(plan, run, done)
+            reporter.info(_describe(plan, session.embedder, session.budget, len(done), previous))
             schema = part_schema(plan.reader, plan.spec, session.embedder, output_format)
-            writer = PartWriter(run, sink, schema)
+            writer = PartWriter(run.run_id, sink, schema, run.committed)
             stats.started = time.monotonic()
             reporter.start(stats)
             if plan.my_units is None:
@@ -169,9 +186,10 @@ def embed_locally(
                     lambda window: stats.timed_iterator("write", window.write(writer))
                 ) as behind:
                     formatted = _Formatter(output_format, run)
-                    embed_windows(
-                        iter(tokenized), session, formatted, behind.submit, stats, reporter
+                    gathered = gather_windows(
+                        iter(tokenized), session.embedder, session.budget, stats
                     )
+                    embed_windows(gathered, session, formatted, behind.submit, stats, reporter)
                     behind.finish()
                 sink.finish()
             finally:
@@ -180,3 +198,77 @@ def embed_locally(
         finally:
             session.close()
     return RunOutcome(stats, ",".join(devices), session.dtype, session.budget, session.precision)
+
+
+def _unit_groups(gathered: Iterator[list[TokenizedChunk]]) -> Iterator[list[list[TokenizedChunk]]]:
+    """Windows grouped from one unit's start to a unit's end: what one device process
+    embeds and commits (see `windows`: a group is about a unit long)."""
+    group: list[list[TokenizedChunk]] = []
+    for window in gathered:
+        group.append(window)
+        if window[-1].chunk.last_in_unit:
+            yield group
+            group = []
+    assert not group, "a unit's last chunk never came"
+
+
+def _embed_on_devices(
+    plan: RunPlan,
+    run: RunDirectory,
+    sink: ParquetSink,
+    tokenized: Iterator[TokenizedChunk],
+    output_format: OutputFormat,
+    stats: RunStats,
+    done: dict[str, UnitRecord],
+    previous: PreviousOutput | None,
+    reporter: Reporter,
+) -> RunOutcome:
+    """Several devices and a Parquet output: one process per device embeds whole units and
+    commits their parts (`UnitPool`); this process reads, tokenizes, and writes each unit's
+    quarantine and done-marker as the units come back in input order."""
+    config = plan.config
+    devices = list(plan.devices)
+    dtype, precision, read = settle_dtype(plan.spec, devices[0], config.dtype, tokenized, reporter)
+    work = UnitWork(
+        plan.spec,
+        plan.reader,
+        output_format,
+        run.output,
+        config.shard,
+        run.run_id,
+        dtype,
+        cpu_threads_per_worker(devices),
+        config.tune_batch_tokens,
+    )
+    pool = UnitPool(work, devices, reporter.warn)
+    try:
+        reporter.info(_describe(plan, pool, pool.budget, len(done), previous))
+        stats.started = time.monotonic()
+        reporter.start(stats)
+        if plan.my_units is None:
+            _start_counting(plan, reporter)
+
+        def progress(moving: Counts) -> None:
+            shown = replace(stats, stages={})
+            shown.docs += moving.docs
+            shown.tokens += moving.tokens
+            shown.padded_tokens += moving.padded_tokens
+            shown.batches += moving.batches
+            reporter.update(shown)
+
+        try:
+            gathered = gather_windows(chain(read, tokenized), pool, pool.budget, stats)
+            for unit in pool.embed(_unit_groups(gathered), progress):
+                for record, bad in unit.committed:
+                    run.committed(record, bad)
+                stats.add(unit.stats)
+                reporter.update(stats)
+        finally:
+            reporter.close()
+    finally:
+        pool.close()
+        # What a device process that died (or was stopped) was writing.
+        sink.remove_temporaries(pool.pids)
+    # The devices ran side by side: the run's device time is the mean device's.
+    stats.encode_seconds /= len(devices)
+    return RunOutcome(stats, ",".join(devices), dtype.value, pool.budget, precision)

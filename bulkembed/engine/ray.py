@@ -29,7 +29,13 @@ from bulkembed.config import DType, OnBadRecord, ShardSpec
 from bulkembed.contracts import UnitRecord, part_unit
 from bulkembed.engine.plan import RunOutcome, RunPlan
 from bulkembed.engine.session import DeviceSession
-from bulkembed.engine.stream import EmbeddedWindow, embed_windows, fail_on_bad_records, part_schema
+from bulkembed.engine.stream import (
+    EmbeddedWindow,
+    embed_windows,
+    fail_on_bad_records,
+    gather_windows,
+    part_schema,
+)
 from bulkembed.errors import BulkembedError
 from bulkembed.incremental import hash_contents
 from bulkembed.outputs import OutputFormat
@@ -117,9 +123,8 @@ class _UnitEmbedder:
         )
         output = Path(work.output)
         schema = part_schema(work.reader, work.spec, self.session.embedder, work.output_format)
-        self.writer = PartWriter(
-            RunDirectory(output, shard=work.shard), ParquetSink(output), schema
-        )
+        run = RunDirectory(output, shard=work.shard)
+        self.writer = PartWriter(run.run_id, ParquetSink(output), schema, run.committed)
 
     def _write(self, window: EmbeddedWindow) -> None:
         for _ in window.write(self.writer):
@@ -129,7 +134,9 @@ class _UnitEmbedder:
         """Embed and commit one unit (the writer commits it with its last chunk)."""
         stats = RunStats()
         formatted = self.work.output_format.apply
-        embed_windows(iter(tokenized), self.session, formatted, self._write, stats, self.reporter)
+        session = self.session
+        gathered = gather_windows(iter(tokenized), session.embedder, session.budget, stats)
+        embed_windows(gathered, session, formatted, self._write, stats, self.reporter)
         return stats
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, list[Any]]:

@@ -6,6 +6,7 @@ that start theirs the same way. The local engine and each Ray actor hold one ses
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from bulkembed.config import DType
@@ -136,3 +137,38 @@ class DeviceSession:
     def close(self) -> None:
         """Stop the device workers, if any."""
         self.embedder.close()
+
+
+def settle_dtype(
+    spec: ModelSpec,
+    device: str,
+    dtype: DType,
+    tokenized: Iterator[TokenizedChunk],
+    reporter: Reporter,
+) -> tuple[DType, PrecisionCheck | None, list[TokenizedChunk]]:
+    """The dtype that device processes start in, settled before they start: `--dtype auto`
+    with a half-precision candidate is checked here on `device` (`DeviceSession.settle`)
+    on the first documents of `tokenized`, and the model is let go again. Returns the
+    dtype, the check, and the chunks read for it (still to embed)."""
+    import torch
+
+    from bulkembed.devices import resolve_dtype
+    from bulkembed.precision import SAMPLE_DOCUMENTS
+
+    candidate = resolve_dtype(dtype, device, spec.trained_dtype)
+    if dtype is not DType.AUTO or candidate == torch.float32:
+        return DType(dtype_name(candidate)), None, []
+    read: list[TokenizedChunk] = []
+    documents = 0
+    while documents < SAMPLE_DOCUMENTS and (chunk := next(tokenized, None)) is not None:
+        read.append(chunk)
+        documents += len(chunk.lengths)
+    session = DeviceSession(spec, [device], dtype, None, False, reporter)
+    try:
+        session.settle(read)
+        return DType(session.dtype), session.precision, read
+    finally:
+        session.close()
+        del session
+        if device.startswith("cuda"):
+            torch.cuda.empty_cache()

@@ -22,7 +22,7 @@ from bulkembed.writer import PartWriter, write_window
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from bulkembed.encoders import Embedder
+    from bulkembed.encoders import VectorSizes
     from bulkembed.engine.session import DeviceSession
     from bulkembed.model_spec import ModelSpec
     from bulkembed.outputs import OutputFormat
@@ -46,12 +46,12 @@ class EmbeddedWindow:
 
 
 def part_schema(
-    reader: RecordReader, spec: ModelSpec, embedder: Embedder, output_format: OutputFormat
+    reader: RecordReader, spec: ModelSpec, sizes: VectorSizes, output_format: OutputFormat
 ) -> pa.Schema:
     """The output's schema: the id type and passthrough columns that `reader` found, and
-    the columns of what `embedder` produces, in `output_format`."""
+    the columns of the vectors the model gives (`sizes`), in `output_format`."""
     assert reader.id_type is not None
-    dense, multivector = embedder.dense_dim, embedder.multivector_dim
+    dense, multivector = sizes.dense_dim, sizes.multivector_dim
     return output_schema(
         reader.id_type,
         dense=None if dense is None else output_format.dense_type(dense),
@@ -82,18 +82,25 @@ def _tokenizer_seconds(
         yield chunk
 
 
+def gather_windows(
+    tokenized: Iterator[TokenizedChunk], sizes: VectorSizes, budget: int, stats: RunStats
+) -> Iterator[list[TokenizedChunk]]:
+    """`tokenized` gathered into windows (`windows`) for batches of `budget` tokens of a
+    model that gives vectors of `sizes`; each chunk's tokenizer seconds count into `stats`."""
+    size = window_tokens(budget, sizes.multivector_dim)
+    return windows(_tokenizer_seconds(tokenized, stats), size)
+
+
 def embed_windows(
-    tokenized: Iterator[TokenizedChunk],
+    gathered: Iterator[list[TokenizedChunk]],
     session: DeviceSession,
     formatted: Callable[[Embeddings], Embeddings],
     write: Callable[[EmbeddedWindow], None],
     stats: RunStats,
     reporter: Reporter,
 ) -> None:
-    """Embed `tokenized` window by window on `session`, and `write` each window's vectors
-    as `formatted` makes them, in input order; count into `stats`."""
-    size = window_tokens(session.budget, session.embedder.multivector_dim)
-    gathered = windows(_tokenizer_seconds(tokenized, stats), size)
+    """Embed the windows `gathered` on `session`, and `write` each window's vectors as
+    `formatted` makes them, in input order; count into `stats`."""
 
     def emit(window: list[TokenizedChunk], embedded: Embeddings, padded: np.ndarray) -> None:
         with stats.timed("post-process"):

@@ -249,6 +249,12 @@ class RunDirectory:
         self.rebuild_quarantine(done, mine)
         return done
 
+    def committed(self, record: UnitRecord, bad: list[dict[str, Any]]) -> None:
+        """A unit's part is in place: its bad records go to the quarantine, then it is
+        marked done."""
+        self.quarantine.append(bad, record.part)
+        self.mark_done(record, bad)
+
     def mark_done(self, record: UnitRecord, bad: list[dict[str, Any]]) -> None:
         """Record a unit, with its bad records, as committed; call only once its part is in
         place."""

@@ -142,6 +142,14 @@ class ParquetSink(Sink):
             return []
         return [p for p in self.directory.glob(".part-*") if _TEMPORARY.fullmatch(p.name)]
 
+    def remove_temporaries(self, writers: Collection[int]) -> None:
+        """Delete the temporary files that the processes `writers` (process ids) left: a
+        device process that died while writing a part."""
+        tags = tuple(f".{pid}-" for pid in writers)
+        for path in self._temporaries():
+            if any(tag in path.name for tag in tags):
+                path.unlink(missing_ok=True)
+
     def check_foreign(self, overwrite: bool) -> None:
         """Parquet files that bulkembed did not write are refused even with `overwrite`:
         readers of the output would take them for parts. Any other file is refused unless

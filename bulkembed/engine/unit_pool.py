@@ -1,0 +1,212 @@
+"""Several devices writing their own parts: one process per device embeds whole units and
+commits them into the Parquet output; the run's process handles only their order and the
+ledger.
+
+The run's process reads and tokenizes, gathers the chunks (token ids, ids, hashes,
+passthrough values) into windows exactly as a one-device run does, and hands each group of
+windows from one unit's start to a unit's end to the device process that holds the fewest.
+That process packs each window into batches, embeds them, and writes the windows' rows into
+their parts on a thread of its own while it embeds the next window; once the group's units
+are committed it answers with their records, bad records and counts, and the run's process
+writes the quarantine and the done-markers in input order. No vector crosses between
+processes, and since the windows and batches are those of a one-device run, so are the
+vectors.
+
+Each batch a device process finishes is reported to the run's process: it moves the
+progress bar, and it is how a hung device is told from a busy one (`batch_timeout()`
+without a batch fails the run, naming the device). A device process that dies has its
+groups in flight embedded again by the others, whole, under the same part names, once
+each, as the batch-level pool (`bulkembed.engine.pool`) does with batches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from bulkembed.config import DType
+from bulkembed.engine.pool import BATCHES_PER_WORKER, START_TIMEOUT_SECONDS, batch_timeout
+from bulkembed.engine.session import DeviceSession
+from bulkembed.engine.stream import EmbeddedWindow, embed_windows, part_schema
+from bulkembed.errors import WorkerError
+from bulkembed.progress import QuietReporter, RunStats
+from bulkembed.sinks import ParquetSink
+from bulkembed.workers import WorkerPool, report
+from bulkembed.writer import PartWriter
+
+if TYPE_CHECKING:
+    from bulkembed.config import ShardSpec
+    from bulkembed.contracts import UnitRecord
+    from bulkembed.model_spec import ModelSpec
+    from bulkembed.outputs import OutputFormat
+    from bulkembed.sources import RecordReader
+    from bulkembed.tokenize import TokenizedChunk
+
+# Windows of tokenized chunks from one unit's start to a unit's end, as the run's process
+# hands them to a device process (`bulkembed.windows.windows` keeps it about a unit long).
+UnitGroup = list[list["TokenizedChunk"]]
+
+
+@dataclass(frozen=True, slots=True)
+class UnitWork:
+    """What a device process needs: the model in the run's dtype on its device, and where
+    and how to write (the reader gives the id type and the passthrough columns)."""
+
+    spec: ModelSpec
+    reader: RecordReader
+    output_format: OutputFormat
+    output: Path
+    shard: ShardSpec | None
+    run_id: str
+    dtype: DType
+    threads: int
+    tune: bool
+    device: str = "cpu"
+
+
+@dataclass(frozen=True, slots=True)
+class UnitDone:
+    """A group of units committed by a device process: each unit's record and bad records,
+    as the ledger takes them, and what embedding and writing them counted."""
+
+    committed: list[tuple[UnitRecord, list[dict[str, Any]]]]
+    stats: RunStats
+
+
+@dataclass(frozen=True, slots=True)
+class Counts:
+    """What a device process has embedded of the group it is on, reported after each batch."""
+
+    docs: int
+    tokens: int
+    padded_tokens: int
+    batches: int
+
+
+class _Heartbeat(QuietReporter):
+    """A device process's reporter: each batch's counts go to the run's process."""
+
+    def update(self, stats: RunStats) -> None:
+        report(Counts(stats.docs, stats.tokens, stats.padded_tokens, stats.batches))
+
+
+class _UnitWorker:
+    """In a device process: embeds a group of units window by window, and writes and
+    commits their parts on a writer thread. One window is written while the next is
+    embedded, never more, so memory holds two windows' vectors at most."""
+
+    def __init__(self, work: UnitWork) -> None:
+        self.work = work
+        self.session = DeviceSession(
+            work.spec, [work.device], work.dtype, work.threads, work.tune, _Heartbeat()
+        )
+        schema = part_schema(work.reader, work.spec, self.session.embedder, work.output_format)
+        self.writer = PartWriter(work.run_id, ParquetSink(work.output), schema, self._committed)
+        self.writes = ThreadPoolExecutor(1, thread_name_prefix="bulkembed-writer")
+        self.last: Future[None] | None = None
+        self.error: BaseException | None = None
+        # Written on the writer thread only: the units committed since the last answer.
+        self.committed: list[tuple[UnitRecord, list[dict[str, Any]]]] = []
+
+    def _committed(self, record: UnitRecord, bad: list[dict[str, Any]]) -> None:
+        self.committed.append((record, bad))
+
+    def _write(self, window: EmbeddedWindow, stats: RunStats) -> None:
+        if self.error is not None:
+            return
+        try:
+            for _ in stats.timed_iterator("write", window.write(self.writer)):
+                continue
+        except BaseException as e:  # raised again with the group's answer
+            self.error = e
+            raise
+
+    def _submit(self, window: EmbeddedWindow, stats: RunStats) -> None:
+        if self.last is not None:
+            self.last.result()
+        self.last = self.writes.submit(self._write, window, stats)
+
+    def _done(self, stats: RunStats) -> UnitDone:
+        if self.error is not None:
+            raise self.error
+        committed, self.committed = self.committed, []
+        return UnitDone(committed, stats)
+
+    def __call__(self, group: UnitGroup) -> Future[UnitDone]:
+        stats = RunStats()
+        embed_windows(
+            iter(group),
+            self.session,
+            self.work.output_format.apply,
+            lambda window: self._submit(window, stats),
+            stats,
+            self.session.reporter,
+        )
+        return self.writes.submit(self._done, stats)
+
+
+def _start(work: UnitWork) -> tuple[_UnitWorker, tuple[int | None, int | None, int]]:
+    """A device process's worker, and its vector sizes and token budget."""
+    worker = _UnitWorker(work)
+    embedder = worker.session.embedder
+    return worker, (embedder.dense_dim, embedder.multivector_dim, worker.session.budget)
+
+
+class UnitPool:
+    """One device process per device (`_UnitWorker`), each embedding and committing groups
+    of whole units. `dense_dim`, `multivector_dim` and `budget` (the smallest device's) are what the
+    processes found as they started; `warn` is told when one dies."""
+
+    def __init__(
+        self, work: UnitWork, devices: list[str], warn: Callable[[str], None] | None = None
+    ) -> None:
+        self.devices = devices
+        self._pool: WorkerPool[UnitGroup, UnitDone] = WorkerPool(
+            _start,
+            [replace(work, device=device) for device in devices],
+            "encoder",
+            devices,
+            START_TIMEOUT_SECONDS,
+            batch_timeout(),
+            task="unit group",
+            step="batch",
+            requeue=True,
+            warn=warn,
+        )
+        sizes = {(dense, multivector) for dense, multivector, _ in self._pool.ready}
+        if len(sizes) != 1:
+            self._pool.close(failed=True)
+            raise WorkerError(f"the encoders on {', '.join(devices)} disagree on vector sizes")
+        self.dense_dim, self.multivector_dim = sizes.pop()
+        self.budget = min(budget for _, _, budget in self._pool.ready)
+
+    def embed(
+        self, groups: Iterable[UnitGroup], progress: Callable[[Counts], None]
+    ) -> Iterator[UnitDone]:
+        """Each group of units, embedded and committed, in the order given; `progress` gets
+        the counts of the groups in flight as batches finish, summed."""
+        moving: dict[int, Counts] = {}
+
+        def reported(key: int, counts: Counts) -> None:
+            moving[key] = counts
+            progress(
+                Counts(*(sum(getattr(c, f) for c in moving.values()) for f in Counts.__slots__))
+            )
+
+        in_flight = BATCHES_PER_WORKER * len(self.devices)
+        numbered = ((number, group) for number, group in enumerate(groups))
+        for number, done in self._pool.map(numbered, in_flight, reported):
+            moving.pop(number, None)
+            yield done
+
+    @property
+    def pids(self) -> list[int]:
+        """The device processes' ids (they tag their temporary files with them)."""
+        return self._pool.pids
+
+    def close(self) -> None:
+        """Stop the device processes: politely, then for good."""
+        self._pool.close()
