@@ -68,17 +68,17 @@ class RunStats:
                 self.stages[stage] += time.perf_counter() - started
             yield item
 
-    def add(self, other: RunStats) -> None:
-        """Count in what `other` counted (another process's share of the run); the device
-        seconds of the two add up."""
+    def add(self, other: RunStats, share: float = 1.0) -> None:
+        """Count in what `other` counted (another process's part of the run), its seconds
+        times `share`: with N devices side by side, 1/N makes the seconds the mean device's."""
         self.docs += other.docs
         self.carried += other.carried
-        self.encode_seconds += other.encode_seconds
+        self.encode_seconds += other.encode_seconds * share
         self.tokens += other.tokens
         self.padded_tokens += other.padded_tokens
         self.batches += other.batches
         for stage, seconds in other.stages.items():
-            self.stages[stage] += seconds
+            self.stages[stage] += seconds * share
 
     @property
     def seconds(self) -> float:

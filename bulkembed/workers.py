@@ -29,7 +29,6 @@ parent is gone.
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import functools
 import multiprocessing
@@ -112,7 +111,8 @@ def _serve(
         return
     outbox.put((Message.READY, about))
     _Current.outbox = outbox
-    later: list[Future[Any]] = []
+    # One event per answer still to come from a future, set once the answer is sent.
+    later: list[threading.Event] = []
     while (task := tasks.get()) is not None:
         index, item = task
         _Current.task = index
@@ -124,20 +124,25 @@ def _serve(
         finally:
             _Current.task = -1
         if isinstance(result, Future):
-            result.add_done_callback(functools.partial(_settled, outbox, index))
-            later = [*(f for f in later if not f.done()), result]
+            sent = threading.Event()
+            later = [*(e for e in later if not e.is_set()), sent]
+            result.add_done_callback(functools.partial(_settled, outbox, index, sent))
         else:
             outbox.put((Message.DONE, index, result))
-    concurrent.futures.wait(later)
+    for sent in later:
+        sent.wait()
 
 
-def _settled(outbox: queue.SimpleQueue[Any], index: int, future: Future[Any]) -> None:
-    """Send the outcome of task `index`, whose handler returned `future`."""
+def _settled(
+    outbox: queue.SimpleQueue[Any], index: int, sent: threading.Event, future: Future[Any]
+) -> None:
+    """Send the outcome of task `index`, whose handler returned `future`; then set `sent`."""
     error = future.exception()
     if error is None:
         outbox.put((Message.DONE, index, future.result()))
     else:
         outbox.put((Message.FAILED, f"{type(error).__name__}: {error}"))
+    sent.set()
 
 
 def _work(

@@ -124,6 +124,8 @@ def test_auto_dtype_with_several_devices_is_checked_before_the_workers_start(
 ):
     monkeypatch.setattr(devices, "cpu_accelerates_bfloat16", lambda: True)
     monkeypatch.setattr(precision, "PARITY_THRESHOLD", threshold)
+    # Windows of the usual size: the first one holds the check's 64 documents.
+    monkeypatch.setattr(windows, "WINDOW_BATCHES", 32)
     _no_writes_here(monkeypatch)
     corpus, model = _corpus(tmp_path), tiny_st("mean")
     result = run_cli(
@@ -284,3 +286,36 @@ def test_a_batch_time_limit_that_is_not_seconds_is_refused(monkeypatch, value):
     monkeypatch.setenv("BULKEMBED_BATCH_TIMEOUT", value)
     with pytest.raises(BulkembedError, match="^BULKEMBED_BATCH_TIMEOUT must be seconds above 0"):
         pool.batch_timeout()
+
+
+@pytest.mark.slow
+def test_auto_dtype_with_nothing_to_embed_in_the_first_window_takes_float32(
+    tmp_path, tiny_st, monkeypatch
+):
+    """A --since run whose texts are all unchanged holds no document to check bfloat16 on:
+    the device processes run in float32, and every vector is carried over as it was."""
+    monkeypatch.setattr(devices, "cpu_accelerates_bfloat16", lambda: True)
+    corpus, model = _corpus(tmp_path), tiny_st("mean")
+    first = run_cli(corpus, model, tmp_path / "old", *BATCHES)
+    assert first.exit_code == 0, first.output
+    _no_writes_here(monkeypatch)
+    again = run_cli(
+        corpus,
+        model,
+        tmp_path / "new",
+        "--since",
+        tmp_path / "old",
+        "--devices",
+        "cpu,cpu",
+        *BATCHES,
+        workers=None,
+    )
+    assert again.exit_code == 0, again.output
+    summary = json.loads((tmp_path / "new" / "_bulkembed" / "summary.json").read_text())
+    assert (summary["dtype"], summary["docs_this_run"], summary["unchanged"]) == ("float32", 0, 400)
+    assert summary["dtype_check"] is None
+    assert (
+        pq.read_table(tmp_path / "new")
+        .sort_by("id")
+        .equals(pq.read_table(tmp_path / "old").sort_by("id"))
+    )

@@ -234,13 +234,13 @@ def _embed_on_devices(
         plan.reader,
         output_format,
         run.output,
-        config.shard,
         run.run_id,
         dtype,
         cpu_threads_per_worker(devices),
         config.tune_batch_tokens,
     )
     pool = UnitPool(work, devices, reporter.warn)
+    stopped = True
     try:
         reporter.info(_describe(plan, pool, pool.budget, len(done), previous))
         stats.started = time.monotonic()
@@ -261,14 +261,16 @@ def _embed_on_devices(
             for unit in pool.embed(_unit_groups(gathered), progress):
                 for record, bad in unit.committed:
                     run.committed(record, bad)
-                stats.add(unit.stats)
+                # The devices run side by side: their seconds are the mean device's.
+                stats.add(unit.stats, share=1 / len(devices))
                 reporter.update(stats)
         finally:
             reporter.close()
+        stopped = False
     finally:
-        pool.close()
+        # Stopped (an error, Ctrl-C), the device processes go at once, rather than commit
+        # more units that this process would not mark done.
+        pool.close(failed=stopped)
         # What a device process that died (or was stopped) was writing.
         sink.remove_temporaries(pool.pids)
-    # The devices ran side by side: the run's device time is the mean device's.
-    stats.encode_seconds /= len(devices)
     return RunOutcome(stats, ",".join(devices), dtype.value, pool.budget, precision)

@@ -16,7 +16,7 @@ import os
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from bulkembed.contracts import Embeddings, TokenBatch
 from bulkembed.errors import BulkembedError, WorkerError
@@ -27,6 +27,19 @@ if TYPE_CHECKING:
     from bulkembed.model_spec import ModelSpec
 
 Key = TypeVar("Key")
+Task = TypeVar("Task")
+Setting = TypeVar("Setting", bound="_OnDevice")
+# What a device process tells as it starts: dense size, multi-vector size, token budget.
+Sizes = tuple[int | None, int | None, int | None]
+
+
+class _OnDevice(Protocol):
+    """A device process's setting: it names its device."""
+
+    @property
+    def device(self) -> str: ...
+
+
 # Batches queued per worker: enough that a worker never waits for the next one.
 BATCHES_PER_WORKER = 2
 # Loading a large model from a network disk and probing its budget can take minutes.
@@ -49,6 +62,38 @@ def batch_timeout() -> float:
     if not 0 < seconds < float("inf"):
         raise BulkembedError(f"{BATCH_TIMEOUT_VARIABLE} must be seconds above 0, not {value!r}")
     return seconds
+
+
+def start_device_workers(
+    start: Callable[[Setting], tuple[Callable[[Task], Any], Sizes]],
+    settings: list[Setting],
+    task: str,
+    warn: Callable[[str], None] | None,
+) -> tuple[WorkerPool[Task, Any], int | None, int | None, list[int]]:
+    """One encoder process per device (`settings[i].device`), each started by `start`,
+    which tells its vector sizes and token budget; a process that dies has its `task`s run
+    again by the others, and one that finishes no batch in `batch_timeout()` fails the run.
+    Returns the pool, the dense and multi-vector sizes (the same on every device, or an
+    error) and the budgets found."""
+    devices = [setting.device for setting in settings]
+    pool: WorkerPool[Task, Any] = WorkerPool(
+        start,
+        settings,
+        "encoder",
+        devices,
+        START_TIMEOUT_SECONDS,
+        batch_timeout(),
+        task=task,
+        step="batch",
+        requeue=True,
+        warn=warn,
+    )
+    sizes = {(dense, multivector) for dense, multivector, _ in pool.ready}
+    if len(sizes) != 1:
+        pool.close(failed=True)
+        raise WorkerError(f"the encoders on {', '.join(devices)} disagree on vector sizes")
+    dense, multivector = sizes.pop()
+    return pool, dense, multivector, [budget for _, _, budget in pool.ready if budget is not None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,23 +148,10 @@ class EncoderPool:
         warn: Callable[[str], None] | None = None,
     ) -> None:
         self.devices = devices
-        self._pool: WorkerPool[TokenBatch | None, tuple[Embeddings | None, float]] = WorkerPool(
-            _start,
-            [_Device(spec, d, dtype_name, threads, tune) for d in devices],
-            "encoder",
-            devices,
-            START_TIMEOUT_SECONDS,
-            batch_timeout(),
-            task="batch",
-            requeue=True,
-            warn=warn,
+        self._pool: WorkerPool[TokenBatch | None, tuple[Embeddings | None, float]]
+        self._pool, self.dense_dim, self.multivector_dim, budgets = start_device_workers(
+            _start, [_Device(spec, d, dtype_name, threads, tune) for d in devices], "batch", warn
         )
-        dims = {(dense, multivector) for dense, multivector, _ in self._pool.ready}
-        if len(dims) != 1:
-            self._pool.close(failed=True)
-            raise WorkerError(f"the encoders on {', '.join(devices)} disagree on vector sizes")
-        self.dense_dim, self.multivector_dim = dims.pop()
-        budgets = [budget for _, _, budget in self._pool.ready if budget is not None]
         self.batch_tokens = min(budgets) if budgets else None
 
     def embed_stream(

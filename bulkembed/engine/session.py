@@ -148,21 +148,35 @@ def settle_dtype(
 ) -> tuple[DType, PrecisionCheck | None, list[TokenizedChunk]]:
     """The dtype that device processes start in, settled before they start: `--dtype auto`
     with a half-precision candidate is checked here on `device` (`DeviceSession.settle`)
-    on the first documents of `tokenized`, and the model is let go again. Returns the
-    dtype, the check, and the chunks read for it (still to embed)."""
+    on the first documents of `tokenized` (float32 when the first window's worth holds
+    none), and the model is let go again. Returns the dtype, the check, and the chunks read
+    for it (still to embed)."""
     import torch
 
     from bulkembed.devices import resolve_dtype
     from bulkembed.precision import SAMPLE_DOCUMENTS
+    from bulkembed.windows import share_of_window
 
     candidate = resolve_dtype(dtype, device, spec.trained_dtype)
     if dtype is not DType.AUTO or candidate == torch.float32:
         return DType(dtype_name(candidate)), None, []
+    # Read until the check has its documents, or a window's worth is held (a --since run
+    # whose first documents to embed lie far in): then float32, unchecked half precision never.
     read: list[TokenizedChunk] = []
-    documents = 0
-    while documents < SAMPLE_DOCUMENTS and (chunk := next(tokenized, None)) is not None:
+    documents, held = 0, 0.0
+    while documents < SAMPLE_DOCUMENTS and held < 1:
+        chunk = next(tokenized, None)
+        if chunk is None:
+            break
         read.append(chunk)
         documents += len(chunk.lengths)
+        held += share_of_window(chunk, spec.max_batch_tokens)
+    if not documents:
+        reporter.info(
+            f"--dtype auto: no document to check {dtype_name(candidate)} on in the first "
+            "window: float32"
+        )
+        return DType.FLOAT32, None, read
     session = DeviceSession(spec, [device], dtype, None, False, reporter)
     try:
         session.settle(read)

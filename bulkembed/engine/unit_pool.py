@@ -9,8 +9,8 @@ That process packs each window into batches, embeds them, and writes the windows
 their parts on a thread of its own while it embeds the next window; once the group's units
 are committed it answers with their records, bad records and counts, and the run's process
 writes the quarantine and the done-markers in input order. No vector crosses between
-processes, and since the windows and batches are those of a one-device run, so are the
-vectors.
+processes, and with a fixed `--max-batch-tokens` the windows and batches, and so the
+vectors, are those of a one-device run (`auto` lets each device pack by its own budget).
 
 Each batch a device process finishes is reported to the run's process: it moves the
 progress bar, and it is how a hung device is told from a busy one (`batch_timeout()`
@@ -28,17 +28,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bulkembed.config import DType
-from bulkembed.engine.pool import BATCHES_PER_WORKER, START_TIMEOUT_SECONDS, batch_timeout
+from bulkembed.engine.pool import BATCHES_PER_WORKER, start_device_workers
 from bulkembed.engine.session import DeviceSession
 from bulkembed.engine.stream import EmbeddedWindow, embed_windows, part_schema
-from bulkembed.errors import WorkerError
 from bulkembed.progress import QuietReporter, RunStats
 from bulkembed.sinks import ParquetSink
 from bulkembed.workers import WorkerPool, report
 from bulkembed.writer import PartWriter
 
 if TYPE_CHECKING:
-    from bulkembed.config import ShardSpec
     from bulkembed.contracts import UnitRecord
     from bulkembed.model_spec import ModelSpec
     from bulkembed.outputs import OutputFormat
@@ -59,7 +57,6 @@ class UnitWork:
     reader: RecordReader
     output_format: OutputFormat
     output: Path
-    shard: ShardSpec | None
     run_id: str
     dtype: DType
     threads: int
@@ -164,24 +161,11 @@ class UnitPool:
         self, work: UnitWork, devices: list[str], warn: Callable[[str], None] | None = None
     ) -> None:
         self.devices = devices
-        self._pool: WorkerPool[UnitGroup, UnitDone] = WorkerPool(
-            _start,
-            [replace(work, device=device) for device in devices],
-            "encoder",
-            devices,
-            START_TIMEOUT_SECONDS,
-            batch_timeout(),
-            task="unit group",
-            step="batch",
-            requeue=True,
-            warn=warn,
+        self._pool: WorkerPool[UnitGroup, UnitDone]
+        self._pool, self.dense_dim, self.multivector_dim, budgets = start_device_workers(
+            _start, [replace(work, device=device) for device in devices], "unit group", warn
         )
-        sizes = {(dense, multivector) for dense, multivector, _ in self._pool.ready}
-        if len(sizes) != 1:
-            self._pool.close(failed=True)
-            raise WorkerError(f"the encoders on {', '.join(devices)} disagree on vector sizes")
-        self.dense_dim, self.multivector_dim = sizes.pop()
-        self.budget = min(budget for _, _, budget in self._pool.ready)
+        self.budget = min(budgets)
 
     def embed(
         self, groups: Iterable[UnitGroup], progress: Callable[[Counts], None]
@@ -207,6 +191,6 @@ class UnitPool:
         """The device processes' ids (they tag their temporary files with them)."""
         return self._pool.pids
 
-    def close(self) -> None:
-        """Stop the device processes: politely, then for good."""
-        self._pool.close()
+    def close(self, failed: bool = False) -> None:
+        """Stop the device processes: politely, then for good; after a failure, at once."""
+        self._pool.close(failed)
