@@ -71,6 +71,12 @@ def _one_worker_run(corpus, model, out, monkeypatch) -> None:
     assert one.exit_code == 0, one.output
 
 
+def _two_workers_run(corpus, model, tmp_path, output) -> Any:
+    """`--devices cpu,cpu` into the output "two"."""
+    out = _target(tmp_path, "two", output)
+    return run_cli(corpus, model, out, "--devices", "cpu,cpu", *BATCHES, workers=None)
+
+
 def _no_writes_here(monkeypatch) -> None:
     """Fail any Parquet part written by this process: device processes write their own."""
 
@@ -86,15 +92,7 @@ def test_two_cpu_workers_write_what_one_writes(tmp_path, tiny_st, monkeypatch, o
     corpus, model = _corpus(tmp_path), tiny_st("mean")
     _one_worker_run(corpus, model, _target(tmp_path, "one", output), monkeypatch)
     _no_writes_here(monkeypatch)
-    two = run_cli(
-        corpus,
-        model,
-        _target(tmp_path, "two", output),
-        "--devices",
-        "cpu,cpu",
-        *BATCHES,
-        workers=None,
-    )
+    two = _two_workers_run(corpus, model, tmp_path, output)
     assert two.exit_code == 0, two.output
     assert _read(tmp_path, "two", output).equals(_read(tmp_path, "one", output))
     if output == "parts":
@@ -213,15 +211,7 @@ def test_a_killed_encoder_s_work_runs_on_the_other_and_the_output_is_the_same(
     corpus, model = _corpus(tmp_path), tiny_st("mean")
     _one_worker_run(corpus, model, _target(tmp_path, "one", output), monkeypatch)
     _with_fault(monkeypatch, tmp_path, "die", output)
-    two = run_cli(
-        corpus,
-        model,
-        _target(tmp_path, "two", output),
-        "--devices",
-        "cpu,cpu",
-        *BATCHES,
-        workers=None,
-    )
+    two = _two_workers_run(corpus, model, tmp_path, output)
     assert two.exit_code == 0, two.output
     assert (tmp_path / "fault").exists()
     task = "unit group" if output == "parts" else "batch"
