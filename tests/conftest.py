@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from helpers import NON_ASCII, sample_texts
+from s3_server import S3Server, start_s3_server
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -211,3 +212,51 @@ def tiny_colbert(tiny_bert: Path, tmp_path_factory: pytest.TempPathFactory) -> P
     }
     (folder / "config_sentence_transformers.json").write_text(json.dumps(settings))
     return folder
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory):
+    """A real S3 server (moto, server mode) on 127.0.0.1 for the whole session."""
+    server = start_s3_server(tmp_path_factory.mktemp("s3") / "server.log")
+    yield server
+    server.process.terminate()
+    server.process.wait(timeout=10)
+
+
+@pytest.fixture
+def s3(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest):
+    """The S3 server, with a new empty bucket `bulkembed-<n>` for this test and its
+    endpoint and keys in the environment (this process and the ones it starts)."""
+    from bulkembed import storage
+
+    for key, value in s3_server.environment.items():
+        monkeypatch.setenv(key, value)
+    storage.filesystem.cache_clear()
+    storage._cached_s3_client.cache_clear()
+    _BUCKETS.append(f"bulkembed-{len(_BUCKETS)}")
+    s3_server.client().create_bucket(Bucket=_BUCKETS[-1])
+    yield S3Bucket(s3_server, _BUCKETS[-1])
+    storage.filesystem.cache_clear()
+    storage._cached_s3_client.cache_clear()
+
+
+_BUCKETS: list[str] = []
+
+
+class S3Bucket:
+    """One test's bucket on the S3 server."""
+
+    def __init__(self, server: S3Server, name: str) -> None:
+        self.server = server
+        self.name = name
+
+    def uri(self, key: str = "") -> str:
+        return f"s3://{self.name}/{key}".rstrip("/")
+
+    def keys(self, prefix: str = "") -> list[str]:
+        return self.server.keys(self.name, prefix)
+
+    def upload(self, local: Path, key: str) -> str:
+        """Copy a local file into the bucket; its URI."""
+        self.server.client().upload_file(str(local), self.name, key)
+        return self.uri(key)
