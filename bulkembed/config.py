@@ -175,6 +175,8 @@ class RunConfig:
     shard: ShardSpec | None = None
     engine: Engine = Engine.LOCAL
     ray_address: str | None = None
+    storage_options: tuple[str, ...] = ()
+    break_lock: bool = False
 
     def __post_init__(self) -> None:
         self._coerce()
@@ -228,7 +230,7 @@ class RunConfig:
             object.__setattr__(self, "inputs", (os.fspath(self.inputs),))
         else:
             object.__setattr__(self, "inputs", tuple(os.fspath(i) for i in self.inputs))
-        for name in ("outputs", "keep_columns"):
+        for name in ("outputs", "keep_columns", "storage_options"):
             value = getattr(self, name)
             if isinstance(value, str):
                 object.__setattr__(self, name, (value,))

@@ -13,6 +13,7 @@ from typing import Annotated, Any
 import typer
 
 from bulkembed.cli.options import (
+    BreakLock,
     Compile,
     Devices,
     Dim,
@@ -47,6 +48,7 @@ from bulkembed.cli.options import (
     ShardOption,
     Since,
     SparseTopK,
+    StorageOption,
     StreamFormatOption,
     TextColumn,
     TokenizeWorkers,
@@ -163,6 +165,8 @@ def run(
     shard: ShardOption = None,
     engine: EngineOption = Engine.LOCAL,
     ray_address: RayAddress = None,
+    storage_option: StorageOption = None,
+    break_lock: BreakLock = False,
 ) -> None:
     """Embed INPUTS with a model into Parquet parts, a LanceDB table or stdout.
 
@@ -213,6 +217,8 @@ def run(
             shard=None if shard is None else ShardSpec.parse(shard),
             engine=engine,
             ray_address=ray_address,
+            storage_options=tuple(storage_option or ()),
+            break_lock=break_lock,
         )
         embed_corpus(config, reporter=make_reporter(quiet))
 
@@ -231,6 +237,7 @@ def status(
     as_json: Annotated[
         bool, typer.Option("--json", help="Print one JSON object instead of a table.")
     ] = False,
+    storage_option: StorageOption = None,
 ) -> None:
     """Progress of a run: units done and pending, documents, bad records, lock."""
 
@@ -239,8 +246,9 @@ def status(
         from bulkembed.run_dir import RunDirectory
         from bulkembed.run_dir.status import run_status
         from bulkembed.sinks import parse_output, sink_of
+        from bulkembed.storage import StorageOptions
 
-        target = parse_output(output)
+        target = parse_output(output, StorageOptions.parse(storage_option or []))
         sink = sink_of(target)
         figures = run_status(RunDirectory.for_target(target, None), sink)
         if as_json:

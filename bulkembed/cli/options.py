@@ -257,3 +257,21 @@ RayAddress = Annotated[
         "cluster), else a new local instance."
     ),
 ]
+StorageOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--storage-option",
+        help="KEY=VALUE for object storage (repeat it): endpoint=URL, region=NAME, "
+        "anonymous=true, project=ID (GCS), account=NAME (Azure). Credentials come from each "
+        "cloud's environment variables and config files.",
+        metavar="KEY=VALUE",
+    ),
+]
+BreakLock = Annotated[
+    bool,
+    typer.Option(
+        "--break-lock",
+        help="Take over the output's lease on object storage even if it has not expired "
+        "(only when the run that held it is known to be dead).",
+    ),
+]
