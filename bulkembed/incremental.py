@@ -20,7 +20,6 @@ from __future__ import annotations
 import hashlib
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -34,6 +33,7 @@ from bulkembed.sinks import ParquetSink
 from bulkembed.sources import Chunk
 from bulkembed.sources.filters import id_hash
 from bulkembed.sources.records import Carried
+from bulkembed.storage import AnyPath, parquet_file
 from bulkembed.tokenize import TokenizerSettings
 
 # Settings that may differ from PREV's: they change which documents there are or which
@@ -62,7 +62,7 @@ class PreviousOutput:
     that share a 64-bit hash (odds about n² / 2⁶⁵) are left out of them, so those documents
     are embedded again, as if new."""
 
-    def __init__(self, path: Path, fingerprint: dict[str, Any]) -> None:
+    def __init__(self, path: AnyPath, fingerprint: dict[str, Any]) -> None:
         run = RunDirectory(path)
         if not run.config_path.exists():
             raise BulkembedError(f"--since {path}: not a bulkembed output directory")
@@ -91,12 +91,13 @@ class PreviousOutput:
     def _load_lookup(self) -> None:
         ids, hashes, parts, rows = [], [], [], []
         for number, path in enumerate(self.parts):
-            if CONTENT_HASH not in pq.read_schema(path).names:
+            file = parquet_file(path)
+            if CONTENT_HASH not in file.schema_arrow.names:
                 raise BulkembedError(
                     f"--since: {path} has no {CONTENT_HASH} column (written by an older "
                     "bulkembed); run without --since once"
                 )
-            table = pq.read_table(path, columns=["id", CONTENT_HASH])
+            table = file.read(columns=["id", CONTENT_HASH])
             count = table.num_rows
             ids.append(np.fromiter(map(id_hash, table.column("id").to_pylist()), np.uint64, count))
             digests = table.column(CONTENT_HASH).to_pylist()
@@ -128,7 +129,7 @@ class PreviousOutput:
     def _file(self, number: int) -> tuple[pq.ParquetFile, np.ndarray]:
         """PREV's part `number`, and the first row of each of its row groups."""
         if number not in self._files:
-            file = pq.ParquetFile(self.parts[number])
+            file = parquet_file(self.parts[number])
             sizes = [file.metadata.row_group(g).num_rows for g in range(file.num_row_groups)]
             self._files = {number: (file, np.cumsum([0, *sizes[:-1]]))}
         return self._files[number]

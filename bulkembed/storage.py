@@ -42,6 +42,10 @@ FILE_SCHEME = "file://"
 SCHEMES = {"s3": "s3", "gs": "gcs", "gcs": "gcs", "az": "azure", "abfs": "azure"}
 # What `--storage-option` takes.
 OPTION_KEYS = ("account", "anonymous", "endpoint", "project", "region")
+# `ObjectPath.write_if`'s condition for an object that must not exist yet.
+ABSENT = "*"
+# What S3 answers when a conditional write's condition does not hold.
+_CONDITION_FAILED = ("PreconditionFailed", "ConditionalRequestConflict", "412", "409")
 # Seconds to wait for a store's endpoint to answer before giving up on a connection.
 CONNECT_TIMEOUT = 10
 
@@ -362,35 +366,56 @@ class ObjectPath:
             raise storage_error(str(self), e) from e
 
     def create(self, data: bytes) -> bool:
-        """Write this object only if it does not exist yet; False if it did. On S3 this is
-        a conditional write (atomic); on other stores a check, then a write."""
-        if self.scheme == "s3":
-            return _s3_put(self, data, IfNoneMatch="*") is not None
-        if self.exists():
-            return False
-        self.write_bytes(data)
-        return True
+        """Write this object only if it does not exist yet; False if it did."""
+        return self.write_if(data, ABSENT) is not None
 
-    def version(self) -> str | None:
-        """The object's entity tag (S3), or None where this store gives none to compare."""
+    def read_versioned(self) -> tuple[bytes, str | None] | None:
+        """The object's bytes and its entity tag (S3; None elsewhere), read in one request;
+        None if there is no such object."""
         if self.scheme != "s3":
-            return None
+            try:
+                return self.read_bytes(), None
+            except FileNotFoundError:
+                return None
         client = _s3_client(self.options)
         try:
-            return str(client.head_object(Bucket=self.bucket, Key=self._object_key)["ETag"])
+            answer = client.get_object(Bucket=self.bucket, Key=self._object_key)
+            return answer["Body"].read(), str(answer["ETag"])
         except client.exceptions.ClientError as e:
             if e.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
                 return None
             raise storage_error(str(self), e) from e
+        except Exception as e:  # botocore's connection errors share no base class with OSError
+            raise storage_error(str(self), e) from e
 
-    def replace_if(self, data: bytes, version: str | None) -> bool:
-        """Overwrite this object if it still is at `version` (see `version`); False if
-        another writer changed it. Where the store has no conditional write, it always
-        writes."""
-        if self.scheme != "s3" or version is None:
-            self.write_bytes(data)
+    def delete_if(self, version: str | None) -> bool:
+        """Delete this object if it still is at `version`; False if another writer changed
+        it. Where the store has no conditional delete, it always deletes."""
+        if self.scheme != "s3" or not version:
+            self.unlink(missing_ok=True)
             return True
-        return _s3_put(self, data, IfMatch=version) is not None
+        client = _s3_client(self.options)
+        try:
+            client.delete_object(Bucket=self.bucket, Key=self._object_key, IfMatch=version)
+        except client.exceptions.ClientError as e:
+            if e.response.get("Error", {}).get("Code") in _CONDITION_FAILED:
+                return False
+            raise storage_error(str(self), e) from e
+        return True
+
+    def write_if(self, data: bytes, version: str | None) -> str | None:
+        """Write this object if it is still at `version` (an entity tag from
+        `read_versioned` or from an earlier `write_if`; `ABSENT`: if there is no such
+        object yet); its new entity tag, or None if the condition did not hold. On S3 this
+        is a conditional write, atomic; on other stores a check followed by a write, and an
+        entity tag of ''."""
+        if self.scheme == "s3":
+            condition = {"IfNoneMatch": "*"} if version == ABSENT else {"IfMatch": version or ""}
+            return _s3_put(self, data, **condition)
+        if version == ABSENT and self.exists():
+            return None
+        self.write_bytes(data)
+        return ""
 
     @property
     def _object_key(self) -> str:
@@ -440,7 +465,7 @@ def _s3_put(path: ObjectPath, data: bytes, **condition: str) -> str | None:
         answer = client.put_object(Bucket=path.bucket, Key=path._object_key, Body=data, **condition)
     except client.exceptions.ClientError as e:
         code = e.response.get("Error", {}).get("Code")
-        if code in ("PreconditionFailed", "ConditionalRequestConflict", "412", "409"):
+        if code in _CONDITION_FAILED:
             return None
         raise storage_error(str(path), e) from e
     except Exception as e:  # botocore's connection errors share no base class with OSError
@@ -489,6 +514,16 @@ def open_random_access(path: AnyPath) -> Any:
     return str(path)
 
 
+def parquet_file(path: AnyPath) -> Any:
+    """A `pyarrow.parquet.ParquetFile`: a remote one reads its footer, then only the
+    column chunks asked for, in ranged requests."""
+    import pyarrow.parquet as pq
+
+    if isinstance(path, ObjectPath):
+        return pq.ParquetFile(path.open_input())
+    return pq.ParquetFile(path)
+
+
 @dataclass(slots=True)
 class Spool:
     """A local file that becomes an object when complete: written locally, then uploaded
@@ -499,7 +534,8 @@ class Spool:
 
     @classmethod
     def for_target(cls, target: ObjectPath) -> Spool:
-        handle, name = tempfile.mkstemp(prefix="bulkembed-", suffix=f"-{target.name}")
+        prefix = f"bulkembed-spool-{os.getpid()}-"
+        handle, name = tempfile.mkstemp(prefix=prefix, suffix=f"-{target.name}")
         os.close(handle)
         return cls(Path(name), target)
 

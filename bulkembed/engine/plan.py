@@ -7,7 +7,6 @@ back.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bulkembed.config import Engine, RunConfig, default_tokenize_workers
@@ -15,6 +14,7 @@ from bulkembed.errors import BulkembedError
 from bulkembed.outputs import OutputFormat
 from bulkembed.sinks import OutputTarget, parse_output
 from bulkembed.sources import InputFile, RecordReader, list_inputs
+from bulkembed.storage import StorageOptions, location
 from bulkembed.tokenize import TokenizerSettings
 from bulkembed.units import counted_units, shard_parts
 
@@ -44,6 +44,7 @@ class RunPlan:
     workers: int
     all_units: tuple[str, ...] | None
     my_units: frozenset[str] | None
+    storage_options: StorageOptions = StorageOptions()
 
     @property
     def tokenizer_settings(self) -> TokenizerSettings:
@@ -98,8 +99,9 @@ def plan_run(config: RunConfig, reporter: Reporter) -> RunPlan:
     from bulkembed.engine.session import dtype_name
     from bulkembed.model_spec import resolve_model
 
-    target = parse_output(config.output)
-    since = Path(config.since).resolve() if config.since is not None else None
+    options = StorageOptions.parse(config.storage_options)
+    target = parse_output(config.output, options)
+    since = location(config.since, options).resolve() if config.since is not None else None
     if since is not None and target.path is not None and since == target.path.resolve():
         raise BulkembedError("--since must name another output than --output")
     skipped: list[str] = []
@@ -138,4 +140,5 @@ def plan_run(config: RunConfig, reporter: Reporter) -> RunPlan:
         my_units=None
         if units is None or config.shard is None
         else shard_parts(units, config.shard),
+        storage_options=options,
     )

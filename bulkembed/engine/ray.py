@@ -5,7 +5,8 @@ work still pending and hands them to Ray Data, one row per unit. CPU tasks read 
 tokenize it; an actor pool, one actor per GPU (or CPU actors with a thread count each),
 packs the unit's documents into token-budget batches, embeds them and commits the unit into
 the shared output exactly as a local run's writer does: the part under a temporary name,
-renamed, then its done-marker. The driver counts what comes back and writes the summary.
+renamed (on object storage: uploaded whole under its name), then its done-marker. The
+driver counts what comes back and writes the summary.
 
 A unit is committed by one rename and one marker, and its part's name is fixed by the
 inputs, so a run killed at any point resumes like a local one, and a unit that Ray runs
@@ -20,7 +21,6 @@ import logging
 import pickle
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -44,6 +44,7 @@ from bulkembed.progress import QuietReporter, Reporter, RunStats
 from bulkembed.run_dir import RunDirectory
 from bulkembed.sinks import ParquetSink
 from bulkembed.sources import RecordReader, SeenIds, drop_duplicate_ids
+from bulkembed.storage import AnyPath
 from bulkembed.tokenize import TokenizedChunk, TokenizerPool, TokenizerSettings
 from bulkembed.writer import PartWriter
 
@@ -71,7 +72,7 @@ class _Work:
     fail_on_bad_records: bool
     spec: ModelSpec
     dtype: DType
-    output: str
+    output: AnyPath
     shard: ShardSpec | None
     output_format: OutputFormat
     device: str
@@ -121,7 +122,7 @@ class _UnitEmbedder:
             work.tune_batch_tokens,
             self.reporter,
         )
-        output = Path(work.output)
+        output = work.output
         schema = part_schema(work.reader, work.spec, self.session.embedder, work.output_format)
         run = RunDirectory(output, shard=work.shard)
         self.writer = PartWriter(run.run_id, ParquetSink(output), schema, run.committed)
@@ -264,7 +265,7 @@ def embed_on_ray(
                 fail_on_bad_records=plan.config.on_bad_record is OnBadRecord.FAIL,
                 spec=plan.spec,
                 dtype=plan.config.dtype,
-                output=str(run.output.resolve()),
+                output=run.output.resolve(),
                 shard=plan.config.shard,
                 output_format=plan.output_format,
                 device=device,

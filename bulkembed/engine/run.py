@@ -10,12 +10,10 @@ complete once every unit is done, and the summary written.
 from __future__ import annotations
 
 import contextlib
-import shutil
 import signal
 import threading
 from collections.abc import Iterator
 from dataclasses import asdict
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from bulkembed.config import Engine, RunConfig
@@ -26,6 +24,7 @@ from bulkembed.incremental import PreviousOutput
 from bulkembed.progress import QuietReporter, Reporter, RunStats
 from bulkembed.run_dir import RunDirectory, fingerprint
 from bulkembed.sinks import Sink, make_sink
+from bulkembed.storage import location, remove_tree
 from bulkembed.summary import Summary, summarize
 from bulkembed.version import __version__
 
@@ -64,12 +63,12 @@ def embed_corpus(config: RunConfig, reporter: Reporter | None = None) -> Summary
     with _stop_on_signals():
         plan = plan_run(config, reporter)
         sink = make_sink(plan.target, config, plan.spec.normalize)
-        run = RunDirectory.for_target(plan.target, config.shard)
+        run = RunDirectory.for_target(plan.target, config.shard, config.break_lock)
         try:
             summary, precision = _run(plan, run, sink, reporter)
         finally:
             if not sink.resumable:
-                shutil.rmtree(run.meta, ignore_errors=True)
+                remove_tree(run.meta)
     reporter.finish(summary.as_dict())
     if precision is not None and not precision.passed:
         # Said again last: a run several times slower than it could be is worth a look.
@@ -94,7 +93,8 @@ def _run(
         if config.since is not None and complete:
             previous_rows = run.read_config().get("previous_rows")
         elif config.since is not None:
-            previous = PreviousOutput(Path(config.since), settings)
+            since = location(config.since, plan.storage_options)
+            previous = PreviousOutput(since, settings)
             previous_rows = previous.rows
             _share_quantization(plan, run, previous)
         spec_fields = {k: v for k, v in asdict(plan.spec).items() if k != "tokenizer_json"}

@@ -24,7 +24,6 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bulkembed.config import DType
@@ -41,7 +40,8 @@ if TYPE_CHECKING:
     from bulkembed.model_spec import ModelSpec
     from bulkembed.outputs import OutputFormat
     from bulkembed.sources import RecordReader
-    from bulkembed.tokenize import TokenizedChunk
+    from bulkembed.storage import AnyPath
+from bulkembed.tokenize import TokenizedChunk
 
 # Windows of tokenized chunks from one unit's start to a unit's end, as the run's process
 # hands them to a device process (`bulkembed.windows.windows` keeps it about a unit long).
@@ -56,7 +56,7 @@ class UnitWork:
     spec: ModelSpec
     reader: RecordReader
     output_format: OutputFormat
-    output: Path
+    output: AnyPath
     run_id: str
     dtype: DType
     threads: int

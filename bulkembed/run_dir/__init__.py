@@ -37,9 +37,11 @@ from bulkembed.run_dir.files import (
     write_json_atomically,
 )
 from bulkembed.run_dir.fingerprint import describe_changes, fingerprint
+from bulkembed.run_dir.lease import ObjectLease
 from bulkembed.run_dir.ledger import Ledger
 from bulkembed.run_dir.lock import LockedError, RunLock
 from bulkembed.run_dir.quarantine import Quarantine
+from bulkembed.storage import AnyPath, ObjectPath
 
 if TYPE_CHECKING:
     from bulkembed.config import ShardSpec
@@ -51,14 +53,17 @@ __all__ = ["LockedError", "RunDirectory", "describe_changes", "fingerprint"]
 class RunDirectory:
     """The bookkeeping of a run: by default in `OUT/_bulkembed/`, next to the Parquet parts.
 
-    `label` names the output in messages (default: `output`)."""
+    `label` names the output in messages (default: `output`). On object storage the
+    directory is held by a lease (`ObjectLease`), which `take_over` takes even from a live
+    holder (`--break-lock`)."""
 
     def __init__(
         self,
-        output: Path,
-        meta: Path | None = None,
+        output: AnyPath,
+        meta: AnyPath | None = None,
         label: str | None = None,
         shard: ShardSpec | None = None,
+        take_over: bool = False,
     ) -> None:
         self.output = output
         self.label = label or str(output)
@@ -70,7 +75,11 @@ class RunDirectory:
         self.ledger = Ledger(self.meta)
         self.done_dir = self.ledger.done_dir
         self.complete_path = self.ledger.complete_path
-        self.lock = RunLock(self.meta, self.label, shard)
+        self.lock: RunLock | ObjectLease
+        if isinstance(self.meta, ObjectPath):
+            self.lock = ObjectLease(self.meta, self.label, shard, take_over)
+        else:
+            self.lock = RunLock(self.meta, self.label, shard)
         self.lock_path = self.lock.lock_path
         quarantine = "bad_records.jsonl"
         if shard is not None:
@@ -82,7 +91,9 @@ class RunDirectory:
         self.repairs: list[str] = []
 
     @classmethod
-    def for_target(cls, target: OutputTarget, shard: ShardSpec | None) -> RunDirectory:
+    def for_target(
+        cls, target: OutputTarget, shard: ShardSpec | None, take_over: bool = False
+    ) -> RunDirectory:
         """The bookkeeping of `--output`; a stream's lives in a temporary directory, which
         the run removes at the end."""
         import tempfile
@@ -90,7 +101,7 @@ class RunDirectory:
         meta = target.run_directory
         if meta is None:
             meta = Path(tempfile.mkdtemp(prefix="bulkembed-stream-"))
-        return cls(target.path or meta, meta=meta, label=target.label, shard=shard)
+        return cls(target.path or meta, meta, target.label, shard, take_over)
 
     def open(
         self,
@@ -213,7 +224,7 @@ class RunDirectory:
         """Drop what a crash left half-done, here and in the sink (only in `mine`, when
         given); take back parts whose marker was lost and forget units whose rows are gone,
         noting each in `repairs`; return the done units."""
-        temporaries = list(self.done_dir.glob(".*.tmp"))
+        temporaries: list[AnyPath] = list(self.done_dir.glob(".*.tmp"))
         if mine is None:
             temporaries += self.meta.glob(".*.tmp")
         for path in temporaries:
@@ -251,7 +262,8 @@ class RunDirectory:
 
     def committed(self, record: UnitRecord, bad: list[dict[str, Any]]) -> None:
         """A unit's part is in place: its bad records go to the quarantine, then it is
-        marked done."""
+        marked done (unless this run lost its hold on the output)."""
+        self.lock.check()
         self.quarantine.append(bad, record.part)
         self.mark_done(record, bad)
 
@@ -293,7 +305,7 @@ class RunDirectory:
         write_json_atomically(self.meta / "vocab.json", vocabulary)
 
     @property
-    def quantization_path(self) -> Path:
+    def quantization_path(self) -> AnyPath:
         return self.meta / "quantization.json"
 
     def read_quantization_ranges(self) -> list[list[float]] | None:

@@ -6,10 +6,10 @@ import json
 import os
 import re
 import secrets
-from pathlib import Path
 from typing import Any
 
 from bulkembed.errors import OutputError
+from bulkembed.storage import AnyPath, ObjectPath
 
 CONFIG_FILE = "config.json"
 # What bulkembed writes in a run directory besides the configuration and the ledger: all
@@ -30,10 +30,17 @@ OWN_NAMES = re.compile(
 MARKER = re.compile(r"part-\d{5,}-\d{6,}\.json")
 
 
-def write_json_atomically(path: Path, data: Any, exclusive: bool = False) -> bool:
+def write_json_atomically(path: AnyPath, data: Any, exclusive: bool = False) -> bool:
     """Write `path` whole or not at all, through a temporary file of this writer's own (runs
     with `--shard` write the same files side by side). With `exclusive`, only if `path`
-    does not exist yet: False if it did."""
+    does not exist yet: False if it did. An object is written in one upload, which is
+    whole or nothing by itself (an exclusive one with a conditional write)."""
+    if isinstance(path, ObjectPath):
+        text = json.dumps(data, indent=2, default=str) + "\n"
+        if exclusive:
+            return path.create(text.encode("utf-8"))
+        path.write_text(text)
+        return True
     temporary = path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
     try:
         with open(temporary, "w", encoding="utf-8") as f:
@@ -55,7 +62,7 @@ def write_json_atomically(path: Path, data: Any, exclusive: bool = False) -> boo
         raise OutputError(f"cannot write {path}: {e}") from e
 
 
-def read_json(path: Path) -> Any:
+def read_json(path: AnyPath) -> Any:
     """A run-directory file's JSON; one that cannot be read is a damaged output."""
     try:
         return json.loads(path.read_text(encoding="utf-8"))

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from bulkembed.storage import is_uri
+
 if TYPE_CHECKING:
     from bulkembed.config import RunConfig
     from bulkembed.model_spec import ModelSpec
@@ -21,6 +23,13 @@ class _Setting:
 
     name: str
     value: Callable[[RunConfig, ModelSpec, list[InputFile]], Any]
+
+
+def _since(since: str | None) -> str | None:
+    """`--since` as an absolute path, or the URI as given."""
+    if since is None:
+        return None
+    return since if is_uri(since) else str(Path(since).resolve())
 
 
 def _inputs(config: RunConfig, spec: ModelSpec, files: list[InputFile]) -> list[dict[str, Any]]:
@@ -65,7 +74,7 @@ SETTINGS: dict[str, _Setting] = {
     "limit": _Setting("--limit", lambda c, s, f: c.limit),
     "inputs": _Setting("the inputs", _inputs),
     "keep_columns": _Setting("--keep-columns", lambda c, s, f: list(c.keep_columns)),
-    "since": _Setting("--since", lambda c, s, f: str(Path(c.since).resolve()) if c.since else None),
+    "since": _Setting("--since", lambda c, s, f: _since(c.since)),
 }
 
 

@@ -10,28 +10,29 @@ from __future__ import annotations
 import json
 from collections.abc import Collection
 from dataclasses import asdict
-from pathlib import Path
 from typing import Any
 
 from bulkembed.contracts import UnitRecord
 from bulkembed.run_dir.files import MARKER, write_json_atomically
+from bulkembed.storage import AnyPath
 
 
 class Ledger:
     """The markers in `meta/done/` and the `meta/complete` flag."""
 
-    def __init__(self, meta: Path) -> None:
+    def __init__(self, meta: AnyPath) -> None:
         self.done_dir = meta / "done"
         self.complete_path = meta / "complete"
 
-    def path(self, part: str) -> Path:
+    def path(self, part: str) -> AnyPath:
         return self.done_dir / f"{part}.json"
 
     def marked(self) -> list[str]:
         """The parts that have a marker file, readable or not."""
         if not self.done_dir.is_dir():
             return []
-        return sorted(p.stem for p in self.done_dir.iterdir() if MARKER.fullmatch(p.name))
+        names = [p.name for p in self.done_dir.iterdir()]
+        return sorted(name.removesuffix(".json") for name in names if MARKER.fullmatch(name))
 
     def read(self, part: str) -> dict[str, Any] | None:
         """A marker's content; None for one that is damaged (cut short, edited)."""

@@ -80,6 +80,9 @@ class RunLock:
             lock.flush()
         return lock
 
+    def check(self) -> None:
+        """Nothing to check: a live holder's `flock` cannot be taken from it."""
+
     def release(self) -> None:
         """Drop the locks; an exclusive holder first erases its name from the file."""
         for lock in reversed(self._locks):

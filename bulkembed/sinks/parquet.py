@@ -1,5 +1,10 @@
 """Parquet parts in the output directory, written under a temporary name and then renamed.
 
+On object storage, which has no rename, a part is written to a local spool file and
+uploaded under its final name once complete: an object appears whole when its upload
+completes, and a process killed during the upload leaves no object (only an unfinished
+multipart upload, which the store does not list).
+
 Embedding columns are written plain: no dictionary, no statistics, no compression. Vectors
 of floats gain nothing from any of them, and skipping them doubles the speed of writing
 float32 multi-vectors and triples it for float16 (see the README's host-ceiling figures);
@@ -30,6 +35,7 @@ from bulkembed.errors import OutputError
 from bulkembed.schema import EMBEDDING_COLUMNS
 from bulkembed.sinks.base import Recovered, Sink
 from bulkembed.sources.files import READ_ERRORS
+from bulkembed.storage import AnyPath, ObjectPath, Spool, parquet_file
 
 if TYPE_CHECKING:
     from bulkembed.contracts import UnitRecord
@@ -47,10 +53,10 @@ class _Unreadable(Exception):
     """A file named like a part is not a readable Parquet file."""
 
 
-def _label(path: Path) -> dict[str, Any] | None:
+def _label(path: AnyPath) -> dict[str, Any] | None:
     """The label in a part's footer; None if it has none (bulkembed did not write it)."""
     try:
-        metadata = pq.read_metadata(path)
+        metadata = parquet_file(path).metadata
     except READ_ERRORS as e:
         raise _Unreadable(str(e)) from e
     label = (metadata.metadata or {}).get(LABEL_KEY.encode())
@@ -95,14 +101,14 @@ def writer_options(schema: pa.Schema) -> dict[str, Any]:
     }
 
 
-def _not_ours(path: Path) -> OutputError:
+def _not_ours(path: AnyPath) -> OutputError:
     return OutputError(
         f"{path} is named like a part of this output but this run of bulkembed did not write "
         "it: move it away (bulkembed never deletes or overwrites a file it did not write)"
     )
 
 
-def _damaged(path: Path, why: str) -> OutputError:
+def _damaged(path: AnyPath, why: str) -> OutputError:
     return OutputError(
         f"{path} is damaged ({why}): delete it to have its unit embedded again, or use --overwrite"
     )
@@ -111,7 +117,7 @@ def _damaged(path: Path, why: str) -> OutputError:
 class ParquetSink(Sink):
     """`OUT/<part>.parquet`, one file per committed part."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: AnyPath) -> None:
         self.directory = directory
         # Temporary files carry their writer's own tag: a worker of a killed Ray run may
         # still be writing the unit that the rerun writes too.
@@ -119,26 +125,38 @@ class ParquetSink(Sink):
         self.schema: pa.Schema | None = None
         self._options: dict[str, Any] = {}
         self._open: dict[str, pq.ParquetWriter] = {}
+        self._spools: dict[str, Spool] = {}
 
     @property
     def description(self) -> str:
         return str(self.directory)
 
-    def part_path(self, part: str) -> Path:
+    def part_path(self, part: str) -> AnyPath:
         return self.directory / f"{part}.parquet"
 
     def _temporary(self, part: str) -> Path:
-        return self.directory / f".{part}.{self._tag}{TEMPORARY_SUFFIX}"
+        """Where a part is written until it is committed: beside it, or a local spool file
+        for an object."""
+        path = self.part_path(part)
+        if isinstance(path, ObjectPath):
+            if part not in self._spools:
+                self._spools[part] = Spool.for_target(path)
+            return self._spools[part].local
+        return path.with_name(f".{part}.{self._tag}{TEMPORARY_SUFFIX}")
 
-    def _part_files(self) -> dict[str, Path]:
+    def _part_files(self) -> dict[str, AnyPath]:
         """The files named like parts, by part name."""
+        if isinstance(self.directory, ObjectPath):
+            found = [p for p, is_directory in self.directory.listing() if not is_directory]
+            return {p.stem: p for p in found if p.suffix == ".parquet" and _PART.fullmatch(p.stem)}
         if not self.directory.is_dir():
             return {}
-        found = self.directory.glob("part-*.parquet")
-        return {p.stem: p for p in found if _PART.fullmatch(p.stem) and p.is_file()}
+        files = self.directory.glob("part-*.parquet")
+        return {p.stem: p for p in files if _PART.fullmatch(p.stem) and p.is_file()}
 
     def _temporaries(self) -> list[Path]:
-        if not self.directory.is_dir():
+        """Temporary parts beside the parts (none on object storage: they are spooled)."""
+        if isinstance(self.directory, ObjectPath) or not self.directory.is_dir():
             return []
         return [p for p in self.directory.glob(".part-*") if _TEMPORARY.fullmatch(p.name)]
 
@@ -188,7 +206,7 @@ class ParquetSink(Sink):
             )
 
     @staticmethod
-    def _labelled(path: Path) -> bool:
+    def _labelled(path: AnyPath) -> bool:
         """Whether a file is a part that bulkembed wrote (for any run)."""
         if path.suffix != ".parquet" or not _PART.fullmatch(path.stem) or not path.is_file():
             return False
@@ -213,9 +231,9 @@ class ParquetSink(Sink):
         self, done: dict[str, UnitRecord], run: str, mine: Collection[str] | None = None
     ) -> Recovered:
         recovered = Recovered()
-        for path in self._temporaries():
-            if mine is None or path.name[1:].split(".")[0] in mine:
-                path.unlink(missing_ok=True)
+        for temporary in self._temporaries():
+            if mine is None or temporary.name[1:].split(".")[0] in mine:
+                temporary.unlink(missing_ok=True)
         files = self._part_files()
         lost = self._lost_units(done, files)
         recovered.lost = [p for p in lost if mine is None or p in mine]
@@ -252,7 +270,7 @@ class ParquetSink(Sink):
         return self._lost_units(done, self._part_files())
 
     @staticmethod
-    def _lost_units(done: dict[str, UnitRecord], files: dict[str, Path]) -> list[str]:
+    def _lost_units(done: dict[str, UnitRecord], files: dict[str, AnyPath]) -> list[str]:
         return [part for part, record in done.items() if record.rows and part not in files]
 
     def committed_ids(self, done: dict[str, UnitRecord]) -> Iterator[Any]:
@@ -260,7 +278,7 @@ class ParquetSink(Sink):
             if record.rows:
                 path = self.part_path(record.part)
                 try:
-                    table = pq.read_table(path, columns=["id"])
+                    table = parquet_file(path).read(columns=["id"])
                 except READ_ERRORS as e:
                     raise _damaged(path, str(e)) from e
                 yield from table.column("id").to_pylist()
@@ -285,12 +303,18 @@ class ParquetSink(Sink):
         if writer is None:
             return {}
         temporary = self._temporary(part)
+        spool = self._spools.pop(part, None)
         try:
             writer.add_key_value_metadata({LABEL_KEY: json.dumps(label, default=str)})
             writer.close()
+            if spool is not None:
+                spool.commit()
+                return {}
+            final = self.part_path(part)
+            assert isinstance(final, Path)
             with open(temporary, "rb+") as f:
                 os.fsync(f.fileno())
-            os.replace(temporary, self.part_path(part))
+            os.replace(temporary, final)
         except OSError as e:
             temporary.unlink(missing_ok=True)
             raise OutputError(f"cannot commit {temporary}: {e}") from e
@@ -306,3 +330,4 @@ class ParquetSink(Sink):
                 writer.close()
             self._temporary(part).unlink(missing_ok=True)
         self._open.clear()
+        self._spools.clear()
