@@ -45,7 +45,15 @@ OPTION_KEYS = ("account", "anonymous", "endpoint", "project", "region")
 # `ObjectPath.write_if`'s condition for an object that must not exist yet.
 ABSENT = "*"
 # What S3 answers when a conditional write's condition does not hold.
-_CONDITION_FAILED = ("PreconditionFailed", "ConditionalRequestConflict", "412", "409")
+# A condition on an object that is gone fails with "no such key".
+_CONDITION_FAILED = (
+    "PreconditionFailed",
+    "ConditionalRequestConflict",
+    "NoSuchKey",
+    "404",
+    "412",
+    "409",
+)
 # Seconds to wait for a store's endpoint to answer before giving up on a connection.
 CONNECT_TIMEOUT = 10
 

@@ -8,9 +8,10 @@ the holder last wrote (`If-Match`), and deleted, on the same condition, when the
 
 - A live lease (not expired) refuses a second run of the same output, or of the same shard;
   a whole run and shard runs refuse each other.
-- A lease that has expired (its holder died without deleting it) is taken over, with a
-  write conditional on the expired lease's entity tag, so that of two runs taking it over
-  at once only one wins. `--break-lock` takes over a lease that has not expired.
+- A lease that has expired (its holder died without deleting it), or whose holder was a
+  process of this machine that is gone, is taken over, with a write conditional on the
+  old lease's entity tag, so that of two runs taking it over at once only one wins.
+  `--break-lock` takes over a lease that has not expired.
 - A holder whose renewal fails (another run broke its lease) stops before it marks another
   unit done (`check`).
 
@@ -74,7 +75,8 @@ class ObjectLease:
         expires = time.time() + lease_seconds()
         shard = None if self.shard is None else self.shard.label
         fields = {"holder": self.holder_name, "token": self.token, "expires": expires}
-        return json.dumps({**fields, "shard": shard}).encode()
+        place = {"host": socket.gethostname(), "pid": os.getpid()}
+        return json.dumps({**fields, **place, "shard": shard}).encode()
 
     @staticmethod
     def _read(path: ObjectPath) -> tuple[dict[str, Any], str | None] | None:
@@ -90,7 +92,19 @@ class ObjectLease:
 
     @staticmethod
     def _live(fields: dict[str, Any]) -> bool:
-        return float(fields.get("expires", 0)) > time.time()
+        """Whether a lease holds: not expired, and not a process of this machine that is
+        gone."""
+        if float(fields.get("expires", 0)) <= time.time():
+            return False
+        if fields.get("host") != socket.gethostname() or not isinstance(fields.get("pid"), int):
+            return True
+        try:
+            os.kill(fields["pid"], 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
 
     def acquire(self) -> None:
         """Hold the lease, or raise `LockedError` naming who does."""
