@@ -425,6 +425,28 @@ class ObjectPath:
         self.write_bytes(data)
         return ""
 
+    def abort_uploads(self) -> int:
+        """Abort the unfinished multipart uploads below this prefix (S3): what a process
+        killed while uploading leaves. Their number."""
+        if self.scheme != "s3":
+            return 0
+        client = _s3_client(self.options)
+        prefix = f"{self._object_key}/" if self._object_key else ""
+        aborted = 0
+        try:
+            pages = client.get_paginator("list_multipart_uploads").paginate(
+                Bucket=self.bucket, Prefix=prefix
+            )
+            for page in pages:
+                for upload in page.get("Uploads", []):
+                    client.abort_multipart_upload(
+                        Bucket=self.bucket, Key=upload["Key"], UploadId=upload["UploadId"]
+                    )
+                    aborted += 1
+        except Exception as e:  # botocore's errors share no base class with OSError
+            raise storage_error(str(self), e) from e
+        return aborted
+
     @property
     def _object_key(self) -> str:
         return self.key.split("/", 1)[1] if "/" in self.key else ""
@@ -555,6 +577,12 @@ class Spool:
 
     def discard(self) -> None:
         self.local.unlink(missing_ok=True)
+
+    @staticmethod
+    def remove_left_by(pid: int) -> None:
+        """Delete the spool files of process `pid` (one that died while writing)."""
+        for path in Path(tempfile.gettempdir()).glob(f"bulkembed-spool-{pid}-*"):
+            path.unlink(missing_ok=True)
 
 
 def remove_tree(path: AnyPath) -> None:

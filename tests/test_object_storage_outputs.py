@@ -270,3 +270,15 @@ def test_parts_and_markers_are_read_back_from_s3_by_status_and_since(tmp_path, s
     config = (location(second) / "_bulkembed" / "config.json").read_text()
     assert s3.server.secret_key not in config
     assert pa is not None
+
+
+def test_uploads_cut_short_under_the_output_are_aborted_on_restart(tmp_path, s3, tiny_st):
+    corpus = write_jsonl(tmp_path / "c.jsonl", [{"id": "a", "text": "one text"}])
+    client = s3.server.client()
+    # What a process killed while uploading a part leaves: an upload that never completed.
+    client.create_multipart_upload(Bucket=s3.name, Key="cut/part-00000-000000.parquet")
+    client.create_multipart_upload(Bucket=s3.name, Key="elsewhere/file.bin")
+    result = run_cli(corpus, tiny_st("mean"), s3.uri("cut"))
+    assert result.exit_code == 0, result.output
+    left = [u["Key"] for u in client.list_multipart_uploads(Bucket=s3.name).get("Uploads", [])]
+    assert left == ["elsewhere/file.bin"]

@@ -167,6 +167,9 @@ class ParquetSink(Sink):
         for path in self._temporaries():
             if any(tag in path.name for tag in tags):
                 path.unlink(missing_ok=True)
+        if isinstance(self.directory, ObjectPath):
+            for pid in writers:
+                Spool.remove_left_by(pid)
 
     def check_foreign(self, overwrite: bool) -> None:
         """Parquet files that bulkembed did not write are refused even with `overwrite`:
@@ -234,6 +237,10 @@ class ParquetSink(Sink):
         for temporary in self._temporaries():
             if mine is None or temporary.name[1:].split(".")[0] in mine:
                 temporary.unlink(missing_ok=True)
+        if isinstance(self.directory, ObjectPath) and mine is None:
+            # Uploads cut short by a crash: no object, but stored (and paid for) until
+            # aborted. Shard runs leave them: the other shards' uploads are in flight.
+            self.directory.abort_uploads()
         files = self._part_files()
         lost = self._lost_units(done, files)
         recovered.lost = [p for p in lost if mine is None or p in mine]
