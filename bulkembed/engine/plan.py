@@ -97,13 +97,15 @@ def plan_run(config: RunConfig, reporter: Reporter) -> RunPlan:
     from bulkembed.devices import resolve_devices, resolve_dtype
     from bulkembed.engine.session import dtype_name
     from bulkembed.model_spec import resolve_model
+    from bulkembed.storage import StorageOptions
 
     target = parse_output(config.output)
     since = Path(config.since).resolve() if config.since is not None else None
     if since is not None and target.path is not None and since == target.path.resolve():
         raise BulkembedError("--since must name another output than --output")
     skipped: list[str] = []
-    files = list_inputs(config.inputs, exclude=target.path, skipped=skipped)
+    options = StorageOptions.parse(config.storage_options)
+    files = list_inputs(config.inputs, exclude=target.path, skipped=skipped, options=options)
     for directory in skipped:
         reporter.warn(f"input directory {directory} cannot be read: its files are left out")
     reader = RecordReader(
