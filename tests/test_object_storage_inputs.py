@@ -4,13 +4,26 @@ files on a local disk are, read with ranged requests, and errors in one line."""
 import gzip
 import io
 import json
+import os
+import pickle
 import random
 import string
+import subprocess
+import sys
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from helpers import records, run_cli, write_jsonl, write_parquet
+from helpers import (
+    ROOT,
+    cosines,
+    read_output,
+    records,
+    run_arguments,
+    run_cli,
+    write_jsonl,
+    write_parquet,
+)
 from typer.testing import CliRunner
 
 from bulkembed import storage
@@ -125,6 +138,31 @@ def test_a_corpus_on_s3_embeds_to_the_same_output_as_on_a_local_disk(s3, tmp_pat
     assert config["input_paths"][1]["path"] == s3.uri("data/corpus/a.parquet")
 
 
+@pytest.mark.slow
+def test_the_ray_engine_reads_s3_inputs_in_its_tasks(s3, tmp_path, tiny_st):
+    pytest.importorskip("ray.data")
+    corpus = _corpus(tmp_path)
+    _upload(s3, corpus)
+    model = tiny_st("mean")
+    local, remote = tmp_path / "local", tmp_path / "remote"
+    assert run_cli(corpus, model, local, "--dtype", "float32").exit_code == 0
+    arguments = run_arguments(s3.uri("corpus"), model, remote, "--engine", "ray", "-q")
+    environment = {**os.environ, "PYTHONPATH": str(ROOT)}
+    environment.pop("RAY_ADDRESS", None)
+    run = subprocess.run(
+        [sys.executable, "-m", "bulkembed", *arguments],
+        env=environment,
+        capture_output=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stderr.decode()
+    # Batches differ from the local engine's: vectors agree to float rounding.
+    expected, got = read_output(local), read_output(remote)
+    ids = sorted(expected)
+    assert sorted(got) == ids and len(ids) == 83
+    assert cosines([got[i] for i in ids], [expected[i] for i in ids]).min() >= 0.9999
+
+
 class _CountingFile(io.RawIOBase):
     """A remote random-access file that counts the bytes read through it."""
 
@@ -200,6 +238,8 @@ def test_a_remote_jsonl_unit_is_read_from_its_offset(s3, tmp_path, monkeypatch):
         for where in (str(corpus), s3.uri("corpus"))
     )
     local.check()
+    # As the Ray engine hands the reader to its tasks: the objects travel with their options.
+    remote = pickle.loads(pickle.dumps(remote))
     remote.check()
     offsets = remote.unit_offsets(0)
     assert offsets == local.unit_offsets(0)
