@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import fnmatch
 import functools
+import io
 import os
 import posixpath
 import shutil
@@ -54,6 +55,8 @@ _CONDITION_FAILED = (
     "412",
     "409",
 )
+# Bytes fetched per request by a buffered read of an object.
+READ_BLOCK = 1 << 20
 # Seconds to wait for a store's endpoint to answer before giving up on a connection.
 CONNECT_TIMEOUT = 10
 
@@ -282,19 +285,35 @@ class ObjectPath:
 
     def listing(self, recursive: bool = False) -> list[tuple[ObjectPath, bool]]:
         """(path, is a directory) of what lies below, sorted; nothing if nothing does."""
-        from pyarrow.fs import FileSelector, FileType
+        from pyarrow.fs import FileType
 
-        selector = FileSelector(self.key, allow_not_found=True, recursive=recursive)
-        try:
-            infos = self.fs.get_file_info(selector)
-        except OSError as e:
-            raise storage_error(str(self), e) from e
         found = [
             (ObjectPath(self.scheme, i.path, self.options), i.type == FileType.Directory)
-            for i in infos
+            for i in self._below(recursive)
             if i.type in (FileType.File, FileType.Directory)
         ]
         return sorted(found, key=lambda f: str(f[0]))
+
+    def files_below(self) -> list[tuple[ObjectPath, FileStatus]]:
+        """Every object below this prefix, at any depth, with its size and modification
+        time, sorted: one listing, no request per object."""
+        from pyarrow.fs import FileType
+
+        found = [
+            (ObjectPath(self.scheme, i.path, self.options), FileStatus(i.size, i.mtime_ns or 0))
+            for i in self._below(recursive=True)
+            if i.type == FileType.File
+        ]
+        return sorted(found, key=lambda f: str(f[0]))
+
+    def _below(self, recursive: bool) -> list[Any]:
+        from pyarrow.fs import FileSelector
+
+        selector = FileSelector(self.key, allow_not_found=True, recursive=recursive)
+        try:
+            return list(self.fs.get_file_info(selector))
+        except OSError as e:
+            raise storage_error(str(self), e) from e
 
     def iterdir(self) -> Iterator[ObjectPath]:
         return iter([p for p, _ in self.listing()])
@@ -305,7 +324,7 @@ class ObjectPath:
 
     def read_bytes(self) -> bytes:
         try:
-            with self.fs.open_input_stream(self.key) as f:
+            with self.fs.open_input_stream(self.key, compression=None) as f:
                 return bytes(f.read())
         except FileNotFoundError:
             raise
@@ -358,9 +377,10 @@ class ObjectPath:
             raise storage_error(str(self), e) from e
 
     def open_stream(self) -> Any:
-        """A sequential read, for files read through from the start."""
+        """A sequential read, for files read through from the start: the object's bytes as
+        stored (pyarrow would decompress a `.gz` object by its name otherwise)."""
         try:
-            return self.fs.open_input_stream(self.key)
+            return self.fs.open_input_stream(self.key, compression=None)
         except OSError as e:
             raise storage_error(str(self), e) from e
 
@@ -530,11 +550,23 @@ def is_remote(path: object) -> bool:
     return isinstance(path, ObjectPath)
 
 
-def open_binary(path: AnyPath) -> BinaryIO | Any:
-    """A file's bytes for reading from the start (local or remote)."""
+def open_binary(path: AnyPath) -> BinaryIO:
+    """A file's bytes for reading from the start (local or remote), buffered: on object
+    storage a request fetches `READ_BLOCK` bytes."""
     if isinstance(path, ObjectPath):
-        return path.open_stream()
+        return io.BufferedReader(path.open_stream(), READ_BLOCK)
     return open(path, "rb")
+
+
+def open_binary_at(path: AnyPath, offset: int) -> BinaryIO:
+    """A file's bytes from byte `offset` on (local or remote): on object storage, ranged
+    requests from there, `READ_BLOCK` bytes each."""
+    if isinstance(path, ObjectPath):
+        f: BinaryIO = io.BufferedReader(path.open_input(), READ_BLOCK)
+    else:
+        f = open_binary(path)
+    f.seek(offset)
+    return f
 
 
 def open_random_access(path: AnyPath) -> Any:

@@ -248,9 +248,10 @@ def status(
         from bulkembed.sinks import parse_output, sink_of
         from bulkembed.storage import StorageOptions
 
-        target = parse_output(output, StorageOptions.parse(storage_option or []))
+        options = StorageOptions.parse(storage_option or [])
+        target = parse_output(output, options)
         sink = sink_of(target)
-        figures = run_status(RunDirectory.for_target(target, None), sink)
+        figures = run_status(RunDirectory.for_target(target, None), sink, options)
         if as_json:
             typer.echo(json.dumps(figures))
         else:

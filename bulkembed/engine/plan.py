@@ -7,7 +7,6 @@ back.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bulkembed.config import Engine, RunConfig, default_tokenize_workers
@@ -106,8 +105,7 @@ def plan_run(config: RunConfig, reporter: Reporter) -> RunPlan:
     if since is not None and target.path is not None and since == target.path.resolve():
         raise BulkembedError("--since must name another output than --output")
     skipped: list[str] = []
-    local_output = target.path if isinstance(target.path, Path) else None
-    files = list_inputs(config.inputs, exclude=local_output, skipped=skipped)
+    files = list_inputs(config.inputs, exclude=target.path, skipped=skipped, options=options)
     for directory in skipped:
         reporter.warn(f"input directory {directory} cannot be read: its files are left out")
     reader = RecordReader(

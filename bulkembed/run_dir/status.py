@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bulkembed.config import DEFAULT_RECORDS_PER_UNIT
@@ -11,13 +10,18 @@ from bulkembed.errors import OutputError
 if TYPE_CHECKING:
     from bulkembed.run_dir import RunDirectory
     from bulkembed.sinks import Sink
+    from bulkembed.storage import StorageOptions
 
 
-def run_status(run: RunDirectory, sink: Sink) -> dict[str, Any]:
+def run_status(
+    run: RunDirectory, sink: Sink, options: StorageOptions | None = None
+) -> dict[str, Any]:
     """Where a run directory stands: units done and pending, documents, bad records, lock.
-    Units whose rows are gone from `sink` count as pending, whatever the ledger says."""
+    Units whose rows are gone from `sink` count as pending, whatever the ledger says.
+    Inputs on object storage are reached with `options`."""
     from bulkembed.sources import InputFile, unit_names
     from bulkembed.sources.files import format_name
+    from bulkembed.storage import location
 
     if not run.config_path.exists():
         raise OutputError(f"{run.label} holds no bulkembed run ({run.config_path} is missing)")
@@ -28,10 +32,8 @@ def run_status(run: RunDirectory, sink: Sink) -> dict[str, Any]:
         del done[part]
     inputs = config.get("input_paths", [])
     sizes = {i["name"]: i["size"] for i in config.get("fingerprint", {}).get("inputs", [])}
-    files = [
-        InputFile(Path(i["path"]), i["name"], format_name(Path(i["path"])) or "", sizes[i["name"]])
-        for i in inputs
-    ]
+    paths = [(location(i["path"], options), i["name"]) for i in inputs]
+    files = [InputFile(p, name, format_name(p) or "", sizes[name]) for p, name in paths]
     holder = run.lock_holder()
     pending: int | None
     if run.is_complete(done):

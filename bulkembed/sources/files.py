@@ -1,4 +1,8 @@
-"""Find input files, in a deterministic order, and count what they hold."""
+"""Find input files, in a deterministic order, and count what they hold.
+
+Inputs on object storage (`s3://`, `gs://`, `az://`) are found by one listing of their
+prefix, and read through `bulkembed.storage`: from the start as a stream, or at an offset
+through ranged requests."""
 
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ import hashlib
 import os
 import zlib
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO
 
@@ -17,6 +22,15 @@ import pyarrow as pa
 from bulkembed.contracts import RUN_DIRECTORY
 from bulkembed.errors import InputError
 from bulkembed.sources.records import InputFile
+from bulkembed.storage import (
+    AnyPath,
+    FileStatus,
+    ObjectPath,
+    StorageOptions,
+    is_uri,
+    location,
+    open_binary,
+)
 
 FORMATS = {
     ".parquet": "parquet",
@@ -33,7 +47,7 @@ DATASET_METADATA = ("state.json", "dataset_info.json", "dataset_dict.json")
 READ_ERRORS = (OSError, EOFError, zlib.error, pa.ArrowException)
 
 
-def format_name(path: Path) -> str | None:
+def format_name(path: AnyPath) -> str | None:
     """The input format of a file, by its name; None for a file that is no input."""
     name = path.name.lower()
     for suffix, fmt in FORMATS.items():
@@ -166,18 +180,97 @@ def _through_links(path: Path) -> bool:
     return path.absolute() != path.resolve()
 
 
+def _object_input(file: ObjectPath, below: tuple[str, ...], names: set[str]) -> bool:
+    """Whether an object found below a prefix (`below`: its path from there) is input, as
+    `_inputs_below` decides for a local file; `names` are the objects listed with it."""
+    if not format_name(file) or RUN_DIRECTORY in below:
+        return False
+    if file.name in DATASET_METADATA and any(
+        str(file.parent / name) in names for name in ("state.json", "dataset_dict.json")
+    ):
+        raise InputError(
+            f"{file.parent} is a folder saved by datasets' save_to_disk: those are read "
+            "from a local disk only; copy it there first"
+        )
+    return True
+
+
+def _expand_object(argument: str, path: ObjectPath) -> list[tuple[ObjectPath, str, FileStatus]]:
+    """(object, name for ids, status) for an input on object storage: every input object
+    below a prefix, one object, or the objects a glob names, with the rules of local
+    inputs."""
+    parts = path.parts
+    fixed = next((i for i, part in enumerate(parts) if glob.has_magic(part)), len(parts))
+    if fixed == 0:
+        raise InputError(f"{argument}: the bucket's name cannot hold a wildcard")
+    root = ObjectPath(path.scheme, "/".join(parts[:fixed]), path.options)
+    pattern = list(parts[fixed:])
+    listed = root.files_below()
+    if not listed and not pattern:
+        try:
+            status = path.stat()
+        except FileNotFoundError:
+            if path.is_dir():  # a bucket without objects
+                return []
+            raise _missing(argument, path) from None
+        if format_name(path) is None:
+            raise InputError(
+                f"unsupported input {argument}: "
+                "use .parquet, .jsonl, .jsonl.gz, .json (JSON lines) or .arrow"
+            )
+        return [(path, path.name, status)]
+    names = {str(file) for file, _ in listed}
+    directories_only = argument.endswith("/")
+    found = []
+    for file, status in listed:
+        below = file.relative_to(root).parts
+        if not pattern:
+            selected = _object_input(file, below, names)
+        else:
+            # As `_glob`: files that match, and input files below directories that match.
+            selected = bool(
+                not directories_only and format_name(file) and _matches(pattern, below)
+            ) or any(
+                _matches(pattern, below[:depth]) and _object_input(file, below[depth:], names)
+                for depth in range(len(below))
+            )
+        if selected:
+            found.append((file, "/".join(below), status))
+    if pattern and not found:
+        raise _missing(argument, path)
+    return found
+
+
+def _missing(argument: str, path: ObjectPath) -> InputError:
+    """Why an input on object storage names no file: no such bucket, or nothing there."""
+    bucket = ObjectPath(path.scheme, path.bucket, path.options)
+    if not bucket.exists():
+        return InputError(f"input not found: {argument} (the bucket {bucket} does not exist)")
+    if glob.has_magic(path.key):
+        return InputError(f"input pattern {argument} matches no .parquet, .jsonl or .arrow file")
+    return InputError(f"input not found: {argument}")
+
+
+def _is_below(path: AnyPath, directory: AnyPath) -> bool:
+    if isinstance(path, ObjectPath):
+        return path.is_relative_to(directory)
+    return not isinstance(directory, ObjectPath) and path.is_relative_to(directory)
+
+
 def list_inputs(
     inputs: tuple[str, ...] | list[str],
-    exclude: Path | None = None,
+    exclude: AnyPath | None = None,
     skipped: list[str] | None = None,
+    options: StorageOptions | None = None,
 ) -> list[InputFile]:
     """Every input file once, sorted by path, then the files of `hf://` datasets in the
     order given: the order in which units are numbered. Files below `exclude` (the output
     directory) are left out; directories that cannot be read are added to `skipped`. A file
-    reached by several paths takes its name from one without links, if there is one."""
+    reached by several paths takes its name from one without links, if there is one.
+    Inputs on object storage are reached with `options`."""
     from bulkembed.sources.hf import HF_SCHEME, dataset_files
 
-    by_path: dict[Path, InputFile] = {}
+    by_path: dict[AnyPath, InputFile] = {}
     linked: set[Path] = set()
     streamed: list[InputFile] = []
     excluded = exclude.resolve() if exclude is not None else None
@@ -185,9 +278,18 @@ def list_inputs(
         if argument.startswith(HF_SCHEME):
             streamed.extend(dataset_files(argument))
             continue
-        for path, root in _expand(argument, [] if skipped is None else skipped):
+        where = location(argument, options) if is_uri(argument) else None
+        if isinstance(where, ObjectPath):
+            for found, name, found_status in _expand_object(argument, where):
+                if excluded is None or not _is_below(found, excluded):
+                    fmt = format_name(found) or ""
+                    size, modified = found_status.st_size, found_status.st_mtime_ns
+                    by_path.setdefault(found, InputFile(found, name, fmt, size, modified))
+            continue
+        local = argument if where is None else str(where)
+        for path, root in _expand(local, [] if skipped is None else skipped):
             resolved = path.resolve()
-            if excluded is not None and resolved.is_relative_to(excluded):
+            if excluded is not None and _is_below(resolved, excluded):
                 continue
             if resolved not in by_path or (resolved in linked and not _through_links(path)):
                 name = os.path.relpath(path, root)
@@ -214,23 +316,27 @@ def list_inputs(
     return files
 
 
-def content_digest(path: Path) -> str:
+def content_digest(path: AnyPath) -> str:
     """BLAKE2b-128 of a file's bytes, read a megabyte at a time (`--verify-inputs`)."""
     digest = hashlib.blake2b(digest_size=16)
-    with open(path, "rb") as f:
+    with open_binary(path) as f:
         while block := f.read(1 << 20):
             digest.update(block)
     return digest.hexdigest()
 
 
-def open_lines(path: Path) -> gzip.GzipFile | BinaryIO:
-    """A JSON-lines file's bytes, decompressed when it is gzipped."""
-    if path.name.lower().endswith(".gz"):
-        return gzip.GzipFile(path, "rb")
-    return open(path, "rb")
+@contextmanager
+def open_lines(path: AnyPath) -> Iterator[BinaryIO | gzip.GzipFile]:
+    """A JSON-lines file's bytes, decompressed when it is gzipped (local or remote)."""
+    with open_binary(path) as stored:
+        if path.name.lower().endswith(".gz"):
+            with gzip.GzipFile(fileobj=stored, mode="rb") as unzipped:
+                yield unzipped
+        else:
+            yield stored
 
 
-def count_lines(path: Path) -> int:
+def count_lines(path: AnyPath) -> int:
     """Lines of a JSON-lines file (a last line without a newline counts), up to where it
     cannot be read. Counts newlines a megabyte at a time, without parsing."""
     lines = 0
@@ -245,13 +351,13 @@ def count_lines(path: Path) -> int:
     return lines + (last != b"\n")
 
 
-def unit_offsets(path: Path, lines_per_unit: int) -> list[int]:
+def unit_offsets(path: AnyPath, lines_per_unit: int) -> list[int]:
     """Where each unit of an uncompressed JSON-lines file starts: the byte offset of lines
     0, `lines_per_unit`, 2 × `lines_per_unit`, ... (a file that ends at a unit boundary
     gets one more offset, its size). Counts newlines a megabyte at a time."""
     offsets = [0]
     newlines = base = 0
-    with open(path, "rb") as f:
+    with open_binary(path) as f:
         while block := f.read(1 << 20):
             count = block.count(b"\n")
             at, passed = -1, 0
@@ -265,9 +371,10 @@ def unit_offsets(path: Path, lines_per_unit: int) -> list[int]:
     return offsets
 
 
-def open_arrow(path: Path) -> pa.RecordBatchReader:
-    """An Arrow IPC file or stream (what `datasets` writes), memory-mapped."""
-    source = pa.memory_map(str(path))
+def open_arrow(path: AnyPath) -> pa.RecordBatchReader:
+    """An Arrow IPC file or stream (what `datasets` writes): memory-mapped, or on object
+    storage read through ranged requests."""
+    source = path.open_input() if isinstance(path, ObjectPath) else pa.memory_map(str(path))
     try:
         file = pa.ipc.open_file(source)
     except pa.ArrowInvalid:

@@ -20,6 +20,7 @@ from bulkembed.errors import InputError
 from bulkembed.sources.base import ReadSettings, RecordFormat
 from bulkembed.sources.columns import TYPE_SAMPLE_LINES
 from bulkembed.sources.records import Chunk, InputFile
+from bulkembed.storage import SCHEMES
 
 HF_SCHEME = "hf://"
 DEFAULT_SPLIT = "train"
@@ -42,6 +43,11 @@ class DatasetName:
 def parse_dataset_name(argument: str) -> DatasetName:
     """`hf://NAME[/CONFIG][:SPLIT]`; a local folder is taken whole as NAME."""
     rest = argument.removeprefix(HF_SCHEME)
+    if rest.partition("://")[0] in SCHEMES:
+        raise InputError(
+            f"{argument}: hf:// datasets are read from the Hugging Face Hub or a local folder "
+            "only, not from object storage"
+        )
     location, _, split = rest.rpartition(":") if ":" in rest else (rest, "", "")
     if not location:
         raise InputError(f"{argument}: write hf://NAME, hf://NAME/CONFIG or hf://NAME:SPLIT")

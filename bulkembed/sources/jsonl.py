@@ -11,6 +11,7 @@ from bulkembed.sources.columns import TYPE_SAMPLE_LINES
 from bulkembed.sources.files import READ_ERRORS, count_lines, open_lines, unit_offsets
 from bulkembed.sources.records import Chunk, InputFile
 from bulkembed.sources.validate import parse_json_line
+from bulkembed.storage import open_binary_at
 
 
 def _compressed(file: InputFile) -> bool:
@@ -83,8 +84,7 @@ class JsonLinesFormat(RecordFormat):
             return self.read(index, file, settings, skip)
 
         def lines() -> Iterator[bytes]:
-            with open(file.path, "rb") as f:
-                f.seek(offset)
+            with open_binary_at(file.path, offset) as f:
                 yield from f
 
         first = unit * settings.records_per_unit

@@ -1,8 +1,11 @@
-"""Parquet inputs: one unit per row group, read one batch of a row group at a time."""
+"""Parquet inputs: one unit per row group, read one batch of a row group at a time. On
+object storage the footer and the column chunks read are fetched with ranged requests,
+never the whole file."""
 
 from __future__ import annotations
 
 from collections.abc import Container, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pyarrow as pa
@@ -11,26 +14,33 @@ from bulkembed.contracts import part_name
 from bulkembed.sources.base import ReadSettings, TabularFormat
 from bulkembed.sources.files import READ_ERRORS
 from bulkembed.sources.records import BadRecord, Chunk, InputFile
+from bulkembed.storage import open_random_access
+
+
+@contextmanager
+def _source(file: InputFile) -> Iterator[Any]:
+    """What pyarrow reads the file from: a local path, or a random-access remote file
+    (closed after)."""
+    source = open_random_access(file.path)
+    try:
+        yield source
+    finally:
+        if not isinstance(source, str):
+            source.close()
 
 
 class ParquetFormat(TabularFormat):
     """`.parquet` files."""
 
     def records(self, file: InputFile) -> int:
-        import pyarrow.parquet as pq
-
-        return pq.ParquetFile(file.path).metadata.num_rows
+        return int(_footer(file).num_rows)
 
     def units(self, file: InputFile, records_per_unit: int) -> int:
-        import pyarrow.parquet as pq
-
-        return pq.ParquetFile(file.path).num_row_groups
+        return int(_footer(file).num_row_groups)
 
     def schema(self, file: InputFile) -> pa.Schema | None:
-        import pyarrow.parquet as pq
-
         try:
-            metadata = pq.read_metadata(file.path)
+            metadata = _footer(file)
         except READ_ERRORS:
             return None
         return metadata.schema.to_arrow_schema() if metadata.num_rows else None
@@ -38,10 +48,21 @@ class ParquetFormat(TabularFormat):
     def read(
         self, index: int, file: InputFile, settings: ReadSettings, skip: Container[str]
     ) -> Iterator[Chunk]:
+        with _source(file) as source:
+            yield from self._read(index, file, source, settings, skip)
+
+    def _read(
+        self,
+        index: int,
+        file: InputFile,
+        source: Any,
+        settings: ReadSettings,
+        skip: Container[str],
+    ) -> Iterator[Chunk]:
         import pyarrow.parquet as pq
 
         try:
-            parquet = pq.ParquetFile(file.path)
+            parquet = pq.ParquetFile(source)
         except READ_ERRORS as e:
             if part_name(index, 0) not in skip:
                 bad = BadRecord(str(file.path), f"unreadable Parquet file: {e}")
@@ -90,3 +111,11 @@ class ParquetFormat(TabularFormat):
         pending.last_in_unit = True
         pending.bad.extend(bad)
         yield pending
+
+
+def _footer(file: InputFile) -> Any:
+    """The file's metadata: rows, row groups, schema (only the footer is read)."""
+    import pyarrow.parquet as pq
+
+    with _source(file) as source:
+        return pq.read_metadata(source)

@@ -4,20 +4,21 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 
 from bulkembed.contracts import part_name
+from bulkembed.storage import AnyPath
 
 
 @dataclass(frozen=True, slots=True)
 class InputFile:
-    """One input file. `name` is its path relative to the input it was found through;
-    `modified` its modification time in nanoseconds (0 for a streamed dataset)."""
+    """One input file, local or on object storage. `name` is its path relative to the input
+    it was found through; `modified` its modification time in nanoseconds (0 for a streamed
+    dataset)."""
 
-    path: Path
+    path: AnyPath
     name: str
     format: str
     size: int
