@@ -55,6 +55,8 @@ _CONDITION_FAILED = (
     "412",
     "409",
 )
+# How pyarrow and the stores word a failed request, as against a damaged file.
+_STORE_FAILURES = ("AWS Error", "GCS Error", "Azure Error", "curlCode", "Couldn't connect")
 # Bytes fetched per request by a buffered read of an object.
 READ_BLOCK = 1 << 20
 # Seconds to wait for a store's endpoint to answer before giving up on a connection.
@@ -155,6 +157,16 @@ def _short(error: BaseException) -> str:
         if marker in text:
             text = text[text.index(marker) :]
     return text[:300]
+
+
+def stop_on_store_failure(path: object, error: BaseException) -> None:
+    """Raise `StorageError` if reading `path` failed because its store did not answer (a
+    dropped connection, a refused or throttled request), not because the file is damaged:
+    a damaged file's records are set aside, but a store's failure must stop the run, which
+    a rerun resumes, rather than lose the rest of a file."""
+    text = str(error)
+    if isinstance(path, ObjectPath) and any(marker in text for marker in _STORE_FAILURES):
+        raise storage_error(str(path), error) from error
 
 
 def storage_error(uri: str, error: BaseException) -> StorageError:

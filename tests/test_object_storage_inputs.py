@@ -340,3 +340,47 @@ def test_object_storage_inputs_that_are_local_only_or_empty_are_errors(s3, tmp_p
         list_inputs([s3.uri("empty")])
     with pytest.raises(InputError, match="unsupported input"):
         list_inputs([s3.uri("empty/notes.txt")])
+
+
+class _DroppingStream(io.RawIOBase):
+    """A remote stream whose connection drops after its first megabyte, as pyarrow
+    reports it."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.given = 0
+
+    def readable(self):
+        return True
+
+    def readinto(self, buffer):
+        if self.given >= 1 << 20:
+            raise OSError(
+                "AWS Error NETWORK_CONNECTION during GetObject operation: curlCode: 56, "
+                "Failure when receiving data from the peer"
+            )
+        data = self.inner.read(len(buffer))
+        buffer[: len(data)] = data
+        self.given += len(data)
+        return len(data)
+
+
+@pytest.mark.slow
+def test_a_connection_dropped_mid_file_stops_the_run_instead_of_setting_records_aside(
+    s3, tmp_path, tiny_st, monkeypatch
+):
+    texts = [{"id": f"d{i}", "text": r["text"]} for i, r in enumerate(_random_texts(3000))]
+    uri = s3.upload(write_jsonl(tmp_path / "big.jsonl", texts), "drop/big.jsonl")
+    out = tmp_path / "out"
+    arguments = ["--records-per-unit", "1000", "--max-batch-tokens", "4096"]
+    open_stream = ObjectPath.open_stream
+    with monkeypatch.context() as patched:
+        patched.setattr(ObjectPath, "open_stream", lambda self: _DroppingStream(open_stream(self)))
+        result = run_cli(uri, tiny_st("mean"), out, *arguments)
+    assert result.exit_code == 1
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith(f"error: {uri}: AWS Error NETWORK_CONNECTION")
+    assert not (out / "_bulkembed" / "bad_records.jsonl").exists()
+    resumed = run_cli(uri, tiny_st("mean"), out, *arguments)
+    assert resumed.exit_code == 0, resumed.output
+    assert sorted(read_output(out)) == sorted(t["id"] for t in texts)

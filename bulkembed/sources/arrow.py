@@ -11,6 +11,7 @@ from bulkembed.contracts import part_name
 from bulkembed.sources.base import ReadSettings, TabularFormat
 from bulkembed.sources.files import READ_ERRORS, open_arrow
 from bulkembed.sources.records import BadRecord, Chunk, InputFile
+from bulkembed.storage import stop_on_store_failure
 
 
 class ArrowFormat(TabularFormat):
@@ -22,7 +23,8 @@ class ArrowFormat(TabularFormat):
     def schema(self, file: InputFile) -> pa.Schema | None:
         try:
             return open_arrow(file.path).schema
-        except READ_ERRORS:
+        except READ_ERRORS as e:
+            stop_on_store_failure(file.path, e)
             return None
 
     def read(
@@ -43,6 +45,7 @@ class ArrowFormat(TabularFormat):
                     pending = self.chunk(index, unit, file, rows, first, settings)
                 read = first + rows.num_rows
         except READ_ERRORS as e:
+            stop_on_store_failure(file.path, e)
             reason = f"unreadable from row {read} on: {e}"
             bad.append(BadRecord(str(file.path), reason, row=read))
         # The unit where reading stopped: the last one read, or the next if that was full.

@@ -19,6 +19,7 @@ from bulkembed.contracts import part_name
 from bulkembed.sources.columns import cast_misfits, misfit
 from bulkembed.sources.records import BadRecord, Chunk, InputFile, Rows
 from bulkembed.sources.validate import bad_record, decoded, problem
+from bulkembed.storage import stop_on_store_failure
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,6 +186,7 @@ class RecordFormat(InputFormat):
                     doc_id = record.get(column) if record and column else None
                     rows.bad.append(bad_record(source, reason, doc_id, number, self.lines))
         except read_errors as e:
+            stop_on_store_failure(file.path, e)
             reason = f"unreadable after line {read}: {e or type(e).__name__}"
             rows.bad.append(BadRecord(source, reason, line=read + 1))
         if part_name(index, unit) not in skip:

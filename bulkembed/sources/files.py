@@ -30,6 +30,7 @@ from bulkembed.storage import (
     is_uri,
     location,
     open_binary,
+    stop_on_store_failure,
 )
 
 FORMATS = {
@@ -346,8 +347,8 @@ def count_lines(path: AnyPath) -> int:
             while block := f.read(1 << 20):
                 lines += block.count(b"\n")
                 last = block[-1:]
-    except READ_ERRORS:
-        pass
+    except READ_ERRORS as e:
+        stop_on_store_failure(path, e)
     return lines + (last != b"\n")
 
 

@@ -10,6 +10,7 @@ from bulkembed.sources.hf import DatasetFormat
 from bulkembed.sources.jsonl import JsonLinesFormat
 from bulkembed.sources.parquet import ParquetFormat
 from bulkembed.sources.records import InputFile
+from bulkembed.storage import stop_on_store_failure
 
 FORMATS: dict[str, InputFormat] = {
     "parquet": ParquetFormat(),
@@ -30,8 +31,8 @@ def count_records(files: list[InputFile]) -> int:
     for file in files:
         try:
             total += format_of(file).records(file)
-        except READ_ERRORS:
-            continue
+        except READ_ERRORS as e:
+            stop_on_store_failure(file.path, e)
     return total
 
 
@@ -43,7 +44,8 @@ def unit_names(files: list[InputFile], records_per_unit: int) -> list[str]:
     for index, file in enumerate(files):
         try:
             units = format_of(file).units(file, records_per_unit)
-        except READ_ERRORS:
+        except READ_ERRORS as e:
+            stop_on_store_failure(file.path, e)
             units = 1
         names.extend(part_name(index, unit) for unit in range(max(units, 1)))
     return names

@@ -11,7 +11,7 @@ from bulkembed.sources.columns import TYPE_SAMPLE_LINES
 from bulkembed.sources.files import READ_ERRORS, count_lines, open_lines, unit_offsets
 from bulkembed.sources.records import Chunk, InputFile
 from bulkembed.sources.validate import parse_json_line
-from bulkembed.storage import open_binary_at
+from bulkembed.storage import open_binary_at, stop_on_store_failure
 
 
 def _compressed(file: InputFile) -> bool:
@@ -38,8 +38,8 @@ class JsonLinesFormat(RecordFormat):
                     record, _ = parse_json_line(raw) if raw.strip() else (None, None)
                     if record is not None:
                         yield number, record
-        except READ_ERRORS:
-            return
+        except READ_ERRORS as e:
+            stop_on_store_failure(file.path, e)
 
     def sample(self, file: InputFile) -> tuple[list[dict[str, Any]], int]:
         """The JSON objects among the first `TYPE_SAMPLE_LINES` lines (or the first one

@@ -14,7 +14,7 @@ from bulkembed.contracts import part_name
 from bulkembed.sources.base import ReadSettings, TabularFormat
 from bulkembed.sources.files import READ_ERRORS
 from bulkembed.sources.records import BadRecord, Chunk, InputFile
-from bulkembed.storage import open_random_access
+from bulkembed.storage import open_random_access, stop_on_store_failure
 
 
 @contextmanager
@@ -41,7 +41,8 @@ class ParquetFormat(TabularFormat):
     def schema(self, file: InputFile) -> pa.Schema | None:
         try:
             metadata = _footer(file)
-        except READ_ERRORS:
+        except READ_ERRORS as e:
+            stop_on_store_failure(file.path, e)
             return None
         return metadata.schema.to_arrow_schema() if metadata.num_rows else None
 
@@ -64,6 +65,7 @@ class ParquetFormat(TabularFormat):
         try:
             parquet = pq.ParquetFile(source)
         except READ_ERRORS as e:
+            stop_on_store_failure(file.path, e)
             if part_name(index, 0) not in skip:
                 bad = BadRecord(str(file.path), f"unreadable Parquet file: {e}")
                 yield settings.empty_chunk(index, 0, [bad])
@@ -104,6 +106,7 @@ class ParquetFormat(TabularFormat):
                 pending = self.chunk(index, group, file, batch, row, settings)
                 row += batch.num_rows
         except READ_ERRORS as e:
+            stop_on_store_failure(file.path, e)
             reason = f"row group {group} unreadable from row {row} on: {e}"
             bad.append(BadRecord(str(file.path), reason, row=row))
         if pending is None:
