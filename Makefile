@@ -49,6 +49,7 @@ bench: install
 	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/outputs.py
 	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/throughput.py
 	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/host_ceiling.py
+	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/object_storage.py
 
 docs: install
 	$(BIN)/python scripts/cli_reference.py

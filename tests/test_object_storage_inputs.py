@@ -139,13 +139,14 @@ def test_a_corpus_on_s3_embeds_to_the_same_output_as_on_a_local_disk(s3, tmp_pat
 
 
 @pytest.mark.slow
-def test_the_ray_engine_reads_s3_inputs_in_its_tasks(s3, tmp_path, tiny_st):
+def test_the_ray_engine_reads_s3_inputs_and_writes_an_s3_output(s3, tmp_path, tiny_st):
     pytest.importorskip("ray.data")
     corpus = _corpus(tmp_path)
     _upload(s3, corpus)
     model = tiny_st("mean")
-    local, remote = tmp_path / "local", tmp_path / "remote"
+    local = tmp_path / "local"
     assert run_cli(corpus, model, local, "--dtype", "float32").exit_code == 0
+    remote = s3.uri("ray-out")
     arguments = run_arguments(s3.uri("corpus"), model, remote, "--engine", "ray", "-q")
     environment = {**os.environ, "PYTHONPATH": str(ROOT)}
     environment.pop("RAY_ADDRESS", None)
@@ -157,10 +158,18 @@ def test_the_ray_engine_reads_s3_inputs_in_its_tasks(s3, tmp_path, tiny_st):
     )
     assert run.returncode == 0, run.stderr.decode()
     # Batches differ from the local engine's: vectors agree to float rounding.
-    expected, got = read_output(local), read_output(remote)
+    expected = read_output(local)
+    output = storage.location(remote)
+    table = pq.read_table(output.key, filesystem=output.fs)
+    got = dict(zip(table.column("id").to_pylist(), table.column("dense").to_pylist(), strict=True))
     ids = sorted(expected)
-    assert sorted(got) == ids and len(ids) == 83
+    assert table.num_rows == len(got) and sorted(got) == ids and len(ids) == 83
     assert cosines([got[i] for i in ids], [expected[i] for i in ids]).min() >= 0.9999
+    parts = sorted(p.name for p in local.glob("*.parquet"))
+    assert [k for k in s3.keys("ray-out/") if k.endswith(".parquet")] == [
+        f"ray-out/{p}" for p in parts
+    ]
+    assert "ray-out/_bulkembed/complete" in s3.keys("ray-out/_bulkembed/")
 
 
 class _CountingFile(io.RawIOBase):
