@@ -245,16 +245,17 @@ class RunConfig:
 
     def _check_distribution(self) -> None:
         """`--shard` and `--engine ray` commit units from several processes at once into one
-        Parquet directory: what needs the whole corpus in one process is refused."""
+        Parquet directory or LanceDB table: a stream, and what needs the whole corpus in one
+        process, are refused."""
         if self.ray_address is not None and self.engine is not Engine.RAY:
             raise BulkembedError("--ray-address applies to --engine ray only")
         if self.shard is None and self.engine is Engine.LOCAL:
             return
         what = "--shard" if self.engine is Engine.LOCAL else "--engine ray"
-        if self.output == "-" or self.output.startswith("lancedb://"):
+        if self.output == "-":
             raise BulkembedError(
-                f"{what} writes Parquet parts: pass a directory as --output (load it into "
-                "LanceDB afterwards)"
+                f"{what} writes from several processes: pass a directory or "
+                "lancedb://PATH as --output"
             )
         refused = {
             "--limit": self.limit is not None,

@@ -4,9 +4,11 @@
 
 Stages: tokenize (a tokenized chunk reaches the main process), encode (before a batch runs
 on the model), write (rows just went into a temporary part), commit (a part is renamed into
-place but its unit not yet marked done), marked (just after a unit is marked done), append
-(rows were just appended to a LanceDB table), compacted (a finished LanceDB table was just
-compacted, its index not built yet), indexed (an index of it was just built).
+place but its unit not yet marked done), marked (just after a unit is marked done), fragments
+(rows were just written as LanceDB data files, not committed yet), append (a unit's
+fragments were just committed to a LanceDB table, its unit not yet marked done), compacted
+(a finished LanceDB table was just compacted, its index not built yet), indexed (an index of
+it was just built).
 """
 
 import os
@@ -32,7 +34,8 @@ STAGES = {
     "write": (ParquetSink, "write", True),
     "commit": (RunDirectory, "mark_done", False),
     "marked": (RunDirectory, "mark_done", True),
-    "append": (LanceSink, "_flush", True),
+    "fragments": (LanceSink, "_flush", True),
+    "append": (LanceSink, "_append", True),
     "compacted": (LanceTable, "optimize", True),
     "indexed": (LanceTable, "create_index", True),
 }

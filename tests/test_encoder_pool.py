@@ -1,8 +1,8 @@
 """`--devices cpu,cpu`: one encoder process per device, output identical to one worker's.
 
-A Parquet output is written by the device processes themselves, unit by unit
-(`bulkembed.engine.unit_pool`); other outputs are written by the run's process, from the
-batches the devices embed (`bulkembed.engine.pool`). Both are tested."""
+Parquet parts and a LanceDB table are written by the device processes themselves, unit by
+unit (`bulkembed.engine.unit_pool`); a stream is written by the run's process, from the
+batches the devices embed (`bulkembed.engine.pool`)."""
 
 import json
 import os
@@ -26,13 +26,13 @@ from bulkembed.engine import pool, unit_pool
 from bulkembed.errors import BulkembedError
 from bulkembed.sinks import ParquetSink
 
-# What a faulty encoder worker (`_start_faulty`) does, and the file its first fault claims.
+# What a faulty device process (`_start_faulty_unit`) does, and the file its first fault claims.
 FAULT = "TEST_ENCODER_FAULT"
 MARKER = "TEST_ENCODER_FAULT_MARKER"
 
 # Batches and units small enough that each worker gets several.
 BATCHES = ("--max-batch-tokens", 1024, "--records-per-unit", 50)
-# Where each kind of output is written: by the device processes, or by the run's process.
+# The outputs the device processes write.
 OUTPUTS = ["parts", "lancedb"]
 
 
@@ -176,29 +176,18 @@ class _Faulty:
         return True
 
 
-def _start_faulty(device: Any) -> tuple[_Faulty, Any]:
-    """`bulkembed.engine.pool._start`, with the fault that `TEST_ENCODER_FAULT` names."""
-    embed, about = START_ENCODER_WORKER(device)
-    return _Faulty(embed, os.environ[FAULT], Path(os.environ[MARKER])), about
-
-
 def _start_faulty_unit(work: Any) -> tuple[_Faulty, Any]:
     """`bulkembed.engine.unit_pool._start`, with the fault at a third unit."""
     embed, about = START_UNIT_WORKER(work)
     return _Faulty(embed, os.environ[FAULT], Path(os.environ[MARKER])), about
 
 
-START_ENCODER_WORKER = pool._start
 START_UNIT_WORKER = unit_pool._start
 
 
-def _with_fault(monkeypatch, tmp_path, fault, output):
-    """Encoder workers (spawned: they read the environment) with `fault` at a third batch,
-    or at a third unit where the devices write the parts."""
-    if output == "parts":
-        monkeypatch.setattr(unit_pool, "_start", _start_faulty_unit)
-    else:
-        monkeypatch.setattr(pool, "_start", _start_faulty)
+def _with_fault(monkeypatch, tmp_path, fault):
+    """Device processes (spawned: they read the environment) with `fault` at a third unit."""
+    monkeypatch.setattr(unit_pool, "_start", _start_faulty_unit)
     monkeypatch.setenv(FAULT, fault)
     monkeypatch.setenv(MARKER, str(tmp_path / "fault"))
 
@@ -210,18 +199,17 @@ def test_a_killed_encoder_s_work_runs_on_the_other_and_the_output_is_the_same(
 ):
     corpus, model = _corpus(tmp_path), tiny_st("mean")
     _one_worker_run(corpus, model, _target(tmp_path, "one", output), monkeypatch)
-    _with_fault(monkeypatch, tmp_path, "die", output)
+    _with_fault(monkeypatch, tmp_path, "die")
     two = _two_workers_run(corpus, model, tmp_path, output)
     assert two.exit_code == 0, two.output
     assert (tmp_path / "fault").exists()
-    task = "unit group" if output == "parts" else "batch"
     assert "warning: the encoder on cpu died (killed, or out of memory?): its " in two.output
-    assert f" {task}(s) in flight run again on cpu" in two.output
+    assert " unit group(s) in flight run again on cpu" in two.output
     expected = _read(tmp_path, "one", output)
     got = _read(tmp_path, "two", output)
+    # The group ran again whole, in the same windows and batches, and is in the output once.
+    assert got.equals(expected)
     if output == "parts":
-        # The group ran again whole, in the same windows and batches.
-        assert got.equals(expected)
         assert sorted(p.name for p in (tmp_path / "two").iterdir() if p.name.startswith(".")) == []
     assert got["id"].to_pylist() == expected["id"].to_pylist()
     dense = "dense" if output == "parts" else "vector"
@@ -238,7 +226,7 @@ def test_a_killed_encoder_s_work_runs_on_the_other_and_the_output_is_the_same(
 def test_a_hung_encoder_is_a_one_line_error_naming_its_device(
     tmp_path, tiny_st, monkeypatch, output
 ):
-    _with_fault(monkeypatch, tmp_path, "hang", output)
+    _with_fault(monkeypatch, tmp_path, "hang")
     monkeypatch.setenv("BULKEMBED_BATCH_TIMEOUT", "2")
     model = tiny_st("mean")
     started = time.monotonic()

@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
@@ -13,8 +14,9 @@ from helpers import sample_texts, write_jsonl, write_parquet
 from typer.testing import CliRunner
 
 from bulkembed.cli import app
-from bulkembed.contracts import UnitRecord
+from bulkembed.contracts import UnitRecord, part_name
 from bulkembed.errors import OutputError
+from bulkembed.run_dir.intents import Intents
 from bulkembed.sinks import LanceSink, parse_output
 from bulkembed.sinks import lance as lance_module
 
@@ -97,70 +99,114 @@ def test_index_settings_follow_the_row_count():
     assert lance_module.IndexSettings("ivf_pq", partitions=8).choose(10) == ("ivf_pq", 8)
 
 
-def test_rows_of_an_unfinished_unit_are_taken_back(tmp_path, monkeypatch):
-    """A unit whose rows reached the table in several appends, then a crash: the next
-    reconcile restores the table to the last committed unit."""
-    monkeypatch.setattr(lance_module, "FLUSH_BYTES", 1)
-    schema = pa.schema([pa.field("id", pa.string(), nullable=False), pa.field("n", pa.int64())])
+SCHEMA = pa.schema([pa.field("id", pa.string(), nullable=False)])
 
-    def rows(*ids):
-        return pa.RecordBatch.from_pydict({"id": list(ids), "n": [len(i) for i in ids]}, schema)
 
-    sink = LanceSink(tmp_path / "db", "t")
+def _sink(tmp_path):
+    """A sink on `tmp_path/db`, table `t`, with its intents in `tmp_path/meta`."""
+    return LanceSink(tmp_path / "db", "t", intents=Intents(tmp_path / "meta"))
+
+
+def _write_unit(sink, unit, ids, run="run", commit=True):
+    """Write the unit `unit` (its part name, its record) with `ids`; commit it unless not
+    `commit`: then its data files are written, and the crash comes before its intent."""
+    part = part_name(0, unit)
+    record = UnitRecord(part, len(ids), 0, 0, 0, 0)
+    sink.write(part, pa.RecordBatch.from_pydict({"id": list(ids)}, SCHEMA))
+    if not commit:
+        sink._flush()
+        return part, record
+    found = sink.commit(part, {"run": run, "unit": {**asdict(record), "bad": []}})
+    return part, replace(record, **found)
+
+
+def _write_intent(sink, unit, ids):
+    """Write the unit `unit` with `ids` up to its intent; the crash comes before the commit."""
+    files = _data_files(sink.path.parent)
+    part, record = _write_unit(sink, unit, ids, commit=False)
+    written = sorted(set(_data_files(sink.path.parent)) - set(files))
+    label = {"run": "run", "unit": {**asdict(record), "bad": []}}
+    sink.intents.write(part, {"files": written, "label": label})
+
+
+def _table_ids(tmp_path):
+    return sorted(lancedb.connect(tmp_path / "db").open_table("t").to_arrow()["id"].to_pylist())
+
+
+def _data_files(tmp_path):
+    return sorted(p.name for p in (tmp_path / "db" / "t.lance" / "data").iterdir())
+
+
+def test_a_committed_unit_without_its_marker_is_kept_and_an_uncommitted_one_dropped(tmp_path):
+    """Unit 0 committed and marked, unit 1 committed (its marker not written), unit 2
+    written up to its intent, not committed: the crash comes there."""
+    sink = _sink(tmp_path)
     sink.reconcile({}, "run")
-    sink.start(schema)
-    sink.write("part-a", rows("a1", "a2"))
-    done = {"part-a": UnitRecord("part-a", 2, 0, 0, 0, 0, **sink.commit("part-a", {}))}
-    sink.write("part-b", rows("b1"))
-    sink.write("part-b", rows("b2"))
+    sink.start(SCHEMA)
+    part0, record0 = _write_unit(sink, 0, ["a1", "a2"])
+    part1, record1 = _write_unit(sink, 1, ["b1"])
+    files = _data_files(tmp_path)
+    _write_intent(sink, 2, ["c1", "c2"])
+    assert len(_data_files(tmp_path)) == len(files) + 1
+
+    again = _sink(tmp_path)
+    recovered = again.reconcile({part0: record0}, "run")
+    assert recovered.lost == []
+    assert recovered.adopted == [{**asdict(record1), "bad": []}]
+    assert _data_files(tmp_path) == files
+    assert sorted(again.committed_ids({part0: record0, part1: record1})) == ["a1", "a2", "b1"]
+    assert sorted(again.committed_ids({part0: record0})) == ["a1", "a2"]
+    assert _table_ids(tmp_path) == ["a1", "a2", "b1"]
+    # Data files written before their intent are in no table version; `finish` deletes them.
+    again.start(SCHEMA)
+    _write_unit(again, 3, ["d1"], commit=False)
+    again._fragments = []
+    assert _table_ids(tmp_path) == ["a1", "a2", "b1"]
+    assert len(_data_files(tmp_path)) == len(files) + 1
+    again.finish()
+    assert _table_ids(tmp_path) == ["a1", "a2", "b1"]
     table = lancedb.connect(tmp_path / "db").open_table("t")
-    assert table.count_rows() == 4  # the crash comes here: part-b is not committed
-
-    again = LanceSink(tmp_path / "db", "t")
-    assert again.reconcile(done, "run").lost == []
-    assert sorted(again.committed_ids(done)) == ["a1", "a2"]
-    again.start(schema)
-    again.write("part-b", rows("b1", "b2"))
-    again.commit("part-b", {})
-    ids = lancedb.connect(tmp_path / "db").open_table("t").to_arrow().column("id").to_pylist()
-    assert sorted(ids) == ["a1", "a2", "b1", "b2"]
+    assert len(_data_files(tmp_path)) == len(table.to_lance().get_fragments())
 
 
-def test_empty_units_sharing_a_version_are_not_taken_for_a_lost_marker(tmp_path):
-    """part-2 adds rows; part-1, committed after it with no rows, shares its version and
-    sorts before it by name."""
-    schema = pa.schema([pa.field("id", pa.string(), nullable=False)])
-    sink = LanceSink(tmp_path / "db", "t")
+def test_a_committed_unit_of_another_run_is_taken_back_out_of_the_table(tmp_path):
+    sink = _sink(tmp_path)
     sink.reconcile({}, "run")
-    sink.start(schema)
-    sink.write("part-2", pa.RecordBatch.from_pydict({"id": ["x"]}, schema))
-    done = {"part-2": UnitRecord("part-2", 1, 0, 0, 0, 0, **sink.commit("part-2", {}))}
-    done["part-1"] = UnitRecord("part-1", 0, 0, 0, 0, 0, **sink.commit("part-1", {}))
-    assert done["part-1"].version == done["part-2"].version
-    again = LanceSink(tmp_path / "db", "t")
-    assert again.reconcile(dict(sorted(done.items())), "run").lost == []
-    assert sorted(again.committed_ids(done)) == ["x"]
+    sink.start(SCHEMA)
+    part0, record0 = _write_unit(sink, 0, ["a1"])
+    _write_unit(sink, 1, ["b1", "b2"], run="another")
+    recovered = _sink(tmp_path).reconcile({part0: record0}, "run")
+    assert (recovered.adopted, recovered.lost) == ([], [])
+    assert _table_ids(tmp_path) == ["a1"]
+    assert Intents(tmp_path / "meta").read(part_name(0, 1)) is None
 
 
-def test_a_lost_marker_in_the_middle_takes_the_table_back_to_the_unit_before_it(tmp_path):
-    """Units a, b, c, d committed; b's marker is lost. The rows at c's and d's versions are
-    more than their markers account for: the table goes back to a's version, and c and d
-    are forgotten, to be written again with b."""
-    schema = pa.schema([pa.field("id", pa.string(), nullable=False)])
-    sink = LanceSink(tmp_path / "db", "t")
+def test_a_done_unit_whose_rows_were_deleted_is_lost(tmp_path):
+    sink = _sink(tmp_path)
     sink.reconcile({}, "run")
-    sink.start(schema)
-    done = {}
-    for unit, ids in [("a", ["a1"]), ("b", ["b1", "b2"]), ("c", ["c1"]), ("d", ["d1", "d2"])]:
-        sink.write(f"part-{unit}", pa.RecordBatch.from_pydict({"id": ids}, schema))
-        found = sink.commit(f"part-{unit}", {})
-        done[f"part-{unit}"] = UnitRecord(f"part-{unit}", len(ids), 0, 0, 0, 0, **found)
-    del done["part-b"]
+    sink.start(SCHEMA)
+    done = dict([_write_unit(sink, 0, ["a1"]), _write_unit(sink, 1, ["b1"])])
+    lancedb.connect(tmp_path / "db").open_table("t").delete("id = 'b1'")
+    assert _sink(tmp_path).reconcile(done, "run").lost == [part_name(0, 1)]
 
-    again = LanceSink(tmp_path / "db", "t")
-    assert again.reconcile(done, "run").lost == ["part-c", "part-d"]
-    assert sorted(again.committed_ids(done)) == ["a1"]
-    assert lancedb.connect(tmp_path / "db").open_table("t").count_rows() == 1
+
+def test_a_unit_written_again_after_its_writer_was_lost_is_in_the_table_once(tmp_path):
+    """A writer committed unit 0 and was lost before the unit was marked done; another
+    writes the unit again."""
+    first, second = _sink(tmp_path), _sink(tmp_path)
+    first.reconcile({}, "run")
+    first.start(SCHEMA)
+    second.start(SCHEMA)
+    _write_unit(first, 0, ["a1", "a2"])
+    files = _data_files(tmp_path)
+    _write_unit(second, 0, ["a1", "a2"])
+    assert _table_ids(tmp_path) == ["a1", "a2"]
+    assert _data_files(tmp_path) == files
+    # Written up to its intent, then lost: the next writer's files replace its files.
+    _write_intent(first, 1, ["b1"])
+    _write_unit(second, 1, ["b1"])
+    assert _table_ids(tmp_path) == ["a1", "a2", "b1"]
+    assert len(_data_files(tmp_path)) == len(files) + 1
 
 
 def test_a_table_bulkembed_did_not_write_is_left_alone(tmp_path, tiny_st):

@@ -133,7 +133,8 @@ def test_ray_options_that_cannot_work_are_refused(tmp_path, reference):
     arguments = run_arguments(corpus, model, "-", "--engine", "ray")
     result = CliRunner().invoke(app, arguments)
     assert result.exit_code == 1
-    assert "--engine ray writes Parquet parts: pass a directory as --output" in result.output
+    message = "--engine ray writes from several processes: pass a directory or lancedb://PATH"
+    assert message in result.output
     result = CliRunner().invoke(
         app, [*run_arguments(corpus, model, tmp_path / "o"), "--ray-address", "x"]
     )

@@ -103,7 +103,7 @@ def test_a_shard_takes_every_nth_unit_and_leaves_the_output_incomplete(tmp_path,
         (["--shard", "1-3"], "--shard 1-3: expected I/N"),
         (["--shard", "0/2", "--limit", "5"], "--shard cannot be combined with --limit"),
         (["--shard", "0/2", "--overwrite"], "--shard cannot be combined with --overwrite"),
-        (["--shard", "0/2", "--output", "-"], "--shard writes Parquet parts"),
+        (["--shard", "0/2", "--output", "-"], "--shard writes from several processes"),
     ],
 )
 def test_shard_options_that_cannot_work_are_refused(tmp_path, tiny_st, extra, message):

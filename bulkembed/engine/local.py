@@ -6,8 +6,8 @@ the run starts (the first window is tokenized while the model loads). The unit l
 (`embed_windows`) embeds them window by window on the run's devices, and a write-behind
 thread writes each window into its units' parts while the next one is embedded; a unit's
 part is committed, then marked done, with its last chunk. With several devices and a
-Parquet output the same windows go, a unit group at a time, to device processes that embed
-and write them themselves (`UnitPool`), and this process marks their units done.
+Parquet or LanceDB output the same windows go, a unit group at a time, to device processes
+that embed and commit them themselves (`UnitPool`), and this process marks their units done.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from bulkembed.engine.stream import (
     fail_on_bad_records,
     gather_windows,
     part_schema,
+    writer_sink,
 )
 from bulkembed.engine.unit_pool import Counts, UnitPool, UnitWork
 from bulkembed.errors import OutputError
@@ -166,7 +167,7 @@ def embed_locally(
         ReadAhead(pool.map(chunks), lambda c: share_of_window(c, budget)) as tokenized,
     ):
         # int8/uint8 ranges not calibrated yet are calibrated on the first window, here.
-        if len(devices) > 1 and isinstance(sink, ParquetSink) and not output_format.needs_ranges:
+        if len(devices) > 1 and sink.resumable and not output_format.needs_ranges:
             return _embed_on_devices(
                 plan, run, sink, iter(tokenized), output_format, stats, done, previous, reporter
             )
@@ -191,7 +192,6 @@ def embed_locally(
                     )
                     embed_windows(gathered, session, formatted, behind.submit, stats, reporter)
                     behind.finish()
-                sink.finish()
             finally:
                 writer.close()
                 reporter.close()
@@ -215,7 +215,7 @@ def _unit_groups(gathered: Iterator[list[TokenizedChunk]]) -> Iterator[list[list
 def _embed_on_devices(
     plan: RunPlan,
     run: RunDirectory,
-    sink: ParquetSink,
+    sink: Sink,
     tokenized: Iterator[TokenizedChunk],
     output_format: OutputFormat,
     stats: RunStats,
@@ -223,9 +223,9 @@ def _embed_on_devices(
     previous: PreviousOutput | None,
     reporter: Reporter,
 ) -> RunOutcome:
-    """Several devices and a Parquet output: one process per device embeds whole units and
-    commits their parts (`UnitPool`); this process reads, tokenizes, and writes each unit's
-    quarantine and done-marker as the units come back in input order."""
+    """Several devices and a Parquet or LanceDB output: one process per device embeds whole
+    units and commits their parts (`UnitPool`); this process reads, tokenizes, and writes
+    each unit's quarantine and done-marker as the units come back in input order."""
     config = plan.config
     devices = list(plan.devices)
     dtype, precision, read = settle_dtype(plan.spec, devices[0], config.dtype, tokenized, reporter)
@@ -233,7 +233,7 @@ def _embed_on_devices(
         plan.spec,
         plan.reader,
         output_format,
-        run.output,
+        writer_sink(sink, run.output),
         run.run_id,
         dtype,
         cpu_threads_per_worker(devices),
@@ -271,6 +271,7 @@ def _embed_on_devices(
         # Stopped (an error, Ctrl-C), the device processes go at once, rather than commit
         # more units that this process would not mark done.
         pool.close(failed=stopped)
-        # What a device process that died (or was stopped) was writing.
-        sink.remove_temporaries(pool.pids)
+        if isinstance(sink, ParquetSink):
+            # What a device process that died (or was stopped) was writing.
+            sink.remove_temporaries(pool.pids)
     return RunOutcome(stats, ",".join(devices), dtype.value, pool.budget, precision)

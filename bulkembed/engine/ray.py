@@ -4,13 +4,14 @@ This process (the driver) opens the run directory as a local run does, lists the
 work still pending and hands them to Ray Data, one row per unit. CPU tasks read a unit and
 tokenize it; an actor pool, one actor per GPU (or CPU actors with a thread count each),
 packs the unit's documents into token-budget batches, embeds them and commits the unit into
-the shared output exactly as a local run's writer does: the part under a temporary name,
-renamed (on object storage: uploaded whole under its name), then its done-marker. The
-driver counts what comes back and writes the summary.
+the shared output exactly as a local run's writer does: a Parquet part under a temporary
+name, renamed (on object storage: uploaded whole under its name), or a LanceDB table's
+fragments appended in one commit beside the other actors' (`bulkembed.sinks.lance`); then
+its done-marker. The driver counts what comes back, and writes the summary.
 
-A unit is committed by one rename and one marker, and its part's name is fixed by the
-inputs, so a run killed at any point resumes like a local one, and a unit that Ray runs
-again after an actor died is written whole again under the same name.
+A unit is committed at once, then marked, and its part's name is fixed by the inputs, so a
+run killed at any point resumes like a local one, and a unit that Ray runs again after an
+actor died is written whole again under the same name, once.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import contextlib
 import functools
 import logging
 import pickle
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -35,6 +36,7 @@ from bulkembed.engine.stream import (
     fail_on_bad_records,
     gather_windows,
     part_schema,
+    writer_sink,
 )
 from bulkembed.errors import BulkembedError
 from bulkembed.incremental import hash_contents
@@ -42,7 +44,6 @@ from bulkembed.outputs import OutputFormat
 from bulkembed.precision import PrecisionCheck
 from bulkembed.progress import QuietReporter, Reporter, RunStats
 from bulkembed.run_dir import RunDirectory
-from bulkembed.sinks import ParquetSink
 from bulkembed.sources import RecordReader, SeenIds, drop_duplicate_ids
 from bulkembed.storage import AnyPath
 from bulkembed.tokenize import TokenizedChunk, TokenizerPool, TokenizerSettings
@@ -50,6 +51,7 @@ from bulkembed.writer import PartWriter
 
 if TYPE_CHECKING:
     from bulkembed.model_spec import ModelSpec
+    from bulkembed.sinks import Sink
 
 # The columns Ray Data hands back, one row per unit: counts add up into the run's.
 _COUNTS = ("docs", "tokens", "padded_tokens", "batches")
@@ -73,6 +75,8 @@ class _Work:
     spec: ModelSpec
     dtype: DType
     output: AnyPath
+    meta: AnyPath
+    sink: Callable[[], Sink]
     shard: ShardSpec | None
     output_format: OutputFormat
     device: str
@@ -124,8 +128,8 @@ class _UnitEmbedder:
         )
         output = work.output
         schema = part_schema(work.reader, work.spec, self.session.embedder, work.output_format)
-        run = RunDirectory(output, shard=work.shard)
-        self.writer = PartWriter(run.run_id, ParquetSink(output), schema, run.committed)
+        run = RunDirectory(output, meta=work.meta, shard=work.shard)
+        self.writer = PartWriter(run.run_id, work.sink(), schema, run.committed)
 
     def _write(self, window: EmbeddedWindow) -> None:
         for _ in window.write(self.writer):
@@ -237,9 +241,9 @@ def _pending(plan: RunPlan, done: dict[str, UnitRecord]) -> list[dict[str, Any]]
 
 
 def embed_on_ray(
-    plan: RunPlan, run: RunDirectory, done: dict[str, UnitRecord], reporter: Reporter
+    plan: RunPlan, run: RunDirectory, sink: Sink, done: dict[str, UnitRecord], reporter: Reporter
 ) -> RunOutcome:
-    """Embed every pending unit on a Ray cluster, into the Parquet output of `run`."""
+    """Embed every pending unit on a Ray cluster, into `sink`, the output of `run`."""
     try:
         import ray
         import ray.data
@@ -266,6 +270,8 @@ def embed_on_ray(
                 spec=plan.spec,
                 dtype=plan.config.dtype,
                 output=run.output.resolve(),
+                meta=run.meta.resolve(),
+                sink=writer_sink(sink, run.output.resolve()),
                 shard=plan.config.shard,
                 output_format=plan.output_format,
                 device=device,

@@ -22,7 +22,8 @@ from bulkembed.engine.plan import RunOutcome, RunPlan, plan_run
 from bulkembed.errors import Interrupted, OutputError
 from bulkembed.incremental import PreviousOutput
 from bulkembed.progress import QuietReporter, Reporter, RunStats
-from bulkembed.run_dir import RunDirectory, fingerprint
+from bulkembed.run_dir import LockedError, RunDirectory, fingerprint
+from bulkembed.run_dir.intents import Intents, finishing
 from bulkembed.sinks import Sink, make_sink
 from bulkembed.storage import location, remove_tree
 from bulkembed.summary import Summary, summarize
@@ -62,8 +63,8 @@ def embed_corpus(config: RunConfig, reporter: Reporter | None = None) -> Summary
     reporter = reporter or QuietReporter()
     with _stop_on_signals():
         plan = plan_run(config, reporter)
-        sink = make_sink(plan.target, config, plan.spec.normalize)
         run = RunDirectory.for_target(plan.target, config.shard, config.break_lock)
+        sink = make_sink(plan.target, config, plan.spec.normalize, Intents(run.meta))
         try:
             summary, precision = _run(plan, run, sink, reporter)
         finally:
@@ -117,7 +118,7 @@ def _run(
             reporter.info(f"nothing to do: {plan.target.label} already holds every document")
             return summarize(done, RunStats(), plan.run_info(), previous_rows, limited), None
         outcome = _dispatch(plan, run, sink, done, previous, reporter)
-        _mark_complete_if_whole(plan, run, reporter)
+        _finish_if_whole(plan, run, sink, reporter)
         done = run.done_units()
         # Lines a unit written twice (a lost Ray actor's) appended twice go.
         run.rebuild_quarantine(done, plan.my_units)
@@ -142,15 +143,17 @@ def _dispatch(
     if plan.config.engine is Engine.RAY:
         from bulkembed.engine.ray import embed_on_ray
 
-        return embed_on_ray(plan, run, done, reporter)
+        return embed_on_ray(plan, run, sink, done, reporter)
     from bulkembed.engine.local import embed_locally
 
     return embed_locally(plan, run, sink, done, previous, reporter)
 
 
-def _mark_complete_if_whole(plan: RunPlan, run: RunDirectory, reporter: Reporter) -> None:
-    """Mark the output complete once every unit is done: at once for a whole run; for a
-    `--shard` run, when the other shards' units are done too."""
+def _finish_if_whole(plan: RunPlan, run: RunDirectory, sink: Sink, reporter: Reporter) -> None:
+    """Once every unit is done, finish the output (`Sink.finish`) and mark it complete: at
+    once for a whole run; for a `--shard` run, when the other shards' units are done too.
+    Shard runs that find every unit done at the same moment take turns: the first finishes,
+    the others find the output complete, or leave it to the one finishing it."""
     done = run.done_units()
     if plan.my_units is not None:
         assert plan.all_units is not None and plan.config.shard is not None
@@ -161,7 +164,13 @@ def _mark_complete_if_whole(plan: RunPlan, run: RunDirectory, reporter: Reporter
                 "shards are pending"
             )
             return
-    run.mark_complete(len(done))
+    try:
+        with finishing(run.meta, run.label):
+            if not run.is_complete(done):
+                sink.finish()
+                run.mark_complete(len(done))
+    except LockedError:
+        reporter.info(f"every unit is done; another run is finishing {run.label}")
 
 
 def _write_vocabulary(run: RunDirectory, plan: RunPlan) -> None:

@@ -6,6 +6,8 @@ it on one unit at a time.
 
 from __future__ import annotations
 
+import copy
+import functools
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from itertools import chain
@@ -16,6 +18,8 @@ import numpy as np
 from bulkembed.contracts import Embeddings
 from bulkembed.errors import InputError
 from bulkembed.schema import output_schema
+from bulkembed.sinks import ParquetSink
+from bulkembed.storage import AnyPath
 from bulkembed.windows import embed_packed, window_tokens, windows
 from bulkembed.writer import PartWriter, write_window
 
@@ -27,6 +31,7 @@ if TYPE_CHECKING:
     from bulkembed.model_spec import ModelSpec
     from bulkembed.outputs import OutputFormat
     from bulkembed.progress import Reporter, RunStats
+    from bulkembed.sinks import Sink
     from bulkembed.sources import Chunk, RecordReader
     from bulkembed.tokenize import TokenizedChunk
 
@@ -127,3 +132,12 @@ def embed_windows(
         with stats.timed("post-process"):
             embedded, padded = packed.embedded()
         emit(packed.chunks, embedded, padded)
+
+
+def writer_sink(sink: Sink, output: AnyPath) -> Callable[[], Sink]:
+    """What makes the sink of a process that writes units beside this one (a device
+    process, a Ray actor): a Parquet sink of its own, whose temporary files carry that
+    process's id; a copy of a LanceDB sink, which connects anew there."""
+    if isinstance(sink, ParquetSink):
+        return functools.partial(ParquetSink, output)
+    return functools.partial(copy.copy, sink)

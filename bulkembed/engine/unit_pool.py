@@ -1,6 +1,6 @@
 """Several devices writing their own parts: one process per device embeds whole units and
-commits them into the Parquet output; the run's process handles only their order and the
-ledger.
+commits them into the output (Parquet parts, or a LanceDB table's fragments); the run's
+process handles only their order and the ledger.
 
 The run's process reads and tokenizes, gathers the chunks (token ids, ids, hashes,
 passthrough values) into windows exactly as a one-device run does, and hands each group of
@@ -31,7 +31,6 @@ from bulkembed.engine.pool import BATCHES_PER_WORKER, start_device_workers
 from bulkembed.engine.session import DeviceSession
 from bulkembed.engine.stream import EmbeddedWindow, embed_windows, part_schema
 from bulkembed.progress import QuietReporter, RunStats
-from bulkembed.sinks import ParquetSink
 from bulkembed.workers import WorkerPool, report
 from bulkembed.writer import PartWriter
 
@@ -39,8 +38,8 @@ if TYPE_CHECKING:
     from bulkembed.contracts import UnitRecord
     from bulkembed.model_spec import ModelSpec
     from bulkembed.outputs import OutputFormat
+    from bulkembed.sinks import Sink
     from bulkembed.sources import RecordReader
-    from bulkembed.storage import AnyPath
 from bulkembed.tokenize import TokenizedChunk
 
 # Windows of tokenized chunks from one unit's start to a unit's end, as the run's process
@@ -51,12 +50,13 @@ UnitGroup = list[list["TokenizedChunk"]]
 @dataclass(frozen=True, slots=True)
 class UnitWork:
     """What a device process needs: the model in the run's dtype on its device, and where
-    and how to write (the reader gives the id type and the passthrough columns)."""
+    and how to write (`sink` makes the process's own sink; the reader gives the id type and
+    the passthrough columns)."""
 
     spec: ModelSpec
     reader: RecordReader
     output_format: OutputFormat
-    output: AnyPath
+    sink: Callable[[], Sink]
     run_id: str
     dtype: DType
     threads: int
@@ -101,7 +101,7 @@ class _UnitWorker:
             work.spec, [work.device], work.dtype, work.threads, work.tune, _Heartbeat()
         )
         schema = part_schema(work.reader, work.spec, self.session.embedder, work.output_format)
-        self.writer = PartWriter(work.run_id, ParquetSink(work.output), schema, self._committed)
+        self.writer = PartWriter(work.run_id, work.sink(), schema, self._committed)
         self.writes = ThreadPoolExecutor(1, thread_name_prefix="bulkembed-writer")
         self.last: Future[None] | None = None
         self.error: BaseException | None = None

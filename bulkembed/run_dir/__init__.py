@@ -37,11 +37,11 @@ from bulkembed.run_dir.files import (
     write_json_atomically,
 )
 from bulkembed.run_dir.fingerprint import describe_changes, fingerprint
-from bulkembed.run_dir.lease import ObjectLease
+from bulkembed.run_dir.lease import directory_lock
 from bulkembed.run_dir.ledger import Ledger
-from bulkembed.run_dir.lock import LockedError, RunLock
+from bulkembed.run_dir.lock import LockedError
 from bulkembed.run_dir.quarantine import Quarantine
-from bulkembed.storage import AnyPath, ObjectPath
+from bulkembed.storage import AnyPath
 
 if TYPE_CHECKING:
     from bulkembed.config import ShardSpec
@@ -75,11 +75,7 @@ class RunDirectory:
         self.ledger = Ledger(self.meta)
         self.done_dir = self.ledger.done_dir
         self.complete_path = self.ledger.complete_path
-        self.lock: RunLock | ObjectLease
-        if isinstance(self.meta, ObjectPath):
-            self.lock = ObjectLease(self.meta, self.label, shard, take_over)
-        else:
-            self.lock = RunLock(self.meta, self.label, shard)
+        self.lock = directory_lock(self.meta, self.label, shard, take_over)
         self.lock_path = self.lock.lock_path
         quarantine = "bad_records.jsonl"
         if shard is not None:

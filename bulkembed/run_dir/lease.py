@@ -30,8 +30,8 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from bulkembed.errors import BulkembedError, OutputError
-from bulkembed.run_dir.lock import LockedError
-from bulkembed.storage import ABSENT, ObjectPath
+from bulkembed.run_dir.lock import LockedError, RunLock
+from bulkembed.storage import ABSENT, AnyPath, ObjectPath
 
 if TYPE_CHECKING:
     from bulkembed.config import ShardSpec
@@ -194,3 +194,12 @@ class ObjectLease:
         if live:
             return f"runs with --shard ({', '.join(str(f.get('holder')) for f in live)})"
         return None
+
+
+def directory_lock(
+    meta: AnyPath, label: str, shard: ShardSpec | None, take_over: bool = False
+) -> RunLock | ObjectLease:
+    """The lock of a run directory: a lease on object storage, a `flock` on a disk."""
+    if isinstance(meta, ObjectPath):
+        return ObjectLease(meta, label, shard, take_over)
+    return RunLock(meta, label, shard)

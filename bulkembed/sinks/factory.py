@@ -7,14 +7,17 @@ import sys
 from bulkembed.config import RunConfig, StreamFormat
 from bulkembed.errors import BulkembedError
 from bulkembed.sinks.base import Sink
-from bulkembed.sinks.lance import IndexSettings, LanceSink
+from bulkembed.sinks.lance import IndexSettings, IntentLog, LanceSink
 from bulkembed.sinks.parquet import ParquetSink
 from bulkembed.sinks.stream import StreamSink
 from bulkembed.sinks.target import OutputTarget
 
 
-def make_sink(target: OutputTarget, config: RunConfig, normalize: bool) -> Sink:
-    """Parquet parts, a LanceDB table (with `--index` and `--fts` settings) or stdout."""
+def make_sink(
+    target: OutputTarget, config: RunConfig, normalize: bool, intents: IntentLog | None = None
+) -> Sink:
+    """Parquet parts, a LanceDB table (with `--index` and `--fts` settings, writing its
+    intents to `intents`) or stdout."""
     if target.kind == "stdout":
         # A buffered writer of its own: `sys.stdout.buffer` is a raw file when Python runs
         # unbuffered, and a raw write may take only part of what it is given.
@@ -27,7 +30,7 @@ def make_sink(target: OutputTarget, config: RunConfig, normalize: bool) -> Sink:
             metric = "cosine" if normalize else "dot"
             index = IndexSettings(config.index_type.value, config.index_partitions, metric)
         fts = config.text_column if config.fts else None
-        return LanceSink(target.path, target.table or "", index, fts)
+        return LanceSink(target.path, target.table or "", index, fts, intents)
     return ParquetSink(target.path)
 
 

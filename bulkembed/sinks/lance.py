@@ -1,45 +1,75 @@
-"""A LanceDB table (embedded, no server): `--output lancedb://PATH[?table=NAME]`.
+"""A LanceDB table (embedded, no server): `--output lancedb://PATH[?table=NAME]`, or on object
+storage `lancedb+s3://BUCKET/PREFIX?table=NAME`.
 
-Rows are appended as they come, a unit's rows in one or a few `add` calls; the dense column
-is named `vector`, LanceDB's default search column.
+The dense column is named `vector`, LanceDB's default search column. Any number of
+processes may write units into the table at once (`--shard` runs, device processes, Ray
+actors); each commits its own units.
 
-Exactly once, by table versions. Every `add` commits one new table version, atomically, and
-versions form a single line. A unit is committed by appending its last rows; the table's
-version right after that is kept in the unit's done-marker. Units are committed one after
-the other by one writer (the run directory's lock keeps out any other), so the version in
-the latest marker holds the rows of the done units and nothing else. On restart the table
-is restored to that version when it has moved past it, which takes back every row of a unit
-that was being written when the run stopped; that unit is then written again whole. With no
-unit done the table is dropped and made anew. Nothing else may write to the table while a
-run is unfinished.
+Exactly once, by data files, intents and one commit per unit:
+
+1. The writer of a unit writes its rows as Lance data files in the table's folder
+   (`write_fragments`); no table version refers to them yet, so no reader sees them.
+2. With the unit's last rows it writes the unit's intent to the run directory
+   (`intents/<part>.json`: the names of those data files and the unit's label: run id,
+   counts, bad records), then
+3. appends the files to the table in one commit (`LanceOperation.Append`). Lance commits are
+   optimistic: an append overtaken by another writer's commit is checked against it and
+   committed on top, so units committed side by side all land, each whole, in one version.
+   A commit that still conflicts is tried again, unless the files turn out to be in already.
+4. The ledger marks the unit done.
+
+A unit's rows are in the table exactly when its data files are in the latest version. On
+restart a run reads the table's files, then the intents, and judges only its own units'
+(a `--shard` run's; the other shards may be writing theirs):
+
+- marked done: its files must be in the table; if they are not, its rows were removed,
+  and the unit is forgotten and embedded again;
+- not marked, files in the table (committed, then stopped before the marker): the marker
+  is written from the intent's label; where the label cannot be used (another run's, or
+  too many bad records to keep) the unit's fragments are deleted from the table instead
+  (`LanceOperation.Delete`) and the unit is embedded again;
+- not marked, files not in the table (never committed): its data files and intent are
+  deleted, and the unit is embedded again.
+
+A unit whose writer was lost (a device process, a Ray actor) is written again under the
+same name by another; that writer finds the earlier intent: if its files are in the table
+the unit is in already, and the new files are deleted; if not, the earlier files are. A
+writer is replaced only once it is gone, so it cannot commit afterwards.
+
+Data files written before their intent (a writer stopped mid-write) are referred to by
+nothing and seen by no reader; `finish` deletes them. `finish` runs once every unit is done,
+by one run at a time (`bulkembed.run_dir.intents.finishing`): it compacts the table, which
+rewrites its files, so that from then on the table holds files that no intent names, and
+the done units are checked by their row count instead.
 """
 
 from __future__ import annotations
 
 import contextlib
-import itertools
 import math
+import os
 import warnings
 from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import pyarrow as pa
 
 from bulkembed.errors import OutputError
 from bulkembed.sinks.base import Recovered, Sink
+from bulkembed.storage import AnyPath, ObjectPath, StorageOptions
 
 if TYPE_CHECKING:
     from bulkembed.contracts import UnitRecord
 
 DEFAULT_TABLE = "embeddings"
 # Rows of a unit wait in memory until they hold this many bytes or the unit ends: fewer,
-# larger fragments than one `add` per chunk.
+# larger data files than one per chunk.
 FLUSH_BYTES = 64 * 1024 * 1024
-# The version of a newly created table.
-_FIRST_VERSION = 1
+# Commits of one unit that conflict with other writers' before the run gives up (each is
+# retried inside Lance too).
+COMMIT_ATTEMPTS = 8
 # IVF trains each partition on up to this many rows.
 ROWS_PER_PARTITION = 256
 # From this many rows `auto` takes IVF_PQ (compressed); below, IVF_HNSW_SQ.
@@ -69,19 +99,31 @@ class IndexSettings:
         return kind, min(trainable, max(1, round(math.sqrt(rows))))
 
 
-def _version(record: UnitRecord) -> int:
-    assert record.version is not None
-    return record.version
+class IntentLog(Protocol):
+    """Where writers keep their intents: the run directory's (`bulkembed.run_dir.intents`)."""
+
+    def write(self, part: str, intent: dict[str, Any]) -> None: ...
+
+    def read(self, part: str) -> dict[str, Any] | None: ...
+
+    def all(self) -> dict[str, dict[str, Any]]: ...
+
+    def forget(self, part: str) -> None: ...
+
+    def remove_temporaries(self, mine: Collection[str] | None) -> None: ...
+
+    def remove(self) -> None: ...
 
 
 def _lancedb() -> Any:
     try:
+        import lance
         import lancedb
     except ImportError:
         raise OutputError(
             "LanceDB output needs the lance extra: pip install 'bulkembed[lance]'"
         ) from None
-    return lancedb
+    return lancedb, lance
 
 
 def _index_config(kind: str, partitions: int, metric: str) -> Any:
@@ -91,47 +133,121 @@ def _index_config(kind: str, partitions: int, metric: str) -> Any:
     return config(distance_type=metric, num_partitions=partitions)
 
 
+def lance_storage_options(options: StorageOptions) -> dict[str, str]:
+    """`--storage-option`s as Lance's object store takes them. Credentials are not among
+    them: Lance reads them from the environment (`AWS_ACCESS_KEY_ID`, ...) as the AWS tools
+    do."""
+    given = dict(options.items)
+    mapped = {}
+    endpoint = (
+        given.get("endpoint")
+        or os.environ.get("AWS_ENDPOINT_URL_S3")
+        or os.environ.get("AWS_ENDPOINT_URL")
+    )
+    if endpoint:
+        mapped["endpoint"] = endpoint
+        if endpoint.startswith("http://"):
+            mapped["allow_http"] = "true"
+    if given.get("region"):
+        mapped["region"] = given["region"]
+    if given.get("anonymous", "").strip().lower() in ("1", "true", "yes", "on"):
+        mapped["skip_signature"] = "true"
+    return mapped
+
+
+def _files(fragment: Any) -> frozenset[str]:
+    """The names of a fragment's data files (of its `FragmentMetadata`)."""
+    return frozenset(f.path for f in fragment.files)
+
+
+def _table_files(dataset: Any) -> dict[int, frozenset[str]]:
+    """The data files of each fragment of a dataset's version, by fragment id."""
+    return {f.fragment_id: _files(f.metadata) for f in dataset.get_fragments()}
+
+
 class LanceSink(Sink):
-    """Rows appended to one table of a LanceDB database folder."""
+    """Rows committed, a unit at a time, to one table of a LanceDB database folder;
+    `intents` is the run directory's intent log (see the module's docstring)."""
 
     def __init__(
         self,
-        path: Path,
+        path: AnyPath,
         table: str = DEFAULT_TABLE,
         index: IndexSettings | None = None,
         fts_column: str | None = None,
+        intents: IntentLog | None = None,
+        storage_options: StorageOptions | None = None,
     ) -> None:
         self.path = path
         self.table_name = table
         self.index = index
         self.fts_column = fts_column
+        self._intents = intents
+        if storage_options is None and isinstance(path, ObjectPath):
+            storage_options = path.options
+        self.storage_options = storage_options
         self.schema: pa.Schema | None = None
         self._db: Any = None
-        self._table: Any = None
         self._pending: list[pa.RecordBatch] = []
         self._pending_bytes = 0
-        self._committed_version: int | None = None
+        # Fragments written for the unit being written, not committed yet.
+        self._fragments: list[Any] = []
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """A copy sent to another process (a device process, a Ray actor) connects anew."""
+        arguments = (self.path, self.table_name, self.index, self.fts_column, self._intents)
+        return (LanceSink, (*arguments, self.storage_options))
 
     @property
     def description(self) -> str:
         return f"table '{self.table_name}' of LanceDB {self.path}"
 
     @property
+    def intents(self) -> IntentLog:
+        if self._intents is None:
+            raise OutputError(f"{self.description}: no run directory to keep intents in")
+        return self._intents
+
+    @property
+    def _options(self) -> dict[str, str] | None:
+        if self.storage_options is None:
+            return None
+        return lance_storage_options(self.storage_options)
+
+    @property
+    def _uri(self) -> str:
+        """The Lance dataset that holds the table."""
+        return str(self.path / f"{self.table_name}.lance")
+
+    @property
     def db(self) -> Any:
         if self._db is None:
-            self._db = _lancedb().connect(str(self.path))
+            lancedb, _ = _lancedb()
+            self._db = lancedb.connect(str(self.path), storage_options=self._options)
         return self._db
 
     def _existing_table(self) -> Any:
+        if not self.path.is_dir():
+            return None
         try:
             return self.db.open_table(self.table_name)
         except ValueError:
             return None
 
+    def _dataset(self) -> Any:
+        """The table's latest version, as a Lance dataset."""
+        _, lance = _lancedb()
+        return lance.dataset(self._uri, storage_options=self._options)
+
+    def _remove_files(self, names: Collection[str]) -> None:
+        """Delete data files that no table version refers to."""
+        for name in names:
+            (self.path / f"{self.table_name}.lance" / "data" / name).unlink(missing_ok=True)
+
     def check_foreign(self, overwrite: bool) -> None:
         if self.path.exists() and not self.path.is_dir():
             raise OutputError(f"{self.path} is a file; LanceDB needs a directory")
-        if self.path.is_dir() and self._existing_table() is not None:
+        if self._existing_table() is not None:
             raise OutputError(
                 f"{self.path} holds a table '{self.table_name}' that bulkembed did not write "
                 "(--overwrite does not remove it): choose another table name"
@@ -141,105 +257,138 @@ class LanceSink(Sink):
         """Drop the table: the run directory beside it shows that bulkembed made it."""
         if self.path.is_dir():
             self.db.drop_table(self.table_name, ignore_missing=True)
+        self.intents.remove()
 
     def reconcile(
         self, done: dict[str, UnitRecord], run: str, mine: Collection[str] | None = None
     ) -> Recovered:
         recovered = Recovered()
-        table = self._existing_table() if self.path.is_dir() else None
-        # In commit order: by version, and a unit that added rows before the empty units
-        # that share its version.
-        marked = sorted(
-            (r for r in done.values() if r.version is not None),
-            key=lambda r: (_version(r), r.rows == 0),
-        )
-        rows = sum(r.rows for r in marked)
-        if table is None:
-            if rows:
+        self.intents.remove_temporaries(mine)
+        if self._existing_table() is None:
+            if sum(r.rows for r in done.values()):
                 raise OutputError(
                     f"{self.description} is missing but units are marked done: restore it, "
                     "or use --overwrite"
                 )
+            for part in self.intents.all():
+                if mine is None or part in mine:
+                    self.intents.forget(part)
             return recovered
-        versions = {v["version"] for v in table.list_versions()}
-        if not marked:
-            # Rows of a unit cut short, unless the history was compacted (only a finished
-            # table's is): then they are rows that the ledger lost.
-            if table.count_rows() and _FIRST_VERSION not in versions:
-                raise self._unaccounted(table.count_rows(), 0)
-            self.db.drop_table(self.table_name)
+        # The table first, then the intents: every file in this version was committed after
+        # its intent was written, so a file that no intent names was not committed by a unit.
+        dataset = self._dataset()
+        fragments = _table_files(dataset)
+        present = frozenset().union(*fragments.values())
+        intents = self.intents.all()
+        named = frozenset().union(*(i["files"] for i in intents.values()))
+        ours = {p: i for p, i in intents.items() if mine is None or p in mine}
+        if not present <= named:
+            # Compacted by `finish`: every unit was done then.
+            unmarked = {p: i for p, i in ours.items() if p not in done}
+            rows = sum(r.rows for r in done.values())
+            rows += sum(i["label"]["unit"]["rows"] for i in unmarked.values())
+            found = dataset.count_rows()
+            labels = [self._label(i, run) for i in unmarked.values()]
+            if found != rows or None in labels:
+                raise self._unaccounted(found, rows)
+            recovered.adopted = [{**label, "version": dataset.version} for label in labels if label]
             return recovered
-        committed = _version(marked[-1])
-        if table.version < committed:
-            raise OutputError(
-                f"{self.description} is at version {table.version}, older than its last "
-                f"committed unit's ({committed}): it was replaced; use --overwrite"
-            )
-        if any(_version(r) not in versions for r in marked):
-            # `finish` compacted the table and removed its old versions; it happens only
-            # once every unit is in, so the table must hold exactly the done units' rows.
-            if table.count_rows() != rows:
-                raise self._unaccounted(table.count_rows(), rows)
-        else:
-            kept = self._consistent_units(table, marked)
-            recovered.lost = [r.part for r in marked[kept:]]
-            if kept == 0:
-                self.db.drop_table(self.table_name)
-                return recovered
-            if table.version > _version(marked[kept - 1]):
-                table.restore(_version(marked[kept - 1]))
-        self._table = table
-        self._committed_version = table.version
+        taken_back = []
+        for part, intent in ours.items():
+            files = frozenset(intent["files"])
+            if part in done:
+                if not files <= present:
+                    recovered.lost.append(part)
+                continue
+            label = self._label(intent, run)
+            if files <= present and label is not None:
+                recovered.adopted.append({**label, "version": dataset.version})
+            elif files & present:
+                taken_back += [i for i, f in fragments.items() if f & files]
+                self.intents.forget(part)
+            else:
+                self._remove_files(files)
+                self.intents.forget(part)
+        if taken_back:
+            self._delete_fragments(taken_back)
         return recovered
 
     @staticmethod
-    def _consistent_units(table: Any, marked: list[UnitRecord]) -> int:
-        """How many of the done units (by version) the table's history accounts for: the
-        rows at the version of each must be those of it and the units before it. A lost
-        marker shows as more rows than that from its unit on; the first such unit is found
-        by bisection (a version checked out per step)."""
-        totals = list(itertools.accumulate(r.rows for r in marked))
+    def _label(intent: dict[str, Any], run: str) -> dict[str, Any] | None:
+        """A unit's marker, from the label of its intent, when this run wrote it and it
+        kept the unit's bad records."""
+        label = intent["label"]
+        if label.get("run") != run or label["unit"].get("bad") is None:
+            return None
+        return dict(label["unit"])
 
-        def holds(i: int) -> bool:
-            table.checkout(_version(marked[i]))
-            return table.count_rows() == totals[i]
+    def _delete_fragments(self, ids: list[int]) -> None:
+        """Take committed fragments back out of the table."""
+        _, lance = _lancedb()
+        delete = lance.LanceOperation.Delete([], ids, "false")
+        self._commit(
+            delete, lambda dataset: not {f.fragment_id for f in dataset.get_fragments()} & set(ids)
+        )
 
-        low, high = 0, len(marked) - 1
-        try:
-            if holds(high):
-                return len(marked)
-            while low < high:
-                middle = (low + high) // 2
-                if holds(middle):
-                    low = middle + 1
-                else:
-                    high = middle
-        finally:
-            table.checkout_latest()
-        return low
+    def _commit(self, operation: Any, landed: Any) -> int:
+        """Commit `operation` on the latest version; on a conflict, look whether it
+        `landed(dataset)` after all, else try again. Returns the version it made."""
+        _, lance = _lancedb()
+        from lance.commit import CommitConflictError
+
+        dataset = self._dataset()
+        for _ in range(COMMIT_ATTEMPTS):
+            try:
+                committed = lance.LanceDataset.commit(
+                    self._uri,
+                    operation,
+                    read_version=dataset.version,
+                    storage_options=self._options,
+                )
+                return int(committed.version)
+            except CommitConflictError as e:
+                if not e.retryable:
+                    raise OutputError(f"cannot commit to {self.description}: {e}") from e
+            except OSError as e:
+                raise OutputError(f"cannot commit to {self.description}: {e}") from e
+            dataset = self._dataset()
+            if landed(dataset):
+                return int(dataset.version)
+        raise OutputError(
+            f"cannot commit to {self.description}: other writers' commits kept conflicting"
+        )
 
     def _unaccounted(self, found: int, rows: int) -> OutputError:
         return OutputError(
             f"{self.description} holds {found} rows where its done units hold {rows}, and "
-            "its history was compacted: its ledger was damaged (a lost done-marker) or the "
-            "table was changed outside bulkembed; use --overwrite"
+            "its files are not those its units committed: its ledger was damaged (lost "
+            "done-markers and intents) or the table was changed outside bulkembed; use "
+            "--overwrite"
         )
 
     def committed_ids(self, done: dict[str, UnitRecord]) -> Iterator[Any]:
-        if self._table is None:
+        """The ids in the table, but for the fragments of units not in `done` (another
+        shard's, or one being written)."""
+        if self._existing_table() is None:
             return
-        for batch in self._table.search().select(["id"]).to_batches():
-            yield from batch.column("id").to_pylist()
+        others = frozenset().union(
+            *(i["files"] for p, i in self.intents.all().items() if p not in done)
+        )
+        for fragment in self._dataset().get_fragments():
+            if not _files(fragment.metadata) & others:
+                for batch in fragment.to_batches(columns=["id"]):
+                    yield from batch.column("id").to_pylist()
 
     def start(self, schema: pa.Schema) -> None:
         self.schema = pa.schema([f.with_name("vector") if f.name == "dense" else f for f in schema])
-        if self._table is None:
+        table = self._existing_table()
+        if table is None:
             self.path.mkdir(parents=True, exist_ok=True)
-            self._table = self.db.create_table(self.table_name, schema=self.schema)
-            self._committed_version = self._table.version
-        elif self._table.schema != self.schema:
+            # Writers of other shards may create it at the same moment.
+            table = self.db.create_table(self.table_name, schema=self.schema, exist_ok=True)
+        if table.schema != self.schema:
             raise OutputError(
-                f"{self.description} has columns {self._table.schema.names}, not the "
+                f"{self.description} has columns {table.schema.names}, not the "
                 f"{self.schema.names} this run writes: use --overwrite"
             )
 
@@ -251,35 +400,63 @@ class LanceSink(Sink):
             self._flush()
 
     def _flush(self) -> None:
+        """Write the pending rows as data files that no table version refers to yet."""
         if not self._pending:
             return
+        from lance.fragment import write_fragments
+
         rows = pa.Table.from_batches(self._pending, schema=self.schema)
         self._pending, self._pending_bytes = [], 0
         try:
-            self._table.add(rows)
+            fragments = write_fragments(
+                rows, self._uri, schema=self.schema, storage_options=self._options
+            )
         except OSError as e:
             raise OutputError(f"cannot write to {self.description}: {e}") from e
+        self._fragments += fragments
 
     def commit(self, part: str, label: dict[str, Any]) -> dict[str, Any]:
         self._flush()
-        self._committed_version = self._table.version
-        return {"version": self._committed_version}
+        fragments, self._fragments = self._fragments, []
+        if not fragments:
+            return {}
+        files = frozenset().union(*map(_files, fragments))
+        earlier = self.intents.read(part)
+        if earlier is not None:
+            # Another writer of this unit was lost: after its commit, or before.
+            dataset = self._dataset()
+            present = frozenset().union(*_table_files(dataset).values())
+            if frozenset(earlier["files"]) <= present:
+                self._remove_files(files)
+                return {"version": int(dataset.version)}
+            self._remove_files(earlier["files"])
+        self.intents.write(part, {"files": sorted(files), "label": label})
+        return {"version": self._append(fragments, files)}
+
+    def _append(self, fragments: list[Any], files: frozenset[str]) -> int:
+        """Commit the unit's fragments: the version that holds them."""
+        _, lance = _lancedb()
+
+        def landed(dataset: Any) -> bool:
+            return files <= frozenset().union(*_table_files(dataset).values())
+
+        return self._commit(lance.LanceOperation.Append(fragments), landed)
 
     def finish(self) -> None:
-        table = self._table
-        # From here on every unit is in: nothing is to be taken back, even if finishing fails.
-        self._committed_version = None
+        """Compact the table, delete the data files that no version refers to (every unit
+        is done: no writer is left), then build the indexes."""
+        table = self.db.open_table(self.table_name)
         with warnings.catch_warnings():
-            # It warns that other readers of old versions would fail: the lock keeps out
-            # other writers, and the run's own versions are not needed once it is done.
+            # It warns that readers of old versions would fail: the run's versions are not
+            # needed once it is done.
             warnings.simplefilter("ignore", UserWarning)
-            table.optimize(cleanup_older_than=timedelta(0))
+            table.optimize(cleanup_older_than=timedelta(0), delete_unverified=True)
         rows = table.count_rows()
+        names = table.schema.names
         if self.index is not None and rows:
-            assert self.schema is not None
             kind, partitions = self.index.choose(rows)
             for column, metric in (("vector", self.index.metric), ("multivector", "cosine")):
-                if column in self.schema.names:
+                if column in names:
                     config = _index_config(kind, partitions, metric)
                     table.create_index(column, config=config)
         if self.fts_column is not None:
@@ -288,11 +465,9 @@ class LanceSink(Sink):
             table.create_index(self.fts_column, config=FTS(), replace=True)
 
     def close(self) -> None:
-        """Forget rows not flushed, and take back those flushed for an unfinished unit."""
+        """Forget rows not written, and delete the data files of a unit not committed."""
         self._pending, self._pending_bytes = [], 0
-        table = self._table
-        if table is not None and self._committed_version is not None:
-            # A failure here leaves the rows to the next run's `reconcile`.
-            with contextlib.suppress(OSError, RuntimeError, ValueError):
-                if table.version > self._committed_version:
-                    table.restore(self._committed_version)
+        fragments, self._fragments = self._fragments, []
+        # A failure here leaves the files to `finish`.
+        with contextlib.suppress(OSError):
+            self._remove_files(frozenset().union(*map(_files, fragments)))

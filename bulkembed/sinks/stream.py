@@ -61,7 +61,7 @@ class StreamSink(Sink):
         self._guard(self.stream.flush)
 
     def close(self) -> None:
-        self._arrow = None
+        """Nothing to drop: what was written is on the stream. `finish` ends it."""
 
     def _guard(self, action: Any) -> Any:
         """Run a write; a closed pipe becomes `PipeClosed`, other failures `OutputError`."""
