@@ -37,11 +37,14 @@ def _corpus(folder: Path) -> Path:
     return folder
 
 
-def _out(db: Path) -> str:
+def _out(db: Path | str) -> str:
+    """A local database folder, or `s3://...` for one on the S3 server."""
+    if isinstance(db, str):
+        return f"lancedb+{db}?table=t"
     return f"lancedb://{db}?table=t"
 
 
-def _arguments(corpus: Path, model: Path, db: Path, *extra: str) -> list[str]:
+def _arguments(corpus: Path, model: Path, db: Path | str, *extra: str) -> list[str]:
     return run_arguments(corpus, model, _out(db), "-q", *UNIT, *extra)
 
 
@@ -60,7 +63,9 @@ def _start(arguments: list[str], fault: tuple[str, int] | None = None) -> subpro
     return subprocess.Popen(command, stderr=subprocess.PIPE, env=_environment())
 
 
-def _shards(corpus: Path, model: Path, db: Path, fault: tuple[str, int] | None = None) -> list:
+def _shards(
+    corpus: Path, model: Path, db: Path | str, fault: tuple[str, int] | None = None
+) -> list:
     """Three `--shard i/3` runs side by side; `fault` kills shard 1. Their exit codes."""
     runs = [
         _start(_arguments(corpus, model, db, "--shard", f"{i}/3"), fault if i == 1 else None)
@@ -74,15 +79,19 @@ def _shards(corpus: Path, model: Path, db: Path, fault: tuple[str, int] | None =
     return codes
 
 
-def _table(db: Path) -> pa.Table:
+def _table(db: Path | str) -> pa.Table:
     """The table's rows in id order; no id may be there twice."""
-    table = lancedb.connect(db).open_table("t").to_arrow().sort_by("id")
+    options = {}
+    if isinstance(db, str):
+        endpoint = os.environ["AWS_ENDPOINT_URL"]
+        options = {"endpoint": endpoint, "allow_http": "true", "region": "us-east-1"}
+    table = lancedb.connect(db, storage_options=options).open_table("t").to_arrow().sort_by("id")
     ids = table.column("id").to_pylist()
     assert len(ids) == len(set(ids)), "an id is in the table more than once"
     return table
 
 
-def _assert_same(db: Path, expected: pa.Table) -> None:
+def _assert_same(db: Path | str, expected: pa.Table) -> None:
     got = _table(db)
     assert got.column("id").to_pylist() == expected.column("id").to_pylist()
     assert len(got) == DOCS
@@ -91,7 +100,7 @@ def _assert_same(db: Path, expected: pa.Table) -> None:
     assert got.column("content_hash").equals(expected.column("content_hash"))
 
 
-def _status(db: Path) -> dict:
+def _status(db: Path | str) -> dict:
     status = CliRunner().invoke(app, ["status", _out(db), "--json"])
     assert status.exit_code == 0, status.output
     return json.loads(status.output)
@@ -135,6 +144,21 @@ def test_a_shard_killed_then_all_rerun_write_each_id_once(tmp_path, whole, stage
     _assert_same(db, expected)
     status = _status(db)
     assert (status["state"], status["units_done"], status["docs"]) == ("complete", UNITS, DOCS)
+
+
+@pytest.mark.parametrize("stage", ["fragments", "append"])
+def test_three_shards_into_one_table_on_s3_killed_and_rerun_write_each_id_once(s3, whole, stage):
+    corpus, model, expected = whole
+    db = s3.uri("lance/db")
+    assert _shards(corpus, model, db, (stage, 2)) == [0, -9, 0]
+    assert _status(db)["state"] != "complete"
+    assert _shards(corpus, model, db) == [0, 0, 0]
+    _assert_same(db, expected)
+    status = _status(db)
+    assert (status["state"], status["units_done"], status["docs"]) == ("complete", UNITS, DOCS)
+    keys = s3.keys("lance/db/_bulkembed/t/")
+    assert len([k for k in keys if "/intents/part-" in k]) == UNITS
+    assert not [k for k in keys if "lease" in k]
 
 
 def test_two_devices_write_what_one_writes(tmp_path, whole):
