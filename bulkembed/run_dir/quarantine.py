@@ -79,12 +79,3 @@ class Quarantine:
             with contextlib.suppress(OSError):
                 temporary.unlink()
             raise OutputError(f"cannot write {self.path}: {e}") from e
-
-    @staticmethod
-    def _write(
-        local: Path, units: list[str], marker: Callable[[str], dict[str, Any] | None]
-    ) -> None:
-        with open(local, "w", encoding="utf-8") as f:
-            for part in units:
-                fields = marker(part) or {}
-                f.write("".join(_line(b, part) for b in fields.get("bad", [])))
