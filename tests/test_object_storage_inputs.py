@@ -121,21 +121,27 @@ def test_a_local_path_can_be_written_as_a_file_uri(tmp_path):
     assert by_uri == [(f.path, f.name) for f in list_inputs([str(corpus)])]
 
 
-def test_a_corpus_on_s3_embeds_to_the_same_output_as_on_a_local_disk(s3, tmp_path, tiny_st):
+@pytest.mark.parametrize("output", ["local", "s3"])
+def test_a_corpus_on_s3_embeds_to_the_same_output_as_on_a_local_disk(s3, tmp_path, tiny_st, output):
     corpus = _corpus(tmp_path)
     _upload(s3, corpus, "data/corpus")
     model = tiny_st("mean")
-    local, remote = tmp_path / "local", tmp_path / "remote"
+    local = tmp_path / "local"
     assert run_cli(corpus, model, local, "--dtype", "float32").exit_code == 0
+    remote = tmp_path / "remote" if output == "local" else storage.location(s3.uri("out"))
     result = run_cli(s3.uri("data/corpus") + "/", model, remote, "--dtype", "float32")
     assert result.exit_code == 0, result.output
     expected = pq.read_table(local).sort_by("id")
-    got = pq.read_table(remote).sort_by("id")
+    if isinstance(remote, ObjectPath):
+        got = pq.read_table(remote.key, filesystem=remote.fs).sort_by("id")
+    else:
+        got = pq.read_table(remote).sort_by("id")
     assert got.num_rows == 83 and got.equals(expected)
     ends = {"a.parquet:34", "sub/b.jsonl:19", "sub/c.jsonl.gz:14", "sub/e.arrow:5"}
     assert ends <= set(got["id"].to_pylist())
     config = json.loads((remote / "_bulkembed" / "config.json").read_text())
     assert config["input_paths"][1]["path"] == s3.uri("data/corpus/a.parquet")
+    assert s3.server.secret_key not in json.dumps(config)
 
 
 @pytest.mark.slow
