@@ -26,7 +26,7 @@ import functools
 import io
 import os
 import posixpath
-import shutil
+import re
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -56,7 +56,16 @@ _CONDITION_FAILED = (
     "409",
 )
 # How pyarrow and the stores word a failed request, as against a damaged file.
-_STORE_FAILURES = ("AWS Error", "GCS Error", "Azure Error", "curlCode", "Couldn't connect")
+_STORE_FAILURES = (
+    "AWS Error",
+    "google::cloud::Status",
+    "Azure Error",
+    "curlCode",
+    "Couldn't connect",
+)
+# What looks like a URI that `location` does not take (`hdfs://...`, `s3:/one-slash`): refused
+# rather than made a local folder of that name. One letter before ':' is a drive (`C:/`).
+_URI_LIKE = re.compile(r"[A-Za-z][A-Za-z0-9+.-]+:/")
 # Bytes fetched per request by a buffered read of an object.
 READ_BLOCK = 1 << 20
 # Seconds to wait for a store's endpoint to answer before giving up on a connection.
@@ -132,7 +141,10 @@ def filesystem(kind: str, options: StorageOptions) -> pafs.FileSystem:
         )
     arguments = {"account_name": account}
     if given.get("endpoint"):
-        arguments["blob_storage_authority"] = given["endpoint"]
+        scheme, _, authority = given["endpoint"].rpartition("://")
+        arguments["blob_storage_authority"] = authority
+        if scheme:
+            arguments["blob_storage_scheme"] = scheme
     return pafs.AzureFileSystem(**arguments)
 
 
@@ -153,7 +165,7 @@ class FileStatus:
 def _short(error: BaseException) -> str:
     """The part of a store's error worth a line: pyarrow's AWS errors carry several."""
     text = " ".join(str(error).split())
-    for marker in ("AWS Error ", "GCS Error ", "Azure Error "):
+    for marker in ("AWS Error ", "google::cloud::Status", "Azure Error "):
         if marker in text:
             text = text[text.index(marker) :]
     return text[:300]
@@ -377,7 +389,13 @@ class ObjectPath:
         from pyarrow.fs import FileType
 
         bucket = ObjectPath(self.scheme, self.bucket, self.options)
-        if bucket._info().type == FileType.NotFound:
+        try:
+            missing = bucket._info().type == FileType.NotFound
+        except StorageError:
+            # Credentials that may write below a prefix but not look at the bucket: the
+            # first write tells.
+            return
+        if missing:
             raise StorageError(f"{self}: the bucket {bucket} does not exist")
 
     def open_input(self) -> Any:
@@ -457,9 +475,10 @@ class ObjectPath:
         self.write_bytes(data)
         return ""
 
-    def abort_uploads(self) -> int:
-        """Abort the unfinished multipart uploads below this prefix (S3): what a process
-        killed while uploading leaves. Their number."""
+    def abort_uploads(self, names: re.Pattern[str]) -> int:
+        """Abort the unfinished multipart uploads of objects directly below this prefix
+        whose name matches `names` (S3): what a process killed while uploading them leaves.
+        Their number."""
         if self.scheme != "s3":
             return 0
         client = _s3_client(self.options)
@@ -471,6 +490,9 @@ class ObjectPath:
             )
             for page in pages:
                 for upload in page.get("Uploads", []):
+                    name = upload["Key"].removeprefix(prefix)
+                    if "/" in name or not names.fullmatch(name):
+                        continue
                     client.abort_multipart_upload(
                         Bucket=self.bucket, Key=upload["Key"], UploadId=upload["UploadId"]
                     )
@@ -555,11 +577,14 @@ def location(text: str, options: StorageOptions | None = None) -> AnyPath:
         if not rest.strip("/"):
             raise BulkembedError(f"{text}: name a bucket, as {scheme}://BUCKET/PREFIX")
         return ObjectPath(scheme, rest, options)
+    mistyped = _URI_LIKE.match(text)
+    if mistyped:
+        known = ", ".join(f"{s}://" for s in sorted(SCHEMES)) + ", file://"
+        raise BulkembedError(
+            f"{text}: not a path or URI bulkembed reads or writes (write {known}, or a plain "
+            "path; a URI needs '://' after its scheme)"
+        )
     return Path(text).expanduser()
-
-
-def is_remote(path: object) -> bool:
-    return isinstance(path, ObjectPath)
 
 
 def open_binary(path: AnyPath) -> BinaryIO:
@@ -598,6 +623,16 @@ def parquet_file(path: AnyPath) -> Any:
     return pq.ParquetFile(path)
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 @dataclass(slots=True)
 class Spool:
     """A local file that becomes an object when complete: written locally, then uploaded
@@ -628,12 +663,11 @@ class Spool:
         for path in Path(tempfile.gettempdir()).glob(f"bulkembed-spool-{pid}-*"):
             path.unlink(missing_ok=True)
 
-
-def remove_tree(path: AnyPath) -> None:
-    """Delete a directory (local) or every object below a prefix (remote)."""
-    if isinstance(path, ObjectPath):
-        for child, is_directory in path.listing(recursive=True):
-            if not is_directory:
-                child.unlink(missing_ok=True)
-        return
-    shutil.rmtree(path, ignore_errors=True)
+    @staticmethod
+    def remove_orphans() -> None:
+        """Delete the spool files of processes of this machine that are gone (a run killed
+        while it wrote parts)."""
+        for path in Path(tempfile.gettempdir()).glob("bulkembed-spool-*-*"):
+            pid = path.name.split("-")[2]
+            if pid.isdigit() and not _alive(int(pid)):
+                path.unlink(missing_ok=True)

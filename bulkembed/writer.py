@@ -70,11 +70,20 @@ Committed = Callable[[UnitRecord, list[dict[str, Any]]], None]
 class PartWriter:
     """Writes embedded chunks in input order and commits finished units, labelled with the
     run's id (`run_id`); `committed` is told of each unit once its part is in place (the run
-    directory's `RunDirectory.committed`: quarantine, then done-marker)."""
+    directory's `RunDirectory.committed`: quarantine, then done-marker). `fence` runs
+    before each commit and raises if the run no longer holds the output (a lost lease)."""
 
-    def __init__(self, run_id: str, sink: Sink, schema: pa.Schema, committed: Committed) -> None:
+    def __init__(
+        self,
+        run_id: str,
+        sink: Sink,
+        schema: pa.Schema,
+        committed: Committed,
+        fence: Callable[[], None],
+    ) -> None:
         self.run_id = run_id
         self.committed = committed
+        self.fence = fence
         self.schema = schema
         self.sink = sink
         self.tallies: dict[str, _Tally] = {}
@@ -114,6 +123,7 @@ class PartWriter:
             bad = [b.fields() for b in self.bad.pop(chunk.part)]
             kept = bad if len(json.dumps(bad, default=str)) <= LABEL_BAD_RECORDS_BYTES else None
             label = {"run": self.run_id, "unit": {**asdict(record), "bad": kept}}
+            self.fence()
             found = self.sink.commit(chunk.part, label)
             self.committed(replace(record, **found), bad)
 

@@ -190,6 +190,8 @@ def test_a_second_run_on_the_same_s3_output_is_refused_while_the_lease_lives(
         time.sleep(1)  # two renewals: the first finds the lease taken
         with pytest.raises(LeaseLost, match="taken over by another run; this run stops here"):
             holder.check()
+        with pytest.raises(LeaseLost, match="taken over by another run; this run stops here"):
+            holder.fence()()
     finally:
         holder.release()
     assert _table(out).column("id").to_pylist() == ["a"]
@@ -282,3 +284,45 @@ def test_uploads_cut_short_under_the_output_are_aborted_on_restart(tmp_path, s3,
     assert result.exit_code == 0, result.output
     left = [u["Key"] for u in client.list_multipart_uploads(Bucket=s3.name).get("Uploads", [])]
     assert left == ["elsewhere/file.bin"]
+
+
+def test_a_holder_whose_renewals_fail_stops_before_its_lease_can_expire(s3, monkeypatch):
+    monkeypatch.setenv("BULKEMBED_LEASE_SECONDS", "4")
+    meta = location(s3.uri("stale")) / "_bulkembed"
+    holder = ObjectLease(meta, "out", None)
+    holder.acquire()
+    fence = holder.fence()
+    holder.check()
+    fence()  # a device process's check, through the store
+    holder._stop.set()  # renewals stop, as when the store cannot be reached
+    holder._thread.join()
+    time.sleep(3.2)  # more than three quarters of the term since the last renewal
+    with pytest.raises(LeaseLost, match="could not be renewed in time"):
+        holder.check()
+    with pytest.raises(LeaseLost, match="was not renewed in time"):
+        fence()
+    holder._thread = None
+    holder.release()
+
+
+@pytest.mark.parametrize(
+    ("output", "message"),
+    [
+        ("lancedb:/tmp/db?table=t", "a URI needs '://' after its scheme"),
+        ("s3:/bucket/out", "a URI needs '://' after its scheme"),
+        ("hdfs://namenode/out", "not a path or URI bulkembed reads or writes"),
+    ],
+)
+def test_an_output_that_looks_like_a_mistyped_uri_is_refused(tmp_path, tiny_st, output, message):
+    corpus = write_jsonl(tmp_path / "c.jsonl", [{"id": "a", "text": "one text"}])
+    result = run_cli(corpus, tiny_st("mean"), output)
+    assert result.exit_code == 1
+    assert message in result.output and "Traceback" not in result.output
+    assert not list(ROOT.glob("lancedb:*")) and not list(ROOT.glob("s3:*"))
+
+
+def test_shards_on_a_store_without_conditional_writes_are_refused(tmp_path, tiny_st):
+    corpus = write_jsonl(tmp_path / "c.jsonl", [{"id": "a", "text": "one text"}])
+    result = run_cli(corpus, tiny_st("mean"), "gs://bucket/out", "--shard", "0/2")
+    assert result.exit_code == 1
+    assert "--shard writing to gs:// needs conditional writes" in result.output

@@ -35,7 +35,7 @@ from bulkembed.engine.stream import (
     writer_sink,
 )
 from bulkembed.engine.unit_pool import Counts, UnitPool, UnitWork
-from bulkembed.errors import OutputError
+from bulkembed.errors import BulkembedError, OutputError
 from bulkembed.incremental import PreviousOutput, hash_contents
 from bulkembed.progress import Reporter, RunStats
 from bulkembed.sinks import ParquetSink
@@ -110,7 +110,11 @@ def _start_counting(plan: RunPlan, reporter: Reporter) -> None:
     limit = plan.config.limit
 
     def count() -> None:
-        total = count_records(list(plan.files))
+        try:
+            total = count_records(list(plan.files))
+        except BulkembedError:
+            # A store that fails here fails the run's own reading too, which says so.
+            return
         reporter.set_total(min(total, limit) if limit is not None else total)
 
     threading.Thread(target=count, name="bulkembed-count", daemon=True).start()
@@ -177,7 +181,7 @@ def embed_locally(
         try:
             reporter.info(_describe(plan, session.embedder, session.budget, len(done), previous))
             schema = part_schema(plan.reader, plan.spec, session.embedder, output_format)
-            writer = PartWriter(run.run_id, sink, schema, run.committed)
+            writer = PartWriter(run.run_id, sink, schema, run.committed, run.lock.check)
             stats.started = time.monotonic()
             reporter.start(stats)
             if plan.my_units is None:
@@ -235,6 +239,7 @@ def _embed_on_devices(
         output_format,
         writer_sink(sink, run.output),
         run.run_id,
+        run.fence(),
         dtype,
         cpu_threads_per_worker(devices),
         config.tune_batch_tokens,

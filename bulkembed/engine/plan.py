@@ -14,7 +14,7 @@ from bulkembed.errors import BulkembedError
 from bulkembed.outputs import OutputFormat
 from bulkembed.sinks import OutputTarget, parse_output
 from bulkembed.sources import InputFile, RecordReader, list_inputs
-from bulkembed.storage import StorageOptions, location
+from bulkembed.storage import ObjectPath, StorageOptions, location
 from bulkembed.tokenize import TokenizerSettings
 from bulkembed.units import counted_units, shard_parts
 
@@ -101,6 +101,13 @@ def plan_run(config: RunConfig, reporter: Reporter) -> RunPlan:
 
     options = StorageOptions.parse(config.storage_options)
     target = parse_output(config.output, options)
+    remote = target.path if isinstance(target.path, ObjectPath) else None
+    if config.shard is not None and remote is not None and remote.scheme != "s3":
+        raise BulkembedError(
+            f"--shard writing to {remote.scheme}:// needs conditional writes, which this "
+            "version uses on S3 only: write to s3:// or a shared filesystem, or run one "
+            "process (--engine ray for many machines)"
+        )
     since = location(config.since, options).resolve() if config.since is not None else None
     if since is not None and target.path is not None and since == target.path.resolve():
         raise BulkembedError("--since must name another output than --output")

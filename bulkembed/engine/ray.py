@@ -77,6 +77,7 @@ class _Work:
     output: AnyPath
     meta: AnyPath
     sink: Callable[[], Sink]
+    fence: Callable[[], None]
     shard: ShardSpec | None
     output_format: OutputFormat
     device: str
@@ -129,7 +130,7 @@ class _UnitEmbedder:
         output = work.output
         schema = part_schema(work.reader, work.spec, self.session.embedder, work.output_format)
         run = RunDirectory(output, meta=work.meta, shard=work.shard)
-        self.writer = PartWriter(run.run_id, work.sink(), schema, run.committed)
+        self.writer = PartWriter(run.run_id, work.sink(), schema, run.committed, work.fence)
 
     def _write(self, window: EmbeddedWindow) -> None:
         for _ in window.write(self.writer):
@@ -272,6 +273,7 @@ def embed_on_ray(
                 output=run.output.resolve(),
                 meta=run.meta.resolve(),
                 sink=writer_sink(sink, run.output.resolve()),
+                fence=run.fence(),
                 shard=plan.config.shard,
                 output_format=plan.output_format,
                 device=device,

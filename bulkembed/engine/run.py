@@ -10,10 +10,12 @@ complete once every unit is done, and the summary written.
 from __future__ import annotations
 
 import contextlib
+import shutil
 import signal
 import threading
 from collections.abc import Iterator
 from dataclasses import asdict
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from bulkembed.config import Engine, RunConfig
@@ -25,7 +27,7 @@ from bulkembed.progress import QuietReporter, Reporter, RunStats
 from bulkembed.run_dir import LockedError, RunDirectory, fingerprint
 from bulkembed.run_dir.intents import Intents, finishing
 from bulkembed.sinks import Sink, make_sink
-from bulkembed.storage import location, remove_tree
+from bulkembed.storage import location
 from bulkembed.summary import Summary, summarize
 from bulkembed.version import __version__
 
@@ -68,8 +70,9 @@ def embed_corpus(config: RunConfig, reporter: Reporter | None = None) -> Summary
         try:
             summary, precision = _run(plan, run, sink, reporter)
         finally:
-            if not sink.resumable:
-                remove_tree(run.meta)
+            if not sink.resumable and isinstance(run.meta, Path):
+                # A stream's bookkeeping: a temporary directory of its own.
+                shutil.rmtree(run.meta, ignore_errors=True)
     reporter.finish(summary.as_dict())
     if precision is not None and not precision.passed:
         # Said again last: a run several times slower than it could be is worth a look.

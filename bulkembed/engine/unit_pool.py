@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from bulkembed.outputs import OutputFormat
     from bulkembed.sinks import Sink
     from bulkembed.sources import RecordReader
-from bulkembed.tokenize import TokenizedChunk
+    from bulkembed.tokenize import TokenizedChunk
 
 # Windows of tokenized chunks from one unit's start to a unit's end, as the run's process
 # hands them to a device process (`bulkembed.windows.windows` keeps it about a unit long).
@@ -58,6 +58,7 @@ class UnitWork:
     output_format: OutputFormat
     sink: Callable[[], Sink]
     run_id: str
+    fence: Callable[[], None]
     dtype: DType
     threads: int
     tune: bool
@@ -101,7 +102,7 @@ class _UnitWorker:
             work.spec, [work.device], work.dtype, work.threads, work.tune, _Heartbeat()
         )
         schema = part_schema(work.reader, work.spec, self.session.embedder, work.output_format)
-        self.writer = PartWriter(work.run_id, work.sink(), schema, self._committed)
+        self.writer = PartWriter(work.run_id, work.sink(), schema, self._committed, work.fence)
         self.writes = ThreadPoolExecutor(1, thread_name_prefix="bulkembed-writer")
         self.last: Future[None] | None = None
         self.error: BaseException | None = None

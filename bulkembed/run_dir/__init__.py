@@ -21,7 +21,7 @@ or damaged quarantine file comes back whole.
 from __future__ import annotations
 
 import secrets
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -183,6 +183,11 @@ class RunDirectory:
                 f"{self.label} holds a run with other settings ({'; '.join(changes)}): "
                 "pass --overwrite to start over, or choose another --output"
             )
+
+    def fence(self) -> Callable[[], None]:
+        """What the processes that commit units for this run check before each commit (a
+        lease still held, on object storage)."""
+        return self.lock.fence()
 
     def acquire_lock(self) -> None:
         """Hold the output for this run (see `RunLock.acquire`)."""

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bulkembed.storage import is_uri
+from bulkembed.storage import is_uri, location
 
 if TYPE_CHECKING:
     from bulkembed.config import RunConfig
@@ -29,7 +29,7 @@ def _since(since: str | None) -> str | None:
     """`--since` as an absolute path, or the URI as given."""
     if since is None:
         return None
-    return since if is_uri(since) else str(Path(since).resolve())
+    return str(location(since)) if is_uri(since) else str(Path(since).resolve())
 
 
 def _inputs(config: RunConfig, spec: ModelSpec, files: list[InputFile]) -> list[dict[str, Any]]:

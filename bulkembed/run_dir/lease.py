@@ -12,8 +12,10 @@ the holder last wrote (`If-Match`), and deleted, on the same condition, when the
   process of this machine that is gone, is taken over, with a write conditional on the
   old lease's entity tag, so that of two runs taking it over at once only one wins.
   `--break-lock` takes over a lease that has not expired.
-- A holder whose renewal fails (another run broke its lease) stops before it marks another
-  unit done (`check`).
+- A holder stops before it commits or marks another unit (`check`, and `LeaseFence` in the
+  processes that commit units beside it) when another run took its lease, or when its last
+  renewal is older than the term less `FENCE_MARGIN` (it may have expired by another run's
+  clock). Commits that take longer than the margin are not covered; no unit's commit does.
 
 On stores without conditional writes (GCS and Azure here) the create and the renewal are a
 check followed by a write: two runs started within the same second may both start.
@@ -27,6 +29,7 @@ import secrets
 import socket
 import threading
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from bulkembed.errors import BulkembedError, OutputError
@@ -39,10 +42,65 @@ if TYPE_CHECKING:
 # How long a lease lasts without renewal (BULKEMBED_LEASE_SECONDS): a dead run's output is
 # free again after this long.
 LEASE_SECONDS = 60.0
+# A holder commits a unit only while its lease has this share of its term left.
+FENCE_MARGIN = 0.25
 
 
 def lease_seconds() -> float:
     return float(os.environ.get("BULKEMBED_LEASE_SECONDS", LEASE_SECONDS))
+
+
+def _pid_namespace() -> int | None:
+    """This process's PID namespace: containers that share a host name do not share it."""
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return None
+
+
+def _expires(fields: dict[str, Any]) -> float:
+    try:
+        return float(fields.get("expires", 0))
+    except (TypeError, ValueError):
+        return 0.0
+
+
+def _read(path: ObjectPath) -> tuple[dict[str, Any], str | None] | None:
+    """A lease's fields and entity tag; None if there is none. A damaged one has no fields,
+    and so has expired."""
+    found = path.read_versioned()
+    if found is None:
+        return None
+    data, version = found
+    try:
+        fields = json.loads(data)
+    except ValueError:
+        fields = {}
+    return (fields if isinstance(fields, dict) else {}), version
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseFence:
+    """What a process that commits units for a lease holder (a device process, a Ray actor)
+    checks before each commit: that the lease at `path` is still the holder's (`token`) and
+    has at least `FENCE_MARGIN` of its term left."""
+
+    path: ObjectPath
+    token: str
+    label: str
+
+    def __call__(self) -> None:
+        found = _read(self.path)
+        fields = found[0] if found is not None else {}
+        if fields.get("token") != self.token:
+            raise LeaseLost(
+                f"{self.label}: its lease {self.path} was taken over by another run; this run "
+                "stops here"
+            )
+        if _expires(fields) - time.time() < FENCE_MARGIN * lease_seconds():
+            raise LeaseLost(
+                f"{self.label}: its lease {self.path} was not renewed in time; this run stops here"
+            )
 
 
 class LeaseLost(OutputError):
@@ -66,6 +124,7 @@ class ObjectLease:
         self.token = secrets.token_hex(8)
         self.holder_name = f"pid {os.getpid()} on {socket.gethostname()}"
         self._version: str | None = None
+        self._renewed = 0.0
         self._stop = threading.Event()
         self._lost: str | None = None
         self._thread: threading.Thread | None = None
@@ -75,28 +134,19 @@ class ObjectLease:
         expires = time.time() + lease_seconds()
         shard = None if self.shard is None else self.shard.label
         fields = {"holder": self.holder_name, "token": self.token, "expires": expires}
-        place = {"host": socket.gethostname(), "pid": os.getpid()}
+        place = {"host": socket.gethostname(), "pid": os.getpid(), "pidns": _pid_namespace()}
         return json.dumps({**fields, **place, "shard": shard}).encode()
 
     @staticmethod
-    def _read(path: ObjectPath) -> tuple[dict[str, Any], str | None] | None:
-        found = path.read_versioned()
-        if found is None:
-            return None
-        data, version = found
-        try:
-            fields = json.loads(data)
-        except ValueError:
-            fields = {}
-        return (fields if isinstance(fields, dict) else {}), version
-
-    @staticmethod
     def _live(fields: dict[str, Any]) -> bool:
-        """Whether a lease holds: not expired, and not a process of this machine that is
-        gone."""
-        if float(fields.get("expires", 0)) <= time.time():
+        """Whether a lease holds: not expired, and not a process of this machine (same host
+        name and PID namespace) that is gone."""
+        if _expires(fields) <= time.time():
             return False
-        if fields.get("host") != socket.gethostname() or not isinstance(fields.get("pid"), int):
+        here = (socket.gethostname(), _pid_namespace())
+        if (fields.get("host"), fields.get("pidns")) != here or here[1] is None:
+            return True
+        if not isinstance(fields.get("pid"), int):
             return True
         try:
             os.kill(fields["pid"], 0)
@@ -110,11 +160,12 @@ class ObjectLease:
         """Hold the lease, or raise `LockedError` naming who does."""
         self._version = self.path.write_if(self._body(), ABSENT)
         if self._version is None:
-            found = self._read(self.path)
+            found = _read(self.path)
             if found is not None:
                 fields, version = found
                 if self._live(fields) and not self.take_over:
                     raise self._locked(fields, self.shard)
+                # Taken over: expired, its holder gone, or --break-lock.
                 self._version = self.path.write_if(self._body(), version)
             else:
                 self._version = self.path.write_if(self._body(), ABSENT)
@@ -123,6 +174,7 @@ class ObjectLease:
                     f"{self.label} was taken by another bulkembed starting at the same time; "
                     "wait for it to finish or stop it, or choose another --output"
                 )
+        self._renewed = time.monotonic()
         try:
             self._refuse_the_other_kind()
         except BaseException:
@@ -132,12 +184,13 @@ class ObjectLease:
         self._thread.start()
 
     def _refuse_the_other_kind(self) -> None:
-        """A whole run refuses live shard leases; a shard run refuses a live whole lease."""
+        """A whole run refuses live shard leases; a shard run refuses a live whole lease
+        (`--break-lock` takes over this run's own lease only)."""
         whole = self.shard is None
         others = list(self.meta.glob("lease.shard-*")) if whole else [self.lock_path]
         for other in others:
-            found = self._read(other)
-            if found is not None and self._live(found[0]) and not self.take_over:
+            found = _read(other)
+            if found is not None and self._live(found[0]):
                 raise self._locked(found[0], None)
 
     def _locked(self, fields: dict[str, Any], shard: ShardSpec | None) -> LockedError:
@@ -145,7 +198,7 @@ class ObjectLease:
         holder = fields.get("holder", "another run")
         if fields.get("shard"):
             holder = f"{holder}, shard {fields['shard']}"
-        left = max(0, round(float(fields.get("expires", 0)) - time.time()))
+        left = max(0, round(_expires(fields) - time.time()))
         return LockedError(
             f"{which}{self.label} is in use by a running bulkembed ({holder}; its lease "
             f"expires in {left} s unless renewed); wait for it to finish or stop it, or pass "
@@ -160,25 +213,45 @@ class ObjectLease:
                     return
                 try:
                     version = self.path.write_if(self._body(), self._version)
+                    if version is None:
+                        # Another writer's request in flight (S3 answers 409) or a takeover:
+                        # the lease says which.
+                        found = _read(self.path)
+                        if found is None or found[0].get("token") != self.token:
+                            self._lost = f"its lease {self.path} was taken over by another run"
+                            return
+                        version = found[1]
                 except BulkembedError:
-                    # A passing failure: the next renewal may go through before expiry.
+                    # A passing failure: the next renewal may go through before expiry, and
+                    # `check` stops the run if none does.
                     continue
-                if version is None:
-                    self._lost = f"its lease {self.path} was taken over by another run"
-                    return
                 self._version = version
+                self._renewed = time.monotonic()
 
     def check(self) -> None:
-        """Raise `LeaseLost` if another run took the lease."""
+        """Raise `LeaseLost` if another run took the lease, or if it was last renewed so
+        long ago that it may have expired by another run's clock. A lease this process does
+        not hold (a Ray actor's view of the run directory) has nothing to check."""
+        if self._thread is None:
+            return
         if self._lost is not None:
             raise LeaseLost(f"{self.label}: {self._lost}; this run stops here")
+        if time.monotonic() - self._renewed > (1 - FENCE_MARGIN) * lease_seconds():
+            raise LeaseLost(
+                f"{self.label}: its lease {self.path} could not be renewed in time; this run "
+                "stops here"
+            )
+
+    def fence(self) -> LeaseFence:
+        """The check for the processes that commit units for this run."""
+        return LeaseFence(self.path, self.token, self.label)
 
     def release(self) -> None:
         """Stop renewing and delete the lease, if it is still this run's."""
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join()
         with self._guard:
             if self._version is not None and self._lost is None:
                 self.path.delete_if(self._version)
@@ -186,10 +259,10 @@ class ObjectLease:
 
     def holder(self) -> str | None:
         """Who holds the output now, or None if no live lease does."""
-        found = self._read(self.lock_path)
+        found = _read(self.lock_path)
         if found is not None and self._live(found[0]):
             return str(found[0].get("holder", "another run"))
-        shards = [self._read(p) for p in self.meta.glob("lease.shard-*")]
+        shards = [_read(p) for p in self.meta.glob("lease.shard-*")]
         live = [f[0] for f in shards if f is not None and self._live(f[0])]
         if live:
             return f"runs with --shard ({', '.join(str(f.get('holder')) for f in live)})"

@@ -10,6 +10,7 @@ import fcntl
 import os
 import socket
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
@@ -20,6 +21,10 @@ if TYPE_CHECKING:
 
 LOCK_ATTEMPTS = 10
 LOCK_RETRY_SECONDS = 0.1
+
+
+def _nothing_to_check() -> None:
+    """A `flock` is held for as long as its process lives."""
 
 
 class LockedError(BulkembedError):
@@ -82,6 +87,10 @@ class RunLock:
 
     def check(self) -> None:
         """Nothing to check: a live holder's `flock` cannot be taken from it."""
+
+    def fence(self) -> Callable[[], None]:
+        """The check for the processes that commit units for this run: nothing to check."""
+        return _nothing_to_check
 
     def release(self) -> None:
         """Drop the locks; an exclusive holder first erases its name from the file."""

@@ -133,17 +133,19 @@ def _index_config(kind: str, partitions: int, metric: str) -> Any:
     return config(distance_type=metric, num_partitions=partitions)
 
 
-def lance_storage_options(options: StorageOptions) -> dict[str, str]:
-    """`--storage-option`s as Lance's object store takes them. Credentials are not among
-    them: Lance reads them from the environment (`AWS_ACCESS_KEY_ID`, ...) as the AWS tools
-    do."""
+def lance_storage_options(options: StorageOptions, scheme: str) -> dict[str, str]:
+    """`--storage-option`s as Lance's object store takes them, for a store of `scheme`.
+    Credentials are not among them: Lance reads them from the environment
+    (`AWS_ACCESS_KEY_ID`, ...) as each cloud's tools do."""
     given = dict(options.items)
     mapped = {}
-    endpoint = (
-        given.get("endpoint")
-        or os.environ.get("AWS_ENDPOINT_URL_S3")
-        or os.environ.get("AWS_ENDPOINT_URL")
-    )
+    endpoint = given.get("endpoint")
+    if scheme == "s3":
+        endpoint = (
+            endpoint or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+        )
+    if scheme in ("az", "abfs") and given.get("account"):
+        mapped["account_name"] = given["account"]
     if endpoint:
         mapped["endpoint"] = endpoint
         if endpoint.startswith("http://"):
@@ -210,9 +212,9 @@ class LanceSink(Sink):
 
     @property
     def _options(self) -> dict[str, str] | None:
-        if self.storage_options is None:
+        if self.storage_options is None or not isinstance(self.path, ObjectPath):
             return None
-        return lance_storage_options(self.storage_options)
+        return lance_storage_options(self.storage_options, self.path.scheme)
 
     @property
     def _uri(self) -> str:
@@ -293,7 +295,8 @@ class LanceSink(Sink):
                 raise self._unaccounted(found, rows)
             recovered.adopted = [{**label, "version": dataset.version} for label in labels if label]
             return recovered
-        taken_back = []
+        taken_back: list[int] = []
+        forgotten = []
         for part, intent in ours.items():
             files = frozenset(intent["files"])
             if part in done:
@@ -305,12 +308,16 @@ class LanceSink(Sink):
                 recovered.adopted.append({**label, "version": dataset.version})
             elif files & present:
                 taken_back += [i for i, f in fragments.items() if f & files]
-                self.intents.forget(part)
+                forgotten.append(part)
             else:
                 self._remove_files(files)
                 self.intents.forget(part)
+        # The fragments leave the table before their intents go: a crash in between leaves
+        # intents that name no file of the table, which the next restart forgets.
         if taken_back:
             self._delete_fragments(taken_back)
+        for part in forgotten:
+            self.intents.forget(part)
         return recovered
 
     @staticmethod

@@ -1,4 +1,5 @@
-"""Parquet parts in the output directory, written under a temporary name and then renamed.
+"""Parquet parts in the output directory, written under a temporary name and then renamed
+(on object storage: uploaded whole under their name).
 
 On object storage, which has no rename, a part is written to a local spool file and
 uploaded under its final name once complete: an object appears whole when its upload
@@ -44,6 +45,7 @@ TEMPORARY_SUFFIX = ".parquet.tmp"
 # The footer key of a part's label.
 LABEL_KEY = "bulkembed.unit"
 _PART = re.compile(r"part-\d{5,}-\d{6,}")
+_PART_FILE = re.compile(_PART.pattern + r"\.parquet")
 _TEMPORARY = re.compile(r"\.part-\d{5,}-\d{6,}\.[0-9a-f-]+" + re.escape(TEMPORARY_SUFFIX))
 # Names shown when refusing a directory that holds other files.
 _SHOWN = 3
@@ -240,7 +242,8 @@ class ParquetSink(Sink):
         if isinstance(self.directory, ObjectPath) and mine is None:
             # Uploads cut short by a crash: no object, but stored (and paid for) until
             # aborted. Shard runs leave them: the other shards' uploads are in flight.
-            self.directory.abort_uploads()
+            self.directory.abort_uploads(_PART_FILE)
+            Spool.remove_orphans()
         files = self._part_files()
         lost = self._lost_units(done, files)
         recovered.lost = [p for p in lost if mine is None or p in mine]
