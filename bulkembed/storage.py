@@ -21,6 +21,7 @@ files (`AWS_ACCESS_KEY_ID`, `AWS_ENDPOINT_URL`, `~/.aws/config`, ...), and from
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import functools
 import io
@@ -86,13 +87,13 @@ class StorageOptions:
     @classmethod
     def parse(cls, pairs: tuple[str, ...] | list[str]) -> StorageOptions:
         items = []
-        known = OPTION_KEYS
         for pair in pairs:
             key, sep, value = pair.partition("=")
             key = key.strip().lower()
-            if not sep or key not in known:
+            if not sep or key not in OPTION_KEYS:
                 raise BulkembedError(
-                    f"--storage-option {pair}: write KEY=VALUE with KEY one of {', '.join(known)}"
+                    f"--storage-option {pair}: write KEY=VALUE with KEY one of "
+                    f"{', '.join(OPTION_KEYS)}"
                 )
             items.append((key, value.strip()))
         return cls(tuple(items))
@@ -100,9 +101,23 @@ class StorageOptions:
     def get(self, key: str) -> str | None:
         return dict(self.items).get(key)
 
+    @property
+    def anonymous(self) -> bool:
+        return (self.get("anonymous") or "").lower() in ("1", "true", "yes", "on")
 
-def _flag(value: str) -> bool:
-    return value.strip().lower() in ("1", "true", "yes", "on")
+    def endpoint(self, scheme: str) -> str | None:
+        """The endpoint URL for a store of `scheme`: `endpoint=`, else for S3 the one the
+        AWS tools take from the environment (boto3 reads it; pyarrow does not)."""
+        given = self.get("endpoint")
+        if given or scheme != "s3":
+            return given
+        return os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+
+
+def _split_endpoint(url: str) -> tuple[str, str]:
+    """(scheme, host[:port]) of an endpoint URL; https when it names none."""
+    scheme, _, host = url.rpartition("://")
+    return scheme or "https", host
 
 
 @functools.lru_cache(maxsize=16)
@@ -110,48 +125,30 @@ def filesystem(kind: str, options: StorageOptions) -> pafs.FileSystem:
     """The pyarrow filesystem of one store and set of options, made once per process."""
     import pyarrow.fs as pafs
 
-    given = dict(options.items)
-    if kind == "s3":
-        arguments: dict[str, Any] = {"connect_timeout": CONNECT_TIMEOUT}
-        endpoint = given.get("endpoint") or _s3_endpoint_from_environment()
+    endpoint = options.endpoint("s3" if kind == "s3" else "")
+    if kind in ("s3", "gcs"):
+        arguments: dict[str, Any] = {"anonymous": options.anonymous}
         if endpoint:
-            scheme, _, host = endpoint.rpartition("://")
-            arguments["endpoint_override"] = host or endpoint
-            arguments["scheme"] = scheme or "https"
-        if given.get("region"):
-            arguments["region"] = given["region"]
-        if _flag(given.get("anonymous", "")):
-            arguments["anonymous"] = True
-        return pafs.S3FileSystem(**arguments)
-    if kind == "gcs":
-        arguments = {}
-        if given.get("endpoint"):
-            scheme, _, host = given["endpoint"].rpartition("://")
-            arguments.update(endpoint_override=host or given["endpoint"], scheme=scheme or "https")
-        if _flag(given.get("anonymous", "")):
-            arguments["anonymous"] = True
-        if given.get("project"):
-            arguments["project_id"] = given["project"]
-        return pafs.GcsFileSystem(**arguments)
-    account = given.get("account") or os.environ.get("AZURE_STORAGE_ACCOUNT_NAME")
+            arguments["scheme"], arguments["endpoint_override"] = _split_endpoint(endpoint)
+        if kind == "gcs":
+            if options.get("project"):
+                arguments["project_id"] = options.get("project")
+            return pafs.GcsFileSystem(**arguments)
+        if options.get("region"):
+            arguments["region"] = options.get("region")
+        return pafs.S3FileSystem(connect_timeout=CONNECT_TIMEOUT, **arguments)
+    account = options.get("account") or os.environ.get("AZURE_STORAGE_ACCOUNT_NAME")
     if not account:
         raise BulkembedError(
             "az:// paths need the storage account: set AZURE_STORAGE_ACCOUNT_NAME or pass "
             "--storage-option account=NAME"
         )
     arguments = {"account_name": account}
-    if given.get("endpoint"):
-        scheme, _, authority = given["endpoint"].rpartition("://")
-        arguments["blob_storage_authority"] = authority
-        if scheme:
-            arguments["blob_storage_scheme"] = scheme
+    if endpoint:
+        arguments["blob_storage_scheme"], arguments["blob_storage_authority"] = _split_endpoint(
+            endpoint
+        )
     return pafs.AzureFileSystem(**arguments)
-
-
-def _s3_endpoint_from_environment() -> str | None:
-    """The endpoint the AWS tools take from the environment (boto3 and the CLI read it;
-    pyarrow does not)."""
-    return os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
 
 
 @dataclass(frozen=True, slots=True)
@@ -440,7 +437,7 @@ class ObjectPath:
             answer = client.get_object(Bucket=self.bucket, Key=self._object_key)
             return answer["Body"].read(), str(answer["ETag"])
         except client.exceptions.ClientError as e:
-            if e.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+            if _code(e) in ("404", "NoSuchKey", "NotFound"):
                 return None
             raise storage_error(str(self), e) from e
         except Exception as e:  # botocore's connection errors share no base class with OSError
@@ -456,7 +453,7 @@ class ObjectPath:
         try:
             client.delete_object(Bucket=self.bucket, Key=self._object_key, IfMatch=version)
         except client.exceptions.ClientError as e:
-            if e.response.get("Error", {}).get("Code") in _CONDITION_FAILED:
+            if _code(e) in _CONDITION_FAILED:
                 return False
             raise storage_error(str(self), e) from e
         return True
@@ -527,19 +524,23 @@ def _s3_client(options: StorageOptions) -> Any:
 
 @functools.lru_cache(maxsize=4)
 def _cached_s3_client(boto3: Any, config: Any, options: StorageOptions) -> Any:
-    given = dict(options.items)
     arguments: dict[str, Any] = {
         "config": config(connect_timeout=CONNECT_TIMEOUT, retries={"max_attempts": 3})
     }
-    if given.get("endpoint"):
-        arguments["endpoint_url"] = given["endpoint"]
-    if given.get("region"):
-        arguments["region_name"] = given["region"]
-    if _flag(given.get("anonymous", "")):
+    if options.get("endpoint"):
+        arguments["endpoint_url"] = options.get("endpoint")
+    if options.get("region"):
+        arguments["region_name"] = options.get("region")
+    if options.anonymous:
         from botocore import UNSIGNED
 
         arguments["config"] = arguments["config"].merge(config(signature_version=UNSIGNED))
     return boto3.session.Session().client("s3", **arguments)
+
+
+def _code(error: Any) -> str | None:
+    """The error code of a botocore `ClientError`."""
+    return error.response.get("Error", {}).get("Code")
 
 
 def _s3_put(path: ObjectPath, data: bytes, **condition: str) -> str | None:
@@ -548,8 +549,7 @@ def _s3_put(path: ObjectPath, data: bytes, **condition: str) -> str | None:
     try:
         answer = client.put_object(Bucket=path.bucket, Key=path._object_key, Body=data, **condition)
     except client.exceptions.ClientError as e:
-        code = e.response.get("Error", {}).get("Code")
-        if code in _CONDITION_FAILED:
+        if _code(e) in _CONDITION_FAILED:
             return None
         raise storage_error(str(path), e) from e
     except Exception as e:  # botocore's connection errors share no base class with OSError
@@ -606,16 +606,20 @@ def open_binary_at(path: AnyPath, offset: int) -> BinaryIO:
     return f
 
 
-def open_random_access(path: AnyPath) -> Any:
-    """What pyarrow readers take: a local path as text, or a remote random-access file."""
-    if isinstance(path, ObjectPath):
-        return path.open_input()
-    return str(path)
+@contextlib.contextmanager
+def random_access(path: AnyPath) -> Iterator[Any]:
+    """What pyarrow readers take: a local path as text, or a remote random-access file
+    (closed after), whose reads are ranged requests."""
+    if not isinstance(path, ObjectPath):
+        yield str(path)
+        return
+    with path.open_input() as source:
+        yield source
 
 
 def parquet_file(path: AnyPath) -> Any:
-    """A `pyarrow.parquet.ParquetFile`: a remote one reads its footer, then only the
-    column chunks asked for, in ranged requests."""
+    """A `pyarrow.parquet.ParquetFile` kept open by its reader: a remote one reads its
+    footer, then only the column chunks asked for, in ranged requests."""
     import pyarrow.parquet as pq
 
     if isinstance(path, ObjectPath):
@@ -623,7 +627,8 @@ def parquet_file(path: AnyPath) -> Any:
     return pq.ParquetFile(path)
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """Whether process `pid` of this machine (and PID namespace) is running."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -669,5 +674,5 @@ class Spool:
         while it wrote parts)."""
         for path in Path(tempfile.gettempdir()).glob("bulkembed-spool-*-*"):
             pid = path.name.split("-")[2]
-            if pid.isdigit() and not _alive(int(pid)):
+            if pid.isdigit() and not process_alive(int(pid)):
                 path.unlink(missing_ok=True)

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from bulkembed.errors import BulkembedError, OutputError
 from bulkembed.run_dir.lock import LockedError, RunLock
-from bulkembed.storage import ABSENT, AnyPath, ObjectPath
+from bulkembed.storage import ABSENT, AnyPath, ObjectPath, process_alive
 
 if TYPE_CHECKING:
     from bulkembed.config import ShardSpec
@@ -146,15 +146,8 @@ class ObjectLease:
         here = (socket.gethostname(), _pid_namespace())
         if (fields.get("host"), fields.get("pidns")) != here or here[1] is None:
             return True
-        if not isinstance(fields.get("pid"), int):
-            return True
-        try:
-            os.kill(fields["pid"], 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
+        pid = fields.get("pid")
+        return not isinstance(pid, int) or process_alive(pid)
 
     def acquire(self) -> None:
         """Hold the lease, or raise `LockedError` naming who does."""

@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 import warnings
 from collections.abc import Collection, Iterator
 from dataclasses import dataclass
@@ -137,22 +136,17 @@ def lance_storage_options(options: StorageOptions, scheme: str) -> dict[str, str
     """`--storage-option`s as Lance's object store takes them, for a store of `scheme`.
     Credentials are not among them: Lance reads them from the environment
     (`AWS_ACCESS_KEY_ID`, ...) as each cloud's tools do."""
-    given = dict(options.items)
     mapped = {}
-    endpoint = given.get("endpoint")
-    if scheme == "s3":
-        endpoint = (
-            endpoint or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-        )
-    if scheme in ("az", "abfs") and given.get("account"):
-        mapped["account_name"] = given["account"]
+    endpoint = options.endpoint(scheme)
     if endpoint:
         mapped["endpoint"] = endpoint
         if endpoint.startswith("http://"):
             mapped["allow_http"] = "true"
-    if given.get("region"):
-        mapped["region"] = given["region"]
-    if given.get("anonymous", "").strip().lower() in ("1", "true", "yes", "on"):
+    if scheme in ("az", "abfs") and options.get("account"):
+        mapped["account_name"] = str(options.get("account"))
+    if options.get("region"):
+        mapped["region"] = str(options.get("region"))
+    if options.anonymous:
         mapped["skip_signature"] = "true"
     return mapped
 
@@ -160,6 +154,11 @@ def lance_storage_options(options: StorageOptions, scheme: str) -> dict[str, str
 def _files(fragment: Any) -> frozenset[str]:
     """The names of a fragment's data files (of its `FragmentMetadata`)."""
     return frozenset(f.path for f in fragment.files)
+
+
+def _present(dataset: Any) -> frozenset[str]:
+    """Every data file of a dataset's version."""
+    return frozenset().union(*_table_files(dataset).values())
 
 
 def _table_files(dataset: Any) -> dict[int, frozenset[str]]:
@@ -432,8 +431,7 @@ class LanceSink(Sink):
         if earlier is not None:
             # Another writer of this unit was lost: after its commit, or before.
             dataset = self._dataset()
-            present = frozenset().union(*_table_files(dataset).values())
-            if frozenset(earlier["files"]) <= present:
+            if frozenset(earlier["files"]) <= _present(dataset):
                 self._remove_files(files)
                 return {"version": int(dataset.version)}
             self._remove_files(earlier["files"])
@@ -445,7 +443,7 @@ class LanceSink(Sink):
         _, lance = _lancedb()
 
         def landed(dataset: Any) -> bool:
-            return files <= frozenset().union(*_table_files(dataset).values())
+            return files <= _present(dataset)
 
         return self._commit(lance.LanceOperation.Append(fragments), landed)
 

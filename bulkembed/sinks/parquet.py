@@ -36,7 +36,7 @@ from bulkembed.errors import OutputError
 from bulkembed.schema import EMBEDDING_COLUMNS
 from bulkembed.sinks.base import Recovered, Sink
 from bulkembed.sources.files import READ_ERRORS
-from bulkembed.storage import AnyPath, ObjectPath, Spool, parquet_file
+from bulkembed.storage import AnyPath, ObjectPath, Spool, random_access
 
 if TYPE_CHECKING:
     from bulkembed.contracts import UnitRecord
@@ -58,7 +58,8 @@ class _Unreadable(Exception):
 def _label(path: AnyPath) -> dict[str, Any] | None:
     """The label in a part's footer; None if it has none (bulkembed did not write it)."""
     try:
-        metadata = parquet_file(path).metadata
+        with random_access(path) as source:
+            metadata = pq.read_metadata(source)
     except READ_ERRORS as e:
         raise _Unreadable(str(e)) from e
     label = (metadata.metadata or {}).get(LABEL_KEY.encode())
@@ -288,7 +289,8 @@ class ParquetSink(Sink):
             if record.rows:
                 path = self.part_path(record.part)
                 try:
-                    table = parquet_file(path).read(columns=["id"])
+                    with random_access(path) as source:
+                        table = pq.read_table(source, columns=["id"])
                 except READ_ERRORS as e:
                     raise _damaged(path, str(e)) from e
                 yield from table.column("id").to_pylist()

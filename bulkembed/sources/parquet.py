@@ -5,7 +5,6 @@ never the whole file."""
 from __future__ import annotations
 
 from collections.abc import Container, Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import pyarrow as pa
@@ -14,19 +13,7 @@ from bulkembed.contracts import part_name
 from bulkembed.sources.base import ReadSettings, TabularFormat
 from bulkembed.sources.files import READ_ERRORS
 from bulkembed.sources.records import BadRecord, Chunk, InputFile
-from bulkembed.storage import open_random_access, stop_on_store_failure
-
-
-@contextmanager
-def _source(file: InputFile) -> Iterator[Any]:
-    """What pyarrow reads the file from: a local path, or a random-access remote file
-    (closed after)."""
-    source = open_random_access(file.path)
-    try:
-        yield source
-    finally:
-        if not isinstance(source, str):
-            source.close()
+from bulkembed.storage import random_access, stop_on_store_failure
 
 
 class ParquetFormat(TabularFormat):
@@ -49,7 +36,7 @@ class ParquetFormat(TabularFormat):
     def read(
         self, index: int, file: InputFile, settings: ReadSettings, skip: Container[str]
     ) -> Iterator[Chunk]:
-        with _source(file) as source:
+        with random_access(file.path) as source:
             yield from self._read(index, file, source, settings, skip)
 
     def _read(
@@ -120,5 +107,5 @@ def _footer(file: InputFile) -> Any:
     """The file's metadata: rows, row groups, schema (only the footer is read)."""
     import pyarrow.parquet as pq
 
-    with _source(file) as source:
+    with random_access(file.path) as source:
         return pq.read_metadata(source)
