@@ -2,15 +2,32 @@
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any
 
 from bulkembed.version import __version__
 
-__all__ = ["__version__", "embed_corpus"]
+__all__ = [
+    "Embeddings",
+    "SparseVector",
+    "TextEncoder",
+    "__version__",
+    "embed_corpus",
+    "load",
+]
 
 if TYPE_CHECKING:
+    from bulkembed.api import TextEncoder
     from bulkembed.config import RunConfig
+    from bulkembed.contracts import Embeddings, SparseVector
     from bulkembed.summary import Summary
+
+# Names imported on first use, so that `import bulkembed` imports neither torch nor numpy.
+_LAZY = {
+    "TextEncoder": "bulkembed.api",
+    "Embeddings": "bulkembed.contracts",
+    "SparseVector": "bulkembed.contracts",
+}
 
 
 def embed_corpus(config: RunConfig, **kwargs: Any) -> Summary:
@@ -18,3 +35,18 @@ def embed_corpus(config: RunConfig, **kwargs: Any) -> Summary:
     from bulkembed.engine.run import embed_corpus as run
 
     return run(config, **kwargs)
+
+
+def load(model: str | os.PathLike[str], **settings: Any) -> TextEncoder:
+    """An in-process encoder for `model`; see `bulkembed.api.load`."""
+    from bulkembed.api import load as load_model
+
+    return load_model(model, **settings)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'bulkembed' has no attribute {name!r}")

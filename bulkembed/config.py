@@ -183,7 +183,11 @@ class RunConfig:
         if not self.inputs:
             raise BulkembedError("no input given: pass one or more files, directories or globs")
         if self.quantize is not None and self.dtype_out is not DTypeOut.FLOAT32:
-            raise BulkembedError("--quantize and --dtype-out conflict: pass one of them")
+            # float32 is the default: only another --dtype-out says something --quantize denies.
+            raise BulkembedError(
+                f"--quantize {self.quantize.value} and --dtype-out {self.dtype_out.value} "
+                "conflict: quantized vectors are integers; pass one of them"
+            )
         if self.prompt is not None and self.prompt_name is not None:
             raise BulkembedError("--prompt and --prompt-name conflict: pass one of them")
         unknown = sorted(set(self.outputs or ()) - set(OUTPUTS))
@@ -239,9 +243,10 @@ class RunConfig:
         shard: object = self.shard
         if isinstance(shard, str):
             object.__setattr__(self, "shard", ShardSpec.parse(shard))
-        output: object = self.output
-        if isinstance(output, os.PathLike):
-            object.__setattr__(self, "output", os.fspath(output))
+        for name in ("output", "model"):
+            value = getattr(self, name)
+            if isinstance(value, os.PathLike):
+                object.__setattr__(self, name, os.fspath(value))
 
     def _check_distribution(self) -> None:
         """`--shard` and `--engine ray` commit units from several processes at once into one

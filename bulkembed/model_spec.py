@@ -8,7 +8,7 @@ model config.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +75,10 @@ class ModelSpec:
     multivector_dtype: str = "float32"
     # The dtype the weights were saved in (config.json `torch_dtype`), if it says.
     trained_dtype: str | None = None
+    # The prompt of documents when none is asked for (the recipe's corpus prompt, or the
+    # model's default one), and the model's prompt named `query` (None: it has none).
+    document_prompt: str = ""
+    query_prompt: str | None = None
 
 
 def _family(
@@ -183,6 +187,12 @@ def _prompt(config: RunConfig, recipe: Recipe | None, st: SentenceTransformersIn
         known = ", ".join(sorted(prompts)) or "none"
         raise ModelError(f"unknown prompt name '{name}' for this model (known: {known})")
     return prompts[name]
+
+
+def _query_prompt(recipe: Recipe | None, st: SentenceTransformersInfo) -> str | None:
+    """The prompt named `query` by the recipe or the model's own settings, if any."""
+    prompts = {**(st.prompts or {}), **(recipe.prompts if recipe else {})}
+    return prompts.get("query")
 
 
 def _model_limit(tokenizer: Any, model_config: dict[str, Any]) -> int | None:
@@ -294,4 +304,6 @@ def resolve_model(config: RunConfig) -> ModelSpec:
         compile=config.compile,
         multivector_dtype=config.dtype_out.value,
         trained_dtype=model_config.get("torch_dtype") or model_config.get("dtype"),
+        document_prompt=_prompt(replace(config, prompt=None, prompt_name=None), recipe, st),
+        query_prompt=_query_prompt(recipe, st),
     )

@@ -45,6 +45,7 @@ from multiprocessing.connection import Connection, wait
 from typing import Any, Generic, TypeVar
 
 from bulkembed.errors import WorkerError
+from bulkembed.script_guard import MAIN_GUARD_ADVICE, script_reruns
 
 Key = TypeVar("Key")
 Setting = TypeVar("Setting")
@@ -190,6 +191,9 @@ class WorkerPool(Generic[Task, Result]):
         requeue: bool = False,
         warn: Callable[[str], None] | None = None,
     ) -> None:
+        reruns = script_reruns()
+        if reruns is not None:
+            raise WorkerError(f"cannot start {role} processes: {reruns}; {MAIN_GUARD_ADVICE}")
         context = multiprocessing.get_context("spawn")
         self.role = role
         self.places = places

@@ -12,6 +12,7 @@ from typing import Annotated, Any
 
 import typer
 
+from bulkembed.cli.embed import embed
 from bulkembed.cli.options import (
     BreakLock,
     Compile,
@@ -80,6 +81,7 @@ app = typer.Typer(
 )
 recipes_app = typer.Typer(help="List the bundled model recipes, or show one.")
 app.add_typer(recipes_app, name="recipes")
+app.command("embed")(embed)
 
 
 def _guarded(action: Callable[[], Any]) -> Any:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from bulkembed.config import Engine, RunConfig, default_tokenize_workers
 from bulkembed.errors import BulkembedError
 from bulkembed.outputs import OutputFormat
+from bulkembed.script_guard import MAIN_GUARD_ADVICE, script_reruns
 from bulkembed.sinks import OutputTarget, parse_output
 from bulkembed.sources import InputFile, RecordReader, list_inputs
 from bulkembed.storage import ObjectPath, StorageOptions, location
@@ -133,6 +134,14 @@ def plan_run(config: RunConfig, reporter: Reporter) -> RunPlan:
     distributed = config.shard is not None or config.engine is Engine.RAY
     units = counted_units(files, config.records_per_unit) if distributed else None
     workers = config.tokenize_workers
+    workers = default_tokenize_workers(devices[0]) if workers is None else workers
+    reruns = script_reruns() if workers else None
+    if reruns is not None:
+        reporter.warn(
+            f"tokenizing in this process, not in {workers} tokenizer process(es): {reruns}; "
+            f"{MAIN_GUARD_ADVICE} to use them"
+        )
+        workers = 0
     return RunPlan(
         config=config,
         spec=spec,
@@ -142,7 +151,7 @@ def plan_run(config: RunConfig, reporter: Reporter) -> RunPlan:
         reader=reader,
         output_format=OutputFormat.for_run(config, spec),
         target=target,
-        workers=default_tokenize_workers(devices[0]) if workers is None else workers,
+        workers=workers,
         all_units=None if units is None else tuple(units),
         my_units=None
         if units is None or config.shard is None

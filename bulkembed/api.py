@@ -1,0 +1,277 @@
+"""The in-process encoder: `load` a model once, then embed texts in this process.
+
+    >>> import bulkembed                                                    # doctest: +SKIP
+    >>> encoder = bulkembed.load("e5-base-v2")                              # doctest: +SKIP
+    >>> encoder.embed_query(["how do I sort a list?"]).dense.shape          # doctest: +SKIP
+    (1, 768)
+
+`load` takes the settings of `bulkembed run` that concern the model, under the same names
+and with the same checks (`RunConfig`), and resolves the model as a run does: recipe,
+pooling, normalisation, maximum length, prompts, outputs. Texts are tokenized in the
+calling process, packed into token-budget batches and embedded by the same encoder, and
+their vectors shaped as the run writes them (`--dim`, `--dtype-out`, `--quantize`): an
+`embed_documents` vector equals the run's for the same text. No process is started unless
+several devices are asked for, so a script without an `if __name__ == "__main__":` guard,
+or one read from stdin, works.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+
+from bulkembed.config import RunConfig
+from bulkembed.contracts import Embeddings, SparseVector
+from bulkembed.errors import BulkembedError, ModelError
+
+if TYPE_CHECKING:
+    from bulkembed.engine.session import DeviceSession
+    from bulkembed.engine.stream import EmbeddedWindow
+    from bulkembed.model_spec import ModelSpec
+    from bulkembed.outputs import OutputFormat
+    from bulkembed.tokenize import TextTokenizer, TokenizedChunk
+
+# The settings of `RunConfig` that `load` takes: those that decide what a vector is, and
+# where and how fast it is computed.
+MODEL_SETTINGS = (
+    "recipe",
+    "revision",
+    "devices",
+    "dtype",
+    "compile",
+    "pooling",
+    "normalize",
+    "prompt",
+    "prompt_name",
+    "outputs",
+    "sparse_top_k",
+    "dim",
+    "dtype_out",
+    "quantize",
+    "max_length",
+    "max_batch_tokens",
+)
+# Texts tokenized at a time: a window gathers these into token-budget batches.
+TEXTS_PER_CHUNK = 1024
+# `RunConfig` wants inputs and an output; the in-process encoder reads and writes neither.
+_NO_INPUTS = ("-",)
+_NO_OUTPUT = "-"
+
+
+def model_config(model: str | os.PathLike[str], settings: dict[str, Any]) -> RunConfig:
+    """The `RunConfig` of `load(model, **settings)`, checked as a run's: `device` is a
+    short name for `devices`, `max_batch_tokens` a number or "auto", `outputs` a list of
+    names or one comma-separated string. An unknown setting is a one-line error."""
+    values = dict(settings)
+    if "device" in values:
+        if "devices" in values:
+            raise BulkembedError("load: pass device or devices, not both")
+        values["devices"] = values.pop("device")
+    unknown = sorted(set(values) - set(MODEL_SETTINGS))
+    if unknown:
+        raise BulkembedError(
+            f"load: unknown setting(s) {', '.join(unknown)} (known: device, "
+            f"{', '.join(MODEL_SETTINGS)})"
+        )
+    budget = values.get("max_batch_tokens")
+    if budget == "auto":
+        values["max_batch_tokens"] = None
+        values["tune_batch_tokens"] = True
+    elif budget is not None and not isinstance(budget, int):
+        raise BulkembedError(
+            f"max_batch_tokens: expected a number of tokens or 'auto', not {budget!r}"
+        )
+    outputs = values.get("outputs")
+    if isinstance(outputs, str):
+        values["outputs"] = tuple(n.strip() for n in outputs.split(",") if n.strip())
+    return RunConfig(inputs=_NO_INPUTS, output=_NO_OUTPUT, model=os.fspath(model), **values)
+
+
+def load(model: str | os.PathLike[str], **settings: Any) -> TextEncoder:
+    """A `TextEncoder` for `model`: a recipe name, a hub id or a local folder, with the
+    settings of `bulkembed run` that concern the model, as keyword arguments with the
+    options' names and meanings: `recipe`, `revision`, `devices` or `device` (`auto`: the
+    first GPU, else the CPU), `dtype`, `compile`, `pooling`, `normalize`, `prompt`,
+    `prompt_name`, `outputs`, `sparse_top_k`, `dim`, `dtype_out`, `quantize`, `max_length`,
+    `max_batch_tokens`.
+
+    The model is loaded here, once; see `TextEncoder` for what each call does."""
+    return TextEncoder(model_config(model, settings))
+
+
+class TextEncoder:
+    """A model loaded in this process, embedding texts as `bulkembed run` does.
+
+    - `embed(texts)`: with the prompt the settings name (`prompt`, `prompt_name`), else the
+      one a run gives corpus documents;
+    - `embed_documents(texts)`: with the document prompt a run gives by default (E5's
+      `passage: `, nomic's `search_document: `), whatever `prompt` says;
+    - `embed_query(texts)`: with the model's query prompt (E5's `query: `, the BGE
+      instruction, nomic's `search_query: `), or none if the model names none.
+
+    Each takes one text or a list of them and returns `Embeddings` with one row per text,
+    in the order given (a single text gives one row): `dense` a [texts, D] array,
+    `sparse` one `SparseVector` (ascending vocabulary ids, float32 weights) per text,
+    `multivector` one [tokens, d] array per text; an output the model does not give, or
+    the settings leave out, is None.
+
+    With `dtype="auto"` and a half-precision candidate (CUDA; CPUs with bfloat16 units)
+    the first call checks it, as a run does at start-up: its first 64 texts are embedded
+    in float32 and in the candidate, and the candidate is kept only if they agree. With
+    `quantize="int8"` or `"uint8"` the first call's texts (two at least) calibrate the
+    ranges that every later call uses. One call at a time: an encoder is not meant to be
+    shared between threads."""
+
+    def __init__(self, config: RunConfig) -> None:
+        from bulkembed.devices import resolve_devices
+        from bulkembed.engine.session import DeviceSession
+        from bulkembed.model_spec import resolve_model
+        from bulkembed.outputs import OutputFormat
+        from bulkembed.progress import QuietReporter
+
+        self.config = config
+        self.spec: ModelSpec = resolve_model(config)
+        self._format: OutputFormat = OutputFormat.for_run(config, self.spec)
+        self._reporter = QuietReporter()
+        devices = resolve_devices(config.devices)
+        if config.devices.strip().lower() == "auto":
+            # One device unless a list asks for more: no process is started.
+            devices = devices[:1]
+        self._session: DeviceSession = DeviceSession(
+            self.spec, devices, config.dtype, None, config.tune_batch_tokens, self._reporter
+        )
+        self._tokenizers: dict[str, TextTokenizer] = {}
+
+    @property
+    def outputs(self) -> tuple[str, ...]:
+        """The outputs each call returns: some of dense, sparse, multivector."""
+        return self.spec.outputs
+
+    @property
+    def dim(self) -> int | None:
+        """The width of a dense row (after `dim`; in bytes for binary quantization)."""
+        model_dim = self._session.embedder.dense_dim
+        if model_dim is None:
+            return None
+        kind = self._format.dense_type(model_dim)
+        return int(kind.list_size)
+
+    @property
+    def dtype(self) -> str:
+        """The dtype the model computes in (with `auto`, known for sure after the first call)."""
+        return self._session.dtype
+
+    @property
+    def query_prompt(self) -> str:
+        """The text put before each query (`embed_query`)."""
+        return self.spec.query_prompt or ""
+
+    @property
+    def document_prompt(self) -> str:
+        """The text put before each document (`embed_documents`)."""
+        return self.spec.document_prompt
+
+    def embed(self, texts: str | Sequence[str]) -> Embeddings:
+        """Embeddings of `texts` with the prompt of the settings (see `TextEncoder`)."""
+        return self._embed(texts, self.spec.prompt)
+
+    def embed_documents(self, texts: str | Sequence[str]) -> Embeddings:
+        """Embeddings of `texts` as documents: the model's document prompt first."""
+        return self._embed(texts, self.spec.document_prompt)
+
+    def embed_query(self, texts: str | Sequence[str]) -> Embeddings:
+        """Embeddings of `texts` as queries: the model's query prompt first."""
+        if self.spec.family == "colbert":
+            raise ModelError(
+                "embed_query: ColBERT queries take their own marker and length, which this "
+                "version does not apply; embed_documents gives document vectors"
+            )
+        return self._embed(texts, self.query_prompt)
+
+    def close(self) -> None:
+        """Let the model go, and stop its device processes if it has any."""
+        self._session.close()
+
+    def __enter__(self) -> TextEncoder:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _embed(self, texts: str | Sequence[str], prompt: str) -> Embeddings:
+        from bulkembed.engine.stream import embed_windows, gather_windows
+        from bulkembed.progress import RunStats
+
+        listed = _text_list(texts)
+        if not listed:
+            return self._empty()
+        stats = RunStats()
+        session = self._session
+        found: list[Embeddings] = []
+
+        def keep(window: EmbeddedWindow) -> None:
+            found.append(window.vectors)
+
+        chunks = self._tokenized(listed, prompt)
+        gathered = gather_windows(chunks, session.embedder, session.budget, stats)
+        embed_windows(gathered, session, self._formatted, keep, stats, self._reporter)
+        return Embeddings.concatenate(found)
+
+    def _formatted(self, embedded: Embeddings) -> Embeddings:
+        """`embedded` as a run writes it; int8/uint8 ranges calibrated on the first texts."""
+        if self._format.needs_ranges and embedded.dense is not None:
+            self._format = self._format.calibrated(embedded.dense)
+        return self._format.apply(embedded)
+
+    def _tokenized(self, texts: list[str], prompt: str) -> Iterator[TokenizedChunk]:
+        """`texts` tokenized with `prompt` in chunks of `TEXTS_PER_CHUNK`, as one unit."""
+        from bulkembed.sources import Chunk
+        from bulkembed.tokenize import TextTokenizer, TokenizedChunk, TokenizerSettings
+
+        tokenizer = self._tokenizers.get(prompt)
+        if tokenizer is None:
+            spec = self.spec
+            settings = TokenizerSettings(
+                spec.tokenizer_json, spec.max_length, prompt, spec.lowercase, spec.prefix_token_id
+            )
+            tokenizer = self._tokenizers[prompt] = TextTokenizer(settings)
+        for start in range(0, len(texts), TEXTS_PER_CHUNK):
+            end = min(start + TEXTS_PER_CHUNK, len(texts))
+            positions = list(range(start, end))
+            chunk = Chunk(0, 0, pa.array(positions, pa.int64()), [], end == len(texts))
+            chunk.positions = positions
+            yield TokenizedChunk(chunk, *tokenizer.timed(texts[start:end]))
+
+    def _empty(self) -> Embeddings:
+        """What a call with no text returns: each output with no row."""
+        dense = None
+        sparse: list[SparseVector] | None = None
+        multivector: list[np.ndarray] | None = None
+        model_dim = self._session.embedder.dense_dim
+        if model_dim is not None:
+            kind = self._format.dense_type(model_dim)
+            dense = np.empty((0, kind.list_size), dtype=kind.value_type.to_pandas_dtype())
+        if "sparse" in self.spec.outputs:
+            sparse = []
+        if "multivector" in self.spec.outputs:
+            multivector = []
+        return Embeddings(dense, sparse, multivector)
+
+
+def _text_list(texts: str | Iterable[str]) -> list[str]:
+    """`texts` as a list: one string is one text; anything but strings is an error."""
+    if isinstance(texts, str):
+        return [texts]
+    if texts is None or not isinstance(texts, Iterable):
+        raise BulkembedError(f"expected a text or a list of texts, not {type(texts).__name__}")
+    listed = list(texts)
+    for number, text in enumerate(listed):
+        if not isinstance(text, str):
+            raise BulkembedError(
+                f"text {number} is a {type(text).__name__}, not a string: pass strings only"
+            )
+    return listed

@@ -1,0 +1,210 @@
+"""`bulkembed embed`: a few texts embedded in this process, one JSON line each, or the
+dense matrix as a `.npy` file. The model options are `bulkembed run`'s."""
+
+from __future__ import annotations
+
+import json
+import os
+from enum import Enum
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from bulkembed.cli.options import (
+    Compile,
+    Dim,
+    DTypeOption,
+    DTypeOutOption,
+    MaxBatchTokens,
+    MaxLength,
+    Model,
+    Normalize,
+    Outputs,
+    PoolingOption,
+    Prompt,
+    PromptName,
+    QuantizeOption,
+    Recipe,
+    Revision,
+    SparseTopK,
+)
+from bulkembed.config import DType, DTypeOut
+from bulkembed.errors import BulkembedError, OutputError
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from bulkembed.contracts import Embeddings
+
+
+class EmbedFormat(str, Enum):
+    """What `bulkembed embed` writes."""
+
+    JSON = "json"
+    NPY = "npy"
+
+
+Texts = Annotated[
+    list[str],
+    typer.Argument(
+        help="The texts to embed, one argument each.", metavar="TEXT...", show_default=False
+    ),
+]
+Query = Annotated[
+    bool,
+    typer.Option(
+        "--query",
+        help="Embed the texts as queries: the model's query prompt first (E5's 'query: ', "
+        "the BGE instruction). Default: as documents, with the prompt `run` gives them.",
+    ),
+]
+Format = Annotated[
+    EmbedFormat,
+    typer.Option(
+        "--format",
+        help="json: one JSON line per text on stdout (or --output), each output the model "
+        "gives as a key: dense (a list), sparse ({indices, values}), multivector (a list "
+        "of lists); npy: the dense matrix, one row per text, into --output.",
+    ),
+]
+EmbedOutput = Annotated[
+    str | None,
+    typer.Option("--output", "-o", help="The file to write. Default for json: stdout."),
+]
+EmbedDevices = Annotated[
+    str,
+    typer.Option(
+        "--devices",
+        help="auto (the first GPU, else the CPU), cpu, cuda or cuda:N; a comma-separated "
+        "list starts one encoder process per entry.",
+    ),
+]
+Replace = Annotated[
+    bool, typer.Option("--overwrite", help="Replace the --output file if it exists.")
+]
+
+
+def embed(
+    texts: Texts,
+    model: Model,
+    query: Query = False,
+    output_format: Format = EmbedFormat.JSON,
+    output: EmbedOutput = None,
+    overwrite: Replace = False,
+    recipe: Recipe = None,
+    revision: Revision = None,
+    max_batch_tokens: MaxBatchTokens = None,
+    max_length: MaxLength = None,
+    devices: EmbedDevices = "auto",
+    dtype: DTypeOption = DType.AUTO,
+    compile_model: Compile = False,
+    pooling: PoolingOption = None,
+    normalize: Normalize = None,
+    prompt: Prompt = None,
+    prompt_name: PromptName = None,
+    outputs: Outputs = None,
+    sparse_top_k: SparseTopK = None,
+    dim: Dim = None,
+    dtype_out: DTypeOutOption = DTypeOut.FLOAT32,
+    quantize: QuantizeOption = None,
+) -> None:
+    """Embed TEXT... with a model in this process: one JSON line per text, in order.
+
+    The vectors are those `bulkembed run` writes for the same texts and options."""
+    from bulkembed.cli import _guarded
+
+    def action() -> None:
+        from bulkembed.api import load
+
+        if query and (prompt is not None or prompt_name is not None):
+            raise BulkembedError(
+                "--query applies the model's query prompt: leave out --prompt and --prompt-name"
+            )
+        if output_format is EmbedFormat.NPY and output is None:
+            raise BulkembedError("--format npy writes a file: pass --output FILE.npy")
+        if output is not None and os.path.exists(output) and not overwrite:
+            raise OutputError(f"{output} exists: pass --overwrite to replace it")
+        settings: dict[str, Any] = {
+            "recipe": recipe,
+            "revision": revision,
+            "max_batch_tokens": _batch_tokens(max_batch_tokens),
+            "max_length": max_length,
+            "devices": devices,
+            "dtype": dtype,
+            "compile": compile_model,
+            "pooling": pooling,
+            "normalize": normalize,
+            "prompt": prompt,
+            "prompt_name": prompt_name,
+            "outputs": outputs,
+            "sparse_top_k": sparse_top_k,
+            "dim": dim,
+            "dtype_out": dtype_out,
+            "quantize": quantize,
+        }
+        with load(model, **settings) as encoder:
+            found = encoder.embed_query(texts) if query else encoder.embed(texts)
+        if output_format is EmbedFormat.NPY:
+            assert output is not None
+            _write_npy(found, output)
+        elif output is None:
+            for line in json_lines(found, len(texts)):
+                typer.echo(line)
+        else:
+            with open(output, "w", encoding="utf-8") as f:
+                f.writelines(line + "\n" for line in json_lines(found, len(texts)))
+
+    _guarded(action)
+
+
+def _batch_tokens(text: str | None) -> int | str | None:
+    """`--max-batch-tokens` as `load` takes it: a number, "auto", or None."""
+    if text is None or text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise BulkembedError(
+            f"--max-batch-tokens {text}: expected a number of tokens or auto"
+        ) from None
+
+
+def _write_npy(found: Embeddings, output: str) -> None:
+    """The dense matrix into `output`, with numpy's `.npy` layout."""
+    import numpy as np
+
+    if found.dense is None:
+        raise BulkembedError("--format npy writes dense vectors: this model gives none")
+    with open(output, "wb") as f:
+        np.save(f, found.dense)
+
+
+def _numbers(values: np.ndarray) -> list[Any]:
+    """`values` as JSON numbers: integers as they are, floats as the shortest text that
+    reads back as the same float32."""
+    import numpy as np
+
+    if values.dtype.kind in "iu":
+        return values.tolist()
+    # str() of a numpy float32 is its shortest round-trip text; float() of that text
+    # prints as the same digits.
+    flat = [float(str(v)) for v in values.astype(np.float32).ravel()]
+    return np.array(flat, dtype=object).reshape(values.shape).tolist()
+
+
+def json_lines(found: Embeddings, count: int) -> list[str]:
+    """One JSON object per text: `dense`, `sparse` ({indices, values}) and `multivector`,
+    each when the model gives it."""
+    rows: list[dict[str, Any]] = [{} for _ in range(count)]
+    for number, row in enumerate(rows):
+        if found.dense is not None:
+            row["dense"] = _numbers(found.dense[number])
+        if found.sparse is not None:
+            vector = found.sparse[number]
+            row["sparse"] = {
+                "indices": vector.indices.tolist(),
+                "values": _numbers(vector.values),
+            }
+        if found.multivector is not None:
+            row["multivector"] = _numbers(found.multivector[number])
+    return [json.dumps(row, separators=(",", ":")) for row in rows]
