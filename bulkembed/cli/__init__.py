@@ -12,7 +12,7 @@ from typing import Annotated, Any
 
 import typer
 
-from bulkembed.cli.embed import embed
+from bulkembed.cli.embed import embed_command
 from bulkembed.cli.options import (
     BreakLock,
     Compile,
@@ -81,7 +81,6 @@ app = typer.Typer(
 )
 recipes_app = typer.Typer(help="List the bundled model recipes, or show one.")
 app.add_typer(recipes_app, name="recipes")
-app.command("embed")(embed)
 
 
 def _guarded(action: Callable[[], Any]) -> Any:
@@ -282,6 +281,9 @@ def show_recipe(name: Annotated[str, typer.Argument(help="Recipe name.")]) -> No
         return found.path.read_text(encoding="utf-8")
 
     typer.echo(_guarded(action), nl=False)
+
+
+app.command("embed")(embed_command(_guarded))
 
 
 def main() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from enum import Enum
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -84,77 +85,82 @@ Replace = Annotated[
 ]
 
 
-def embed(
-    texts: Texts,
-    model: Model,
-    query: Query = False,
-    output_format: Format = EmbedFormat.JSON,
-    output: EmbedOutput = None,
-    overwrite: Replace = False,
-    recipe: Recipe = None,
-    revision: Revision = None,
-    max_batch_tokens: MaxBatchTokens = None,
-    max_length: MaxLength = None,
-    devices: EmbedDevices = "auto",
-    dtype: DTypeOption = DType.AUTO,
-    compile_model: Compile = False,
-    pooling: PoolingOption = None,
-    normalize: Normalize = None,
-    prompt: Prompt = None,
-    prompt_name: PromptName = None,
-    outputs: Outputs = None,
-    sparse_top_k: SparseTopK = None,
-    dim: Dim = None,
-    dtype_out: DTypeOutOption = DTypeOut.FLOAT32,
-    quantize: QuantizeOption = None,
-) -> None:
-    """Embed TEXT... with a model in this process: one JSON line per text, in order.
+def embed_command(guarded: Callable[[Callable[[], Any]], Any]) -> Callable[..., None]:
+    """The `embed` command, whose errors `guarded` turns into the CLI's one-line errors and
+    exit codes."""
 
-    The vectors are those `bulkembed run` writes for the same texts and options."""
-    from bulkembed.cli import _guarded
+    def embed(
+        texts: Texts,
+        model: Model,
+        query: Query = False,
+        output_format: Format = EmbedFormat.JSON,
+        output: EmbedOutput = None,
+        overwrite: Replace = False,
+        recipe: Recipe = None,
+        revision: Revision = None,
+        max_batch_tokens: MaxBatchTokens = None,
+        max_length: MaxLength = None,
+        devices: EmbedDevices = "auto",
+        dtype: DTypeOption = DType.AUTO,
+        compile_model: Compile = False,
+        pooling: PoolingOption = None,
+        normalize: Normalize = None,
+        prompt: Prompt = None,
+        prompt_name: PromptName = None,
+        outputs: Outputs = None,
+        sparse_top_k: SparseTopK = None,
+        dim: Dim = None,
+        dtype_out: DTypeOutOption = DTypeOut.FLOAT32,
+        quantize: QuantizeOption = None,
+    ) -> None:
+        """Embed TEXT... with a model in this process: one JSON line per text, in order.
 
-    def action() -> None:
-        from bulkembed.api import load
+        The vectors are those `bulkembed run` writes for the same texts and options."""
 
-        if query and (prompt is not None or prompt_name is not None):
-            raise BulkembedError(
-                "--query applies the model's query prompt: leave out --prompt and --prompt-name"
-            )
-        if output_format is EmbedFormat.NPY and output is None:
-            raise BulkembedError("--format npy writes a file: pass --output FILE.npy")
-        if output is not None and os.path.exists(output) and not overwrite:
-            raise OutputError(f"{output} exists: pass --overwrite to replace it")
-        settings: dict[str, Any] = {
-            "recipe": recipe,
-            "revision": revision,
-            "max_batch_tokens": _batch_tokens(max_batch_tokens),
-            "max_length": max_length,
-            "devices": devices,
-            "dtype": dtype,
-            "compile": compile_model,
-            "pooling": pooling,
-            "normalize": normalize,
-            "prompt": prompt,
-            "prompt_name": prompt_name,
-            "outputs": outputs,
-            "sparse_top_k": sparse_top_k,
-            "dim": dim,
-            "dtype_out": dtype_out,
-            "quantize": quantize,
-        }
-        with load(model, **settings) as encoder:
-            found = encoder.embed_query(texts) if query else encoder.embed(texts)
-        if output_format is EmbedFormat.NPY:
-            assert output is not None
-            _write_npy(found, output)
-        elif output is None:
-            for line in json_lines(found, len(texts)):
-                typer.echo(line)
-        else:
-            with open(output, "w", encoding="utf-8") as f:
-                f.writelines(line + "\n" for line in json_lines(found, len(texts)))
+        def action() -> None:
+            from bulkembed.api import load
 
-    _guarded(action)
+            if query and (prompt is not None or prompt_name is not None):
+                raise BulkembedError(
+                    "--query applies the model's query prompt: leave out --prompt and --prompt-name"
+                )
+            if output_format is EmbedFormat.NPY and output is None:
+                raise BulkembedError("--format npy writes a file: pass --output FILE.npy")
+            if output is not None and os.path.exists(output) and not overwrite:
+                raise OutputError(f"{output} exists: pass --overwrite to replace it")
+            settings: dict[str, Any] = {
+                "recipe": recipe,
+                "revision": revision,
+                "max_batch_tokens": _batch_tokens(max_batch_tokens),
+                "max_length": max_length,
+                "devices": devices,
+                "dtype": dtype,
+                "compile": compile_model,
+                "pooling": pooling,
+                "normalize": normalize,
+                "prompt": prompt,
+                "prompt_name": prompt_name,
+                "outputs": outputs,
+                "sparse_top_k": sparse_top_k,
+                "dim": dim,
+                "dtype_out": dtype_out,
+                "quantize": quantize,
+            }
+            with load(model, **settings) as encoder:
+                found = encoder.embed_query(texts) if query else encoder.embed(texts)
+            if output_format is EmbedFormat.NPY:
+                assert output is not None
+                _write_npy(found, output)
+            elif output is None:
+                for line in json_lines(found, len(texts)):
+                    typer.echo(line)
+            else:
+                with open(output, "w", encoding="utf-8") as f:
+                    f.writelines(line + "\n" for line in json_lines(found, len(texts)))
+
+        guarded(action)
+
+    return embed
 
 
 def _batch_tokens(text: str | None) -> int | str | None:
