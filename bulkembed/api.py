@@ -1,9 +1,7 @@
 """The in-process encoder: `load` a model once, then embed texts in this process.
 
-    >>> import bulkembed                                                    # doctest: +SKIP
-    >>> encoder = bulkembed.load("e5-base-v2")                              # doctest: +SKIP
-    >>> encoder.embed_query(["how do I sort a list?"]).dense.shape          # doctest: +SKIP
-    (1, 768)
+    encoder = bulkembed.load("e5-base-v2")
+    encoder.embed_query(["how do I sort a list?"]).dense     # [1, 768], "query: " first
 
 `load` takes the settings of `bulkembed run` that concern the model, under the same names
 and with the same checks (`RunConfig`), and resolves the model as a run does: recipe,

@@ -46,15 +46,15 @@ def _is_main_test(test: ast.expr) -> bool:
 
 @lru_cache(maxsize=8)
 def _guarded_lines(path: str, modified: float) -> tuple[tuple[int, int], ...] | None:
-    """The line ranges of the module-level `if __name__ == "__main__":` blocks of the
-    script at `path` (None: it cannot be read or parsed)."""
+    """The line ranges of the `if __name__ == "__main__":` blocks of the script at `path`
+    (None: it cannot be read or parsed)."""
     try:
         with open(path, "rb") as f:
             tree = ast.parse(f.read(), path)
     except (OSError, SyntaxError, ValueError):
         return None
     ranges = []
-    for node in tree.body:
+    for node in ast.walk(tree):
         if isinstance(node, ast.If) and _is_main_test(node.test):
             ranges.append((node.body[0].lineno, node.body[-1].end_lineno or node.lineno))
     return tuple(ranges)

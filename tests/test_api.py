@@ -407,3 +407,34 @@ def test_auto_dtype_is_checked_on_the_first_call(monkeypatch, capsys, tiny_st):
     np.testing.assert_allclose(found.dense, reference.dense, atol=1e-6)
     encoder.embed(texts[:3])
     assert "--dtype auto" not in capsys.readouterr().err
+
+
+def test_colbert_documents_embed_and_queries_are_refused(tmp_path, tiny_colbert):
+    texts = mixed_texts()[:10]
+    table, _ = embed_texts(tmp_path, tiny_colbert, texts, *RUN_OPTIONS)
+    encoder = _load(tiny_colbert)
+    found = encoder.embed_documents(texts)
+    for vectors, row in zip(
+        found.multivector, table.column("multivector").to_pylist(), strict=True
+    ):
+        assert vectors.shape == (len(row), 16)
+        assert cosines(vectors, np.array(row)).min() >= 0.99999
+    with pytest.raises(BulkembedError, match="embed_query: ColBERT queries take their own marker"):
+        encoder.embed_query(texts)
+
+
+@pytest.mark.parametrize(
+    ("setting", "option"),
+    [
+        ({"quantize": "ubinary"}, "--quantize=ubinary"),
+        ({"dtype_out": "float16"}, "--dtype-out=float16"),
+    ],
+)
+def test_written_types_as_the_run_writes_them(tmp_path, tiny_st, setting, option):
+    texts = mixed_texts()
+    table, _ = embed_texts(tmp_path, tiny_st("mean"), texts, *RUN_OPTIONS, option)
+    found = _load(tiny_st("mean"), **setting).embed_documents(texts)
+    expected = table.column("dense").combine_chunks().flatten().to_numpy()
+    assert found.dense.dtype == expected.dtype
+    # The same texts in the same batches: the same numbers.
+    np.testing.assert_array_equal(found.dense, expected.reshape(len(texts), -1))
