@@ -177,13 +177,15 @@ def _finish_if_whole(plan: RunPlan, run: RunDirectory, sink: Sink, reporter: Rep
 
 
 def _write_vocabulary(run: RunDirectory, plan: RunPlan) -> None:
-    """`vocab.json`, id -> token, so that loaders can turn sparse indices into terms."""
+    """`vocab.json`, a list of tokens where the position is the vocabulary id (`vocab[i]`
+    is the term of sparse index `i`; null for an id the tokenizer has no token for)."""
     from tokenizers import Tokenizer
 
     vocabulary = Tokenizer.from_str(plan.spec.tokenizer_json).get_vocab(with_added_tokens=True)
-    run.write_vocabulary(
-        {str(i): token for token, i in sorted(vocabulary.items(), key=lambda x: x[1])}
-    )
+    tokens: list[str | None] = [None] * (max(vocabulary.values(), default=-1) + 1)
+    for token, i in vocabulary.items():
+        tokens[i] = token
+    run.write_vocabulary(tokens)
 
 
 def _share_quantization(plan: RunPlan, run: RunDirectory, previous: PreviousOutput) -> None:
