@@ -63,7 +63,8 @@ def embed_corpus(config: RunConfig, reporter: Reporter | None = None) -> Summary
     An output that holds an unfinished run with the same settings is resumed; a finished
     one is left as it is."""
     reporter = reporter or QuietReporter()
-    with _stop_on_signals():
+    with _stop_on_signals(), contextlib.closing(reporter):
+        # Closed on the way out: a phase may hold the terminal (listing inputs, an index).
         plan = plan_run(config, reporter)
         run = RunDirectory.for_target(plan.target, config.shard, config.break_lock)
         sink = make_sink(plan.target, config, plan.spec.normalize, Intents(run.meta))
@@ -170,7 +171,7 @@ def _finish_if_whole(plan: RunPlan, run: RunDirectory, sink: Sink, reporter: Rep
     try:
         with finishing(run.meta, run.label):
             if not run.is_complete(done):
-                sink.finish()
+                sink.finish(reporter.phase)
                 run.mark_complete(len(done))
     except LockedError:
         reporter.info(f"every unit is done; another run is finishing {run.label}")

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import IO, Any
 
 import numpy as np
@@ -24,7 +24,7 @@ import pyarrow as pa
 from bulkembed.config import StreamFormat
 from bulkembed.errors import OutputError, PipeClosed
 from bulkembed.schema import SPARSE_TYPE
-from bulkembed.sinks.base import Sink
+from bulkembed.sinks.base import Sink, unshown
 
 
 class StreamSink(Sink):
@@ -58,7 +58,7 @@ class StreamSink(Sink):
     def commit(self, part: str, label: dict[str, Any]) -> dict[str, Any]:
         return {}
 
-    def finish(self) -> None:
+    def finish(self, phase: Callable[[str], None] = unshown) -> None:
         if self._arrow is not None:
             self._guard(self._arrow.close)
             self._arrow = None
