@@ -101,10 +101,12 @@ class RunProgress:
         return "" if rates is None else f"{rates[0]:,.0f} docs/s  {rates[1]:,.0f} tok/s"
 
     def describe(self) -> str:
-        """The state as a line: `loading the model (12s)`, or
+        """The state as a line: `loading the model` as it begins, `loading the model (12s)`
+        later, or
         `42%  4,200/10,000 docs  1,310 docs/s  402,118 tok/s  ETA 4s`."""
         if self.phase is not None:
-            return f"{self.phase} ({duration(self.clock() - self.since)})"
+            elapsed = self.clock() - self.since
+            return self.phase if elapsed < 1 else f"{self.phase} ({duration(elapsed)})"
         fields = [] if self.percent is None else [f"{self.percent}%"]
         fields += [self.counts(), self.rates()]
         if self.eta is not None:

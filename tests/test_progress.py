@@ -78,7 +78,7 @@ def test_log_lines_have_a_timestamp_percentage_counts_rates_and_eta(capsys):
     lines = capsys.readouterr().err.splitlines()
     reporter.close()
     assert lines == [
-        "2026-11-25T10:41:07Z  listing the inputs (0s)",
+        "2026-11-25T10:41:07Z  listing the inputs",
         "2026-11-25T10:41:07Z  listing the inputs (3s)",
         "2026-11-25T10:41:07Z  42%  4,200/10,000 docs  1,310 docs/s  40,000 tok/s  ETA 4s",
     ]
@@ -129,8 +129,8 @@ def test_a_run_names_its_start_up_phases_and_ends_with_a_short_summary(tmp_path,
     result = CliRunner().invoke(app, [*arguments, "--tokenize-workers", "0"])
     assert result.exit_code == 0, result.output
     lines = result.stderr.splitlines()
-    assert re.fullmatch(rf"{STAMP}  listing the inputs \(\d+s\)", lines[0])
-    assert any(re.fullmatch(rf"{STAMP}  loading the model on cpu \(\d+s\)", x) for x in lines)
+    assert re.fullmatch(rf"{STAMP}  listing the inputs", lines[0])
+    assert any(re.fullmatch(rf"{STAMP}  loading the model on cpu", x) for x in lines)
     closing = lines[lines.index(next(x for x in lines if x.startswith("done: "))) :]
     assert closing[0].startswith("done: 40 docs in /") and closing[0].endswith("/out")
     assert closing[-1].startswith("full figures: bulkembed status /")
@@ -150,7 +150,8 @@ def test_index_builds_are_named_while_they_run(tmp_path, tiny_st):
     result = CliRunner().invoke(app, [*arguments, *extra])
     assert result.exit_code == 0, result.output
     phases = [x.split("  ", 1)[1] for x in result.stderr.splitlines() if re.match(STAMP, x)]
-    steps = [re.sub(r" \(\d+s\)$", "", x) for x in phases if not x[0].isdigit()]
+    # Each phase once, however many lines a long one took.
+    steps = list(dict.fromkeys(re.sub(r" \(\w+\)$", "", x) for x in phases if x[0].isalpha()))
     assert steps[-3:] == [
         f"compacting table 'embeddings' of LanceDB {tmp_path / 'db'}",
         "building the ivf_hnsw_sq index on vector (300 rows)",
