@@ -1,31 +1,32 @@
 """Everything bulkembed prints: progress while it runs, a summary at the end, errors.
 
 All of it goes to stderr, so stdout stays free for data. On a terminal progress is a rich
-bar; otherwise (CI logs, files) it is a plain line every few seconds.
+bar; otherwise (CI logs, files) it is a timestamped line every few seconds. Both name the
+phase a run is in before its first batch and after its last (loading the model, building an
+index), show rates over the last half minute, and the ETA once the total is known.
 """
 
 from __future__ import annotations
 
 import contextlib
 import sys
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
+from rich.progress import BarColumn, Progress, ProgressColumn, Task, TaskID, TextColumn
 from rich.table import Table
+from rich.text import Text
+
+from bulkembed.rates import RunProgress, duration
 
 Item = TypeVar("Item")
 LOG_INTERVAL_SECONDS = 10.0
+# The closing summary's width: it fits a terminal of 80 columns.
+SUMMARY_WIDTH = 80
 # The stages of a run whose busy seconds `RunStats.stages` adds up, in pipeline order.
 STAGES = ("read", "tokenize", "pack", "model", "post-process", "write")
 
@@ -102,13 +103,6 @@ class RunStats:
         return self.tokens / self.padded_tokens if self.padded_tokens else 1.0
 
 
-def _rates(stats: RunStats) -> str:
-    return (
-        f"{stats.docs_per_s:,.0f} docs/s  {stats.tokens_per_s:,.0f} tok/s  "
-        f"padding eff {stats.padding_efficiency:.2f}"
-    )
-
-
 class Reporter(Protocol):
     """What a run tells its user, as it goes."""
 
@@ -118,8 +112,12 @@ class Reporter(Protocol):
     def warn(self, message: str) -> None:
         """Something the user should know even with `--quiet` (a mended ledger)."""
 
+    def phase(self, label: str) -> None:
+        """The run is busy with `label` (loading the model, building an index) until the
+        next phase or the first batch."""
+
     def start(self, stats: RunStats) -> None:
-        """The run begins; the total may come later, by `set_total`."""
+        """Embedding begins; the total may come later, by `set_total`."""
 
     def set_total(self, total: int) -> None:
         """Documents to embed, once counted."""
@@ -131,7 +129,7 @@ class Reporter(Protocol):
         """The run ended; `summary` is what `summary.json` holds."""
 
     def close(self) -> None:
-        """Release the terminal, whatever happened."""
+        """Release the terminal, whatever happened; a later `phase` takes it again."""
 
 
 class QuietReporter:
@@ -148,8 +146,11 @@ class QuietReporter:
         """Something the user should know even with `--quiet` (a mended ledger)."""
         self.console.print(f"warning: {message}", soft_wrap=True, markup=False)
 
+    def phase(self, label: str) -> None:
+        """The run is busy with `label` until the next phase or the first batch."""
+
     def start(self, stats: RunStats) -> None:
-        """The run begins; the total may come later, by `set_total`."""
+        """Embedding begins; the total may come later, by `set_total`."""
 
     def set_total(self, total: int) -> None:
         """Documents to embed, once counted."""
@@ -165,66 +166,148 @@ class QuietReporter:
 
 
 class LogReporter(QuietReporter):
-    """A plain line every `interval` seconds, for logs."""
+    """For logs (CI, files): a timestamped line when a phase begins, then one every
+    `interval` seconds, from a thread, so that the lines come steadily however long a batch
+    or an index build takes:
 
-    def __init__(self, interval: float = LOG_INTERVAL_SECONDS) -> None:
+        2026-11-25T10:41:07Z  42%  4,200/10,000 docs  1,310 docs/s  402,118 tok/s  ETA 4s
+    """
+
+    def __init__(
+        self,
+        interval: float = LOG_INTERVAL_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
         super().__init__()
         self.interval = interval
-        self._last = 0.0
-        self._total: int | None = None
+        self.wall = wall
+        self.progress = RunProgress(clock)
+        self._stop: threading.Event | None = None
+
+    def line(self) -> str:
+        """The progress line for now, timestamp first."""
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.wall()))
+        return f"{stamp}  {self.progress.describe()}"
+
+    def tick(self) -> None:
+        """Print the progress line."""
+        self.console.print(self.line(), soft_wrap=True, markup=False)
 
     def info(self, message: str) -> None:
         self.console.print(message, soft_wrap=True, markup=False)
 
-    def set_total(self, total: int) -> None:
-        self._total = total
-
-    def update(self, stats: RunStats) -> None:
-        now = time.monotonic()
-        if now - self._last < self.interval:
-            return
-        self._last = now
-        done = f"{stats.docs + stats.carried:,}" + (f"/{self._total:,}" if self._total else "")
-        self.console.print(f"bulkembed: {done} docs  {_rates(stats)}", soft_wrap=True)
-
-    def finish(self, summary: dict[str, Any]) -> None:
-        self.console.print(summary_table(summary))
-
-
-class BarReporter(LogReporter):
-    """A rich progress bar on the terminal."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.progress = Progress(
-            TextColumn("embedding"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("{task.fields[rates]}"),
-            TimeElapsedColumn(),
-            TextColumn("ETA"),
-            TimeRemainingColumn(),
-            console=self.console,
-        )
-        self.task = self.progress.add_task("embed", total=None, rates="", start=False)
+    def phase(self, label: str) -> None:
+        self.progress.begin(label)
+        self.tick()
+        self._keep_ticking()
 
     def start(self, stats: RunStats) -> None:
-        self.progress.start()
-        self.progress.start_task(self.task)
+        self.progress.begin(None)
+        self._keep_ticking()
 
     def set_total(self, total: int) -> None:
-        self.progress.update(self.task, total=total)
+        self.progress.total = total
 
     def update(self, stats: RunStats) -> None:
-        completed = stats.docs + stats.carried
-        self.progress.update(self.task, completed=completed, rates=_rates(stats))
+        self.progress.count(stats.docs + stats.carried, stats.tokens)
 
     def finish(self, summary: dict[str, Any]) -> None:
         self.close()
-        super().finish(summary)
+        for line in summary_lines(summary):
+            self.console.print(line, soft_wrap=True, markup=False)
 
     def close(self) -> None:
-        self.progress.stop()
+        if self._stop is not None:
+            self._stop.set()
+            self._stop = None
+            if self.progress.phase is None and self.progress.done:
+                self.tick()  # where embedding ended
+
+    def _keep_ticking(self) -> None:
+        """Print the line every `interval` seconds until `close`."""
+        if self._stop is not None:
+            return
+        stop = self._stop = threading.Event()
+
+        def ticks() -> None:
+            while not stop.wait(self.interval):
+                self.tick()
+
+        threading.Thread(target=ticks, name="bulkembed-progress", daemon=True).start()
+
+
+class _Since(ProgressColumn):
+    """Time in the current phase (or embedding), from the task's `since` field."""
+
+    def __init__(self, progress: RunProgress) -> None:
+        super().__init__()
+        self.progress = progress
+
+    def render(self, task: Task) -> Text:
+        return Text(duration(self.progress.clock() - self.progress.since), style="cyan")
+
+
+class BarReporter(LogReporter):
+    """A rich progress bar on the terminal: the phase or `embedding`, the bar (moving to and
+    fro while the total is unknown), counts, recent rates, time in the phase, ETA."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._bar: Progress | None = None
+        self._task: TaskID | None = None
+
+    def tick(self) -> None:
+        """Nothing to print: the bar redraws itself."""
+
+    def phase(self, label: str) -> None:
+        self.progress.begin(label)
+        self._show()
+
+    def start(self, stats: RunStats) -> None:
+        self.progress.begin(None)
+        self._show()
+
+    def set_total(self, total: int) -> None:
+        self.progress.total = total
+        self._show()
+
+    def update(self, stats: RunStats) -> None:
+        self.progress.count(stats.docs + stats.carried, stats.tokens)
+        self._show()
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+            self._bar = None
+
+    def _show(self) -> None:
+        """Draw the current state, starting the bar if it is not shown."""
+        if self._bar is None:
+            self._bar = Progress(
+                TextColumn("{task.description}"),
+                BarColumn(bar_width=24),
+                TextColumn("{task.fields[counts]}"),
+                TextColumn("{task.fields[rates]}"),
+                _Since(self.progress),
+                TextColumn("{task.fields[eta]}"),
+                console=self.console,
+            )
+            self._task = self._bar.add_task("", total=None, counts="", rates="", eta="")
+            self._bar.start()
+        assert self._task is not None
+        state = self.progress
+        embedding = state.phase is None
+        eta = state.eta if embedding else None
+        self._bar.update(
+            self._task,
+            description=state.phase or "embedding",
+            completed=state.done if embedding else 0,
+            total=state.total if embedding else None,
+            counts=state.counts() if embedding else "",
+            rates=state.rates() if embedding else "",
+            eta="" if eta is None else f"ETA {duration(eta)}",
+        )
 
 
 def make_reporter(quiet: bool) -> Reporter:
@@ -232,6 +315,50 @@ def make_reporter(quiet: bool) -> Reporter:
     if quiet:
         return QuietReporter()
     return BarReporter() if sys.stderr.isatty() else LogReporter()
+
+
+def _fit(line: str, width: int = SUMMARY_WIDTH) -> str:
+    """`line`, its middle cut out if it is wider than `width`."""
+    if len(line) <= width:
+        return line
+    keep = width - 1
+    return line[: keep // 2] + "…" + line[len(line) - (keep - keep // 2) :]
+
+
+def summary_lines(summary: dict[str, Any]) -> list[str]:
+    """The end of a run in at most 8 lines of at most 80 columns: what the output holds,
+    this run's speed, the model, changes against `--since`, bad and truncated records, and
+    where the full figures are (`summary.json`, `bulkembed status`)."""
+    output = summary.get("output") or "stdout"
+    seconds = summary.get("seconds") or 0.0
+    lines = [
+        f"done: {summary.get('docs', 0):,} docs in {output}",
+        f"this run: {summary.get('docs_this_run', 0):,} docs embedded in {duration(seconds)}: "
+        f"{summary.get('docs_per_s', 0):,.0f} docs/s, {summary.get('tokens_per_s', 0):,.0f} "
+        "tok/s",
+        f"padding efficiency {summary.get('padding_efficiency', 1.0):.2f}, device idle "
+        f"{100 * (summary.get('device_idle_fraction') or 0):.0f}%, "
+        f"{summary.get('batches_this_run', 0):,} batch(es)",
+        f"model {summary.get('model')} on {summary.get('device')} ({summary.get('dtype')}): "
+        f"{summary.get('outputs')}",
+    ]
+    if summary.get("new") is not None:
+        deleted = summary.get("deleted")
+        lines.append(
+            f"since the previous output: {summary['new']:,} new, {summary['changed']:,} "
+            f"changed, {summary['unchanged']:,} unchanged, "
+            + ("deleted unknown (--limit)" if deleted is None else f"{deleted:,} deleted")
+        )
+    if summary.get("bad_records"):
+        lines.append(f"{summary['bad_records']:,} bad record(s) set aside (bad_records.jsonl)")
+    if summary.get("truncated"):
+        lines.append(
+            f"{summary['truncated']:,} doc(s) cut at {summary.get('max_length')} tokens "
+            "(--max-length)"
+        )
+    if output != "stdout":
+        lines.append(f"full figures: bulkembed status {output} (and its summary.json)")
+    return [_fit(line) for line in lines]
 
 
 def summary_table(summary: dict[str, Any], title: str = "bulkembed summary") -> Table:

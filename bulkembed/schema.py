@@ -36,10 +36,11 @@ def output_schema(
     sparse: bool = False,
     multivector: pa.DataType | None = None,
     passthrough: dict[str, pa.DataType] | None = None,
+    metadata: dict[str, str] | None = None,
 ) -> pa.Schema:
     """`id`, each output that is produced (dense, sparse, multivector), `content_hash`, then
-    the passthrough columns. `dense` and `multivector` are their column types (see
-    `OutputFormat`)."""
+    the passthrough columns, with `metadata` as the schema's key-value metadata. `dense` and
+    `multivector` are their column types (see `OutputFormat`)."""
     fields = [pa.field("id", id_type, nullable=False)]
     if dense is not None:
         fields.append(pa.field("dense", dense))
@@ -49,7 +50,7 @@ def output_schema(
         fields.append(pa.field("multivector", multivector))
     fields.append(pa.field(CONTENT_HASH, pa.string(), nullable=False))
     fields.extend(pa.field(name, kind) for name, kind in (passthrough or {}).items())
-    return pa.schema(fields)
+    return pa.schema(fields, metadata=metadata)
 
 
 def _offsets(lengths: list[int]) -> pa.Array:

@@ -4,11 +4,15 @@ import json
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from helpers import embed_texts, mixed_texts, write_jsonl
+from tokenizers import Tokenizer
 from typer.testing import CliRunner
 
 from bulkembed.cli import app
+from bulkembed.model_files import model_version
+from bulkembed.version import __version__
 
 runner = CliRunner()
 
@@ -64,13 +68,35 @@ def test_bge_m3_matches_flagembedding(tmp_path, tiny_bge_m3):
             expected = expected / np.linalg.norm(expected, axis=1, keepdims=True)
             assert (ours * expected).sum(axis=1).min() >= 0.9999
 
+    # vocab.json: the token of each vocabulary id at its position.
     vocabulary = json.loads((out / "_bulkembed" / "vocab.json").read_text())
-    assert vocabulary["0"] == "<s>" and vocabulary["2"] == "</s>" and len(vocabulary) == 500
+    tokenizer = Tokenizer.from_file(str(tiny_bge_m3 / "tokenizer.json"))
+    assert vocabulary[0] == "<s>" and vocabulary[2] == "</s>" and len(vocabulary) == 500
+    terms = {vocabulary[i] for row in table.column("sparse").to_pylist() for i in row["indices"]}
+    assert terms == {
+        tokenizer.id_to_token(i) for row in reference["lexical_weights"] for i in map(int, row)
+    }
+
+    # The schema metadata says how to search the parts.
+    metadata = pq.read_schema(next(out.glob("*.parquet"))).metadata
+    config = tiny_bge_m3 / "config.json"
+    assert {k: v for k, v in metadata.items() if k.startswith(b"bulkembed.")} == {
+        b"bulkembed.model": str(tiny_bge_m3).encode(),
+        b"bulkembed.revision": model_version(str(tiny_bge_m3), None, config).encode(),
+        b"bulkembed.outputs": b"dense,sparse,multivector",
+        b"bulkembed.dimension": b"32",
+        b"bulkembed.normalized": b"true",
+        b"bulkembed.metric": b"cosine",
+        b"bulkembed.version": __version__.encode(),
+    }
 
 
 def test_bge_m3_outputs_can_be_chosen(tmp_path, tiny_bge_m3):
     table, _ = _embed(tmp_path, tiny_bge_m3, ["one text", "another"], "--outputs", "sparse")
     assert table.schema.names == ["id", "sparse", "content_hash"]
+    metadata = table.schema.metadata
+    assert metadata[b"bulkembed.outputs"] == b"sparse" and metadata[b"bulkembed.dimension"] == b""
+    assert metadata[b"bulkembed.metric"] == b"dot"
     result = runner.invoke(
         app,
         [

@@ -14,7 +14,10 @@ from helpers import sample_texts, write_jsonl, write_parquet
 from typer.testing import CliRunner
 
 from bulkembed.cli import app
+from bulkembed.contracts import Embeddings, SparseVector
+from bulkembed.schema import output_schema, record_batch
 from bulkembed.sinks import StreamFormat, StreamSink
+from bulkembed.sinks.stream import json_lines
 
 READ_EVERY_LINE = (
     "import json, sys; rows = [json.loads(line) for line in sys.stdin]; "
@@ -64,9 +67,9 @@ def test_a_loader_reads_every_record_from_the_pipe(tmp_path, tiny_st):
     assert "bad record: " in result.stderr and '"reason": "text is null"' in result.stderr
     reference = _reference(tmp_path, corpus, model)
     assert reference.column("id").to_pylist() == expected
-    np.testing.assert_allclose(
-        np.array(read["dense"]), np.array(reference.column("dense").to_pylist()), atol=1e-6
-    )
+    # The shortest text of each float32 reads back as exactly that float32.
+    streamed = np.array(read["dense"], dtype=np.float32)
+    assert np.array_equal(streamed, np.array(reference.column("dense").to_pylist(), np.float32))
 
 
 @pytest.mark.slow
@@ -114,3 +117,27 @@ def test_stream_options_are_checked(tmp_path, tiny_st):
     result = CliRunner().invoke(app, [*arguments, "-o", "-", "--stream-format", "csv"])
     assert result.exit_code == 2
     assert "Invalid value for '--stream-format'" in result.output and "'csv'" in result.output
+
+
+def test_json_lines_write_each_float32_in_its_shortest_text():
+    vectors = np.array([[0.1, 1 / 3], [-2.5e-8, 7.0]], dtype=np.float32)
+    sparse = [
+        SparseVector(np.array([3, 9]), np.array([0.5, 1 / 7], np.float32)),
+        SparseVector(np.array([], np.int64), np.array([], np.float32)),
+    ]
+    multivector = [np.array([[1 / 3, 0.2]], np.float32), np.empty((0, 2), np.float32)]
+    schema = output_schema(
+        pa.string(), pa.list_(pa.float32(), 2), True, pa.list_(pa.list_(pa.float32(), 2))
+    )
+    embeddings = Embeddings(vectors, sparse, multivector)
+    batch = record_batch(pa.array(["a", "b"]), embeddings, schema, ["h0", "h1"], {})
+    lines = json_lines(batch).decode().splitlines()
+    assert lines[0] == (
+        '{"id":"a","dense":[0.1,0.33333334],"sparse":{"indices":[3,9],"values":[0.5,0.14285715]},'
+        '"multivector":[[0.33333334,0.2]],"content_hash":"h0"}'
+    )
+    # A slice (a batch split for a reader) starts at its own first row.
+    assert json_lines(batch.slice(1)).decode().splitlines() == [lines[1]]
+    row = json.loads(lines[1])
+    assert row["sparse"] == {"indices": [], "values": []} and row["multivector"] == []
+    assert np.float32(row["dense"][0]) == vectors[1, 0] and row["dense"][0] == -2.5e-8

@@ -244,6 +244,7 @@ def _embed_on_devices(
         cpu_threads_per_worker(devices),
         config.tune_batch_tokens,
     )
+    reporter.phase(f"loading the model on {', '.join(devices)}")
     pool = UnitPool(work, devices, reporter.warn)
     stopped = True
     try:

@@ -100,6 +100,7 @@ def plan_run(config: RunConfig, reporter: Reporter) -> RunPlan:
     from bulkembed.engine.session import dtype_name
     from bulkembed.model_spec import resolve_model
 
+    reporter.phase("listing the inputs")
     options = StorageOptions.parse(config.storage_options)
     target = parse_output(config.output, options)
     remote = target.path if isinstance(target.path, ObjectPath) else None

@@ -63,7 +63,8 @@ def embed_corpus(config: RunConfig, reporter: Reporter | None = None) -> Summary
     An output that holds an unfinished run with the same settings is resumed; a finished
     one is left as it is."""
     reporter = reporter or QuietReporter()
-    with _stop_on_signals():
+    with _stop_on_signals(), contextlib.closing(reporter):
+        # Closed on the way out: a phase may hold the terminal (listing inputs, an index).
         plan = plan_run(config, reporter)
         run = RunDirectory.for_target(plan.target, config.shard, config.break_lock)
         sink = make_sink(plan.target, config, plan.spec.normalize, Intents(run.meta))
@@ -170,20 +171,22 @@ def _finish_if_whole(plan: RunPlan, run: RunDirectory, sink: Sink, reporter: Rep
     try:
         with finishing(run.meta, run.label):
             if not run.is_complete(done):
-                sink.finish()
+                sink.finish(reporter.phase)
                 run.mark_complete(len(done))
     except LockedError:
         reporter.info(f"every unit is done; another run is finishing {run.label}")
 
 
 def _write_vocabulary(run: RunDirectory, plan: RunPlan) -> None:
-    """`vocab.json`, id -> token, so that loaders can turn sparse indices into terms."""
+    """`vocab.json`, a list of tokens where the position is the vocabulary id (`vocab[i]`
+    is the term of sparse index `i`; null for an id the tokenizer has no token for)."""
     from tokenizers import Tokenizer
 
     vocabulary = Tokenizer.from_str(plan.spec.tokenizer_json).get_vocab(with_added_tokens=True)
-    run.write_vocabulary(
-        {str(i): token for token, i in sorted(vocabulary.items(), key=lambda x: x[1])}
-    )
+    tokens: list[str | None] = [None] * (max(vocabulary.values(), default=-1) + 1)
+    for token, i in vocabulary.items():
+        tokens[i] = token
+    run.write_vocabulary(tokens)
 
 
 def _share_quantization(plan: RunPlan, run: RunDirectory, previous: PreviousOutput) -> None:

@@ -62,6 +62,7 @@ class DeviceSession:
         self.tuned = False
         self.precision: PrecisionCheck | None = None
         self.embedder: Embedder
+        reporter.phase(f"loading the model on {', '.join(devices)}")
         if len(devices) > 1 and not self.checking:
             self.embedder = self._start_pool()
             return
@@ -112,6 +113,7 @@ class DeviceSession:
         if not self.checking:
             return True
         assert isinstance(self.embedder, Encoder)
+        self.reporter.phase(f"checking {dtype_name(self.candidate)} against float32")
         checked = check_on_window(self.embedder, window, self.candidate, self.budget)
         if checked is None:
             return False

@@ -20,6 +20,7 @@ from bulkembed.errors import InputError
 from bulkembed.schema import output_schema
 from bulkembed.sinks import ParquetSink
 from bulkembed.storage import AnyPath
+from bulkembed.version import __version__
 from bulkembed.windows import embed_packed, window_tokens, windows
 from bulkembed.writer import PartWriter, write_window
 
@@ -63,7 +64,37 @@ def part_schema(
         sparse="sparse" in spec.outputs,
         multivector=None if multivector is None else output_format.multivector_type(multivector),
         passthrough=reader.column_types,
+        metadata=schema_metadata(spec, sizes, output_format),
     )
+
+
+def schema_metadata(
+    spec: ModelSpec, sizes: VectorSizes, output_format: OutputFormat
+) -> dict[str, str]:
+    """What a reader of a part needs to know to search it, as `bulkembed.`-prefixed string
+    keys of the schema metadata: the model, the exact weights (`revision`: the hub commit or
+    a digest of a local folder), the outputs, the dense dimension ("" without dense), whether
+    vectors are normalised, the dense vectors' metric, and the bulkembed version. The same
+    for every part of a run, since its settings are.
+
+    The metric follows what the vectors are: `cosine` for normalised vectors (the dot
+    product gives the same order), `dot` for vectors the model leaves unnormalised (and for
+    sparse weights), `hamming` for `--quantize binary/ubinary` bits."""
+    if output_format.quantize in ("binary", "ubinary"):
+        metric = "hamming"
+    else:
+        metric = "cosine" if output_format.normalize and sizes.dense_dim is not None else "dot"
+    if sizes.dense_dim is None and sizes.multivector_dim is not None:
+        metric = "cosine"  # multi-vectors are normalised; MaxSim sums their cosines
+    return {
+        "bulkembed.model": spec.source,
+        "bulkembed.revision": spec.version,
+        "bulkembed.outputs": ",".join(spec.outputs),
+        "bulkembed.dimension": "" if sizes.dense_dim is None else str(sizes.dense_dim),
+        "bulkembed.normalized": str(output_format.normalize).lower(),
+        "bulkembed.metric": metric,
+        "bulkembed.version": __version__,
+    }
 
 
 def fail_on_bad_records(chunks: Iterable[Chunk]) -> Iterator[Chunk]:

@@ -302,7 +302,7 @@ class RunDirectory:
     def write_summary(self, summary: dict[str, Any]) -> None:
         write_json_atomically(self.summary_path, summary)
 
-    def write_vocabulary(self, vocabulary: dict[str, str]) -> None:
+    def write_vocabulary(self, vocabulary: list[str | None]) -> None:
         write_json_atomically(self.meta / "vocab.json", vocabulary)
 
     @property

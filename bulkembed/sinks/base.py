@@ -8,7 +8,7 @@ one invisible, or be able to take it back in `reconcile`.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Collection, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -16,6 +16,10 @@ import pyarrow as pa
 
 if TYPE_CHECKING:
     from bulkembed.contracts import UnitRecord
+
+
+def unshown(phase: str) -> None:
+    """A step of `Sink.finish` that nobody is told about."""
 
 
 @dataclass(slots=True)
@@ -82,8 +86,9 @@ class Sink(ABC):
         and the unit's marker) goes into the part where the sink can keep it, so that a lost
         marker can be taken back from the part."""
 
-    def finish(self) -> None:  # noqa: B027 (most sinks have nothing left to do)
-        """Every unit is committed: finalize the target (indexes, compaction, end of stream)."""
+    def finish(self, phase: Callable[[str], None] = unshown) -> None:  # noqa: B027
+        """Every unit is committed: finalize the target (indexes, compaction, end of stream),
+        naming each step that takes a while to `phase` (most sinks have nothing left to do)."""
 
     @abstractmethod
     def close(self) -> None:

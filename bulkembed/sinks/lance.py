@@ -48,7 +48,7 @@ from __future__ import annotations
 import contextlib
 import math
 import warnings
-from collections.abc import Collection, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Protocol
@@ -56,7 +56,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import pyarrow as pa
 
 from bulkembed.errors import OutputError
-from bulkembed.sinks.base import Recovered, Sink
+from bulkembed.sinks.base import Recovered, Sink, unshown
 from bulkembed.storage import AnyPath, ObjectPath, StorageOptions
 
 if TYPE_CHECKING:
@@ -447,10 +447,11 @@ class LanceSink(Sink):
 
         return self._commit(lance.LanceOperation.Append(fragments), landed)
 
-    def finish(self) -> None:
+    def finish(self, phase: Callable[[str], None] = unshown) -> None:
         """Compact the table, delete the data files that no version refers to (every unit
-        is done: no writer is left), then build the indexes."""
+        is done: no writer is left), then build the indexes, each step named to `phase`."""
         table = self.db.open_table(self.table_name)
+        phase(f"compacting {self.description}")
         with warnings.catch_warnings():
             # It warns that readers of old versions would fail: the run's versions are not
             # needed once it is done.
@@ -462,11 +463,13 @@ class LanceSink(Sink):
             kind, partitions = self.index.choose(rows)
             for column, metric in (("vector", self.index.metric), ("multivector", "cosine")):
                 if column in names:
+                    phase(f"building the {kind} index on {column} ({rows:,} rows)")
                     config = _index_config(kind, partitions, metric)
                     table.create_index(column, config=config)
         if self.fts_column is not None:
             from lancedb.index import FTS
 
+            phase(f"building the full-text index on {self.fts_column}")
             table.create_index(self.fts_column, config=FTS(), replace=True)
 
     def close(self) -> None:

@@ -4,20 +4,27 @@ Rows are written in input order as soon as they are embedded; there is nothing t
 resume. A reader that closes the pipe (`| head`) stops the run with `PipeClosed`; a record
 is written whole or not at all, as far as the reader can tell: JSON lines are written a
 batch of whole lines at a time, Arrow a whole message at a time.
+
+JSON lines carry each float in the shortest text that reads back as the same float32 (or
+float16) value, as orjson writes numpy arrays: about half the bytes of float64 text, and
+several times faster to write.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
+from collections.abc import Callable, Iterator
 from typing import IO, Any
 
+import numpy as np
+import orjson
 import pyarrow as pa
 
 from bulkembed.config import StreamFormat
 from bulkembed.errors import OutputError, PipeClosed
-from bulkembed.sinks.base import Sink
+from bulkembed.schema import SPARSE_TYPE
+from bulkembed.sinks.base import Sink, unshown
 
 
 class StreamSink(Sink):
@@ -43,10 +50,7 @@ class StreamSink(Sink):
         if self._arrow is not None:
             self._guard(lambda: self._arrow.write_batch(batch))
         else:
-            lines = b"".join(
-                json.dumps(row, ensure_ascii=False, default=str).encode() + b"\n"
-                for row in batch.to_pylist()
-            )
+            lines = json_lines(batch)
             self._guard(lambda: self.stream.write(lines))
         self._guard(self.stream.flush)
         self.records += batch.num_rows
@@ -54,7 +58,7 @@ class StreamSink(Sink):
     def commit(self, part: str, label: dict[str, Any]) -> dict[str, Any]:
         return {}
 
-    def finish(self) -> None:
+    def finish(self, phase: Callable[[str], None] = unshown) -> None:
         if self._arrow is not None:
             self._guard(self._arrow.close)
             self._arrow = None
@@ -82,3 +86,57 @@ class StreamSink(Sink):
             devnull = os.open(os.devnull, os.O_WRONLY)
             os.dup2(devnull, self.stream.fileno())
             os.close(devnull)
+
+
+_JSON_OPTIONS = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_APPEND_NEWLINE
+
+
+def _vector_rows(column: pa.Array) -> np.ndarray:
+    """A fixed_size_list column as a [rows, size] numpy array (nulls, which no vector
+    column holds, are not expected)."""
+    flat = column.flatten().to_numpy(zero_copy_only=False)
+    return flat.reshape(len(column), column.type.list_size)
+
+
+def _list_rows(column: pa.ListArray) -> Iterator[Any]:
+    """Each row of a list column as a numpy array: of numbers, or of vectors when its items
+    are fixed-size lists (`multivector`)."""
+    offsets = column.offsets.to_numpy()
+    offsets = offsets - offsets[0]  # a slice's offsets start where it does in its parent
+    values = column.flatten()
+    if pa.types.is_fixed_size_list(values.type):
+        items = _vector_rows(values)
+    else:
+        items = values.to_numpy(zero_copy_only=False)
+    for start, end in zip(offsets[:-1], offsets[1:], strict=True):
+        yield items[start:end]
+
+
+def _column_rows(column: pa.Array) -> Iterator[Any]:
+    """The values of one column, row by row, in the form the JSON writer takes fastest:
+    vectors and sparse weights as numpy arrays, anything else as Python values."""
+    kind = column.type
+    if pa.types.is_fixed_size_list(kind):
+        yield from _vector_rows(column)
+    elif pa.types.is_list(kind) and (
+        pa.types.is_fixed_size_list(kind.value_type) or pa.types.is_floating(kind.value_type)
+    ):
+        yield from _list_rows(column)
+    elif kind == SPARSE_TYPE:
+        indices, values = (_list_rows(field) for field in column.flatten())
+        for row_indices, row_values in zip(indices, values, strict=True):
+            yield {"indices": row_indices, "values": row_values}
+    else:
+        yield from column.to_pylist()
+
+
+def json_lines(batch: pa.RecordBatch) -> bytes:
+    """The rows of `batch` as JSON lines, one object per row, columns in schema order.
+    Vectors are written from their numpy arrays (shortest round-trip text of each float32);
+    values JSON has no type for (bytes, decimals) are written as their `str`."""
+    names = batch.schema.names
+    columns = [_column_rows(column) for column in batch.columns]
+    return b"".join(
+        orjson.dumps(dict(zip(names, row, strict=True)), default=str, option=_JSON_OPTIONS)
+        for row in zip(*columns, strict=True)
+    )

@@ -1,0 +1,159 @@
+"""What a run prints: phases, recent rates, ETA, timestamped log lines, the closing summary."""
+
+import calendar
+import json
+import re
+
+import pytest
+from helpers import records, write_jsonl
+from typer.testing import CliRunner
+
+from bulkembed.cli import app
+from bulkembed.progress import LogReporter, RunStats, summary_lines
+from bulkembed.rates import RunProgress
+
+# 2026-11-25T10:41:07Z
+WALL = calendar.timegm((2026, 11, 25, 10, 41, 7, 0, 0, 0))
+STAMP = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ"
+
+
+class FakeClock:
+    """Monotonic seconds that move only when told."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _stats(docs: int, tokens: int, carried: int = 0) -> RunStats:
+    return RunStats(docs=docs, tokens=tokens, carried=carried)
+
+
+def test_rates_leave_out_the_start_up_and_follow_the_last_half_minute():
+    clock = FakeClock()
+    progress = RunProgress(clock)
+    progress.begin("loading the model")
+    clock.now += 40  # loading and checking: no documents
+    assert progress.describe() == "loading the model (40s)"
+    progress.count(100, 5_000)  # the first batch
+    assert progress.phase is None and progress.rates() == ""
+    for _ in range(30):  # 100 docs/s for 30 s, 50 tokens each
+        clock.now += 1
+        progress.count(progress.done + 100, (progress.done + 100) * 50)
+    assert progress.window.rates() == (100.0, 5_000.0)  # not 3,100 docs / 70 s
+    for _ in range(40):  # slower: 20 docs/s for 40 s, beyond the window
+        clock.now += 1
+        progress.count(progress.done + 20, (progress.done + 20) * 50)
+    assert progress.window.rates() == (20.0, 1_000.0)  # not 3,900 docs / 110 s
+    assert progress.rates() == "20 docs/s  1,000 tok/s"
+
+
+def test_eta_comes_from_the_total_once_it_is_known():
+    clock = FakeClock()
+    progress = RunProgress(clock)
+    progress.begin(None)
+    progress.count(200, 10_000)
+    clock.now += 2
+    progress.count(400, 20_000)
+    assert progress.describe() == "400 docs  100 docs/s  5,000 tok/s"  # no total: no % or ETA
+    progress.total = 10_000
+    assert progress.percent == 4 and progress.eta == 96.0
+    assert progress.describe() == "4%  400/10,000 docs  100 docs/s  5,000 tok/s  ETA 1m36s"
+
+
+def test_log_lines_have_a_timestamp_percentage_counts_rates_and_eta(capsys):
+    clock = FakeClock()
+    reporter = LogReporter(clock=clock, wall=lambda: WALL)
+    reporter.phase("listing the inputs")
+    clock.now += 3
+    reporter.tick()
+    reporter.set_total(10_000)
+    reporter.progress.begin(None)
+    reporter.update(_stats(docs=1_000, tokens=40_000, carried=580))
+    clock.now += 2
+    reporter.update(_stats(docs=3_000, tokens=120_000, carried=1_200))
+    reporter.tick()
+    lines = capsys.readouterr().err.splitlines()
+    reporter.close()
+    assert lines == [
+        "2026-11-25T10:41:07Z  listing the inputs",
+        "2026-11-25T10:41:07Z  listing the inputs (3s)",
+        "2026-11-25T10:41:07Z  42%  4,200/10,000 docs  1,310 docs/s  40,000 tok/s  ETA 4s",
+    ]
+    pattern = rf"{STAMP}  \d+%  [\d,]+/[\d,]+ docs  [\d,]+ docs/s  [\d,]+ tok/s  ETA \w+"
+    assert re.fullmatch(pattern, lines[-1])
+
+
+def test_the_closing_summary_fits_ten_lines_of_80_columns():
+    summary = {
+        "docs": 1_234_567,
+        "new": 3,
+        "changed": 5,
+        "unchanged": 1_234_559,
+        "deleted": 2,
+        "tokens": 98_765_432,
+        "padding_efficiency": 0.9312,
+        "bad_records": 25,
+        "truncated": 1_204,
+        "docs_this_run": 8,
+        "batches_this_run": 1,
+        "seconds": 92.4,
+        "docs_per_s": 1_310.5,
+        "tokens_per_s": 402_118.2,
+        "device_idle_fraction": 0.041,
+        "stage_seconds": {"read": 1.0, "tokenize": 2.0, "model": 80.0},
+        "model": "sentence-transformers/" + "very-long-model-name-" * 4,
+        "device": "cuda:0,cuda:1,cuda:2,cuda:3",
+        "dtype": "float16",
+        "outputs": "dense,sparse,multivector",
+        "max_length": 512,
+        "output": "s3://bucket/" + "deeply/nested/" * 10 + "out",
+    }
+    lines = summary_lines(summary)
+    assert len(lines) <= 10 and max(map(len, lines)) <= 80
+    assert lines[0].startswith("done: 1,234,567 docs in s3://bucket/") and "…" in lines[0]
+    assert lines[0].endswith("/nested/out") and len(lines[0]) == 80
+    assert lines[1] == "this run: 8 docs embedded in 1m32s: 1,310 docs/s, 402,118 tok/s"
+    assert lines[2] == "padding efficiency 0.93, device idle 4%, 1 batch(es)"
+    assert "since the previous output: 3 new, 5 changed, 1,234,559 unchanged, 2 deleted" in lines
+    assert "25 bad record(s) set aside (bad_records.jsonl)" in lines
+    assert "1,204 doc(s) cut at 512 tokens (--max-length)" in lines
+
+
+def test_a_run_names_its_start_up_phases_and_ends_with_a_short_summary(tmp_path, tiny_st):
+    corpus = write_jsonl(tmp_path / "c.jsonl", records(40))
+    out = tmp_path / "out"
+    arguments = ["run", str(corpus), "--model", str(tiny_st("mean")), "--output", str(out)]
+    result = CliRunner().invoke(app, [*arguments, "--tokenize-workers", "0"])
+    assert result.exit_code == 0, result.output
+    lines = result.stderr.splitlines()
+    assert re.fullmatch(rf"{STAMP}  listing the inputs", lines[0])
+    assert any(re.fullmatch(rf"{STAMP}  loading the model on cpu", x) for x in lines)
+    closing = lines[lines.index(next(x for x in lines if x.startswith("done: "))) :]
+    assert closing[0].startswith("done: 40 docs in /") and closing[0].endswith("/out")
+    assert closing[-1].startswith("full figures: bulkembed status /")
+    assert len(closing) <= 10 and max(map(len, closing)) <= 80
+    summary = json.loads((out / "_bulkembed" / "summary.json").read_text())
+    assert closing == summary_lines(summary)
+    assert closing[1].startswith("this run: 40 docs embedded in ")
+
+
+def test_index_builds_are_named_while_they_run(tmp_path, tiny_st):
+    pytest.importorskip("lancedb")
+    texts = [{"id": r["id"], "text": r["text"]} for r in records(300)]
+    corpus = write_jsonl(tmp_path / "c.jsonl", texts)
+    out = f"lancedb://{tmp_path / 'db'}"
+    arguments = ["run", str(corpus), "--model", str(tiny_st("mean")), "--output", out]
+    extra = ["--tokenize-workers", "0", "--keep-columns", "text", "--index", "--fts"]
+    result = CliRunner().invoke(app, [*arguments, *extra])
+    assert result.exit_code == 0, result.output
+    phases = [x.split("  ", 1)[1] for x in result.stderr.splitlines() if re.match(STAMP, x)]
+    # Each phase once, however many lines a long one took.
+    steps = list(dict.fromkeys(re.sub(r" \(\w+\)$", "", x) for x in phases if x[0].isalpha()))
+    assert steps[-3:] == [
+        f"compacting table 'embeddings' of LanceDB {tmp_path / 'db'}",
+        "building the ivf_hnsw_sq index on vector (300 rows)",
+        "building the full-text index on text",
+    ]
