@@ -13,13 +13,28 @@ Ids of PREV that the input no longer has are not written: they are the deleted o
 vectors are read a row group at a time (a few hundred rows: bulkembed writes one per chunk),
 as the records that need them come; the run's own order of units usually matches PREV's, so
 each row group is read once.
+
+With a Parquet output the run also writes the change set that takes PREV to the new output,
+in the run directory (`ChangeSet`):
+
+- `changes/upserts/part-*.parquet`: the new and changed documents, with every output column
+  (the parts' schema). A unit's upserts are committed just before its part, and the unit is
+  marked done after both: a unit embedded again after a crash writes the same file again,
+  under the same name, so each id is there exactly once, also after any number of restarts.
+- `changes/deletes.parquet`: one column, `id`: PREV's ids that the new output does not hold.
+  It is written once every unit is done, before the output is marked complete, from PREV's
+  parts and the output's: a run resumed after a crash computes the same list. With `--limit`
+  it is not written (the documents past the limit were not read).
 """
 
 from __future__ import annotations
 
 import hashlib
+import io
+import os
+import secrets
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from typing import Any
 
 import numpy as np
@@ -33,7 +48,7 @@ from bulkembed.sinks import ParquetSink
 from bulkembed.sources import Chunk
 from bulkembed.sources.filters import id_hash
 from bulkembed.sources.records import Carried
-from bulkembed.storage import AnyPath, parquet_file
+from bulkembed.storage import AnyPath, ObjectPath, parquet_file
 from bulkembed.tokenize import TokenizerSettings
 
 # Settings that may differ from PREV's: they change which documents there are or which
@@ -41,6 +56,10 @@ from bulkembed.tokenize import TokenizerSettings
 _FREE_SETTINGS = ("inputs", "limit", "units", "keep_columns", "since")
 # PREV's row groups held in memory at once.
 _CACHED_GROUPS = 4
+# The change set's folder in the run directory, and its files there.
+CHANGES = "changes"
+UPSERTS = "upserts"
+DELETES = "deletes.parquet"
 
 
 def content_hash(text: str) -> str:
@@ -179,7 +198,77 @@ class PreviousOutput:
             if same.any():
                 unchanged = np.flatnonzero(same)
                 records = chunk.rows(unchanged.tolist())
-                records.texts = []  # not embedded: not needed
                 chunk.carried = Carried(records, self._embeddings(entries[unchanged]))
                 chunk.keep(np.flatnonzero(~same).tolist())
             yield chunk
+
+
+def _id_hashes(ids: list[Any]) -> np.ndarray:
+    return np.fromiter(map(id_hash, ids), np.uint64, len(ids))
+
+
+class ChangeSet:
+    """The change set of a `--since` run with a Parquet output, in `meta/changes/` (see the
+    module's docstring): upserts a unit at a time, deletes once at the end."""
+
+    def __init__(self, meta: AnyPath) -> None:
+        self.directory = meta / CHANGES
+        self.deletes_path = self.directory / DELETES
+
+    def upserts(self) -> ParquetSink:
+        """A sink for the upserts: one per writing process (its temporary files are its own)."""
+        return ParquetSink(self.directory / UPSERTS)
+
+    def open(self, mine: Collection[str] | None) -> None:
+        """Make the folder, and drop what a crash left half-written (of the units in
+        `mine`, when given). The upserts of a unit whose part was not committed stay: the
+        unit is embedded again and writes the same file again, under the same name."""
+        upserts = self.upserts()
+        upserts.directory.mkdir(parents=True, exist_ok=True)
+        upserts.remove_unfinished(mine)
+        if not isinstance(self.directory, ObjectPath) and self.directory.is_dir():
+            for temporary in self.directory.glob(f".{DELETES}.*.tmp"):
+                temporary.unlink(missing_ok=True)
+
+    def remove(self) -> None:
+        """Delete the change set (`--overwrite`): bulkembed's own files, and nothing else."""
+        upserts = self.upserts()
+        if upserts.directory.is_dir():
+            upserts.remove([])
+        self.deletes_path.unlink(missing_ok=True)
+
+    def write_deletes(self, previous: PreviousOutput, output_ids: Iterable[Any]) -> int:
+        """Write `deletes.parquet`: PREV's ids that are not among `output_ids`; return how
+        many. Ids are compared by 64-bit hash: an id of PREV whose hash matches a kept id's
+        (odds about n² / 2⁶⁵) is kept."""
+        kept = np.unique(np.fromiter(map(id_hash, output_ids), np.uint64))
+        gone = []
+        for path in previous.parts:
+            ids = parquet_file(path).read(columns=["id"]).column("id")
+            hashes = _id_hashes(ids.to_pylist())
+            gone.append(ids.filter(pa.array(~np.isin(hashes, kept))))
+        schema = pa.schema([("id", gone[0].type if gone else pa.string())])
+        table = pa.Table.from_arrays(
+            [pa.chunked_array(gone, schema.field("id").type)], schema=schema
+        )
+        self._write_whole(table)
+        return table.num_rows
+
+    def _write_whole(self, table: pa.Table) -> None:
+        """Write `deletes.parquet` whole or not at all (an object in one upload)."""
+        buffer = io.BytesIO()
+        pq.write_table(table, buffer)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        if isinstance(self.deletes_path, ObjectPath):
+            self.deletes_path.write_bytes(buffer.getvalue())
+            return
+        temporary = self.deletes_path.with_name(f".{DELETES}.{secrets.token_hex(4)}.tmp")
+        try:
+            with open(temporary, "wb") as f:
+                f.write(buffer.getvalue())
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(temporary, self.deletes_path)
+        except OSError as e:
+            temporary.unlink(missing_ok=True)
+            raise BulkembedError(f"cannot write {self.deletes_path}: {e}") from e

@@ -13,7 +13,7 @@ import contextlib
 import shutil
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -22,11 +22,11 @@ from bulkembed.config import Engine, RunConfig
 from bulkembed.contracts import UnitRecord
 from bulkembed.engine.plan import RunOutcome, RunPlan, plan_run
 from bulkembed.errors import Interrupted, OutputError
-from bulkembed.incremental import PreviousOutput
+from bulkembed.incremental import ChangeSet, PreviousOutput
 from bulkembed.progress import QuietReporter, Reporter, RunStats
 from bulkembed.run_dir import LockedError, RunDirectory, fingerprint
 from bulkembed.run_dir.intents import Intents, finishing
-from bulkembed.sinks import Sink, make_sink
+from bulkembed.sinks import ParquetSink, Sink, make_sink
 from bulkembed.storage import location
 from bulkembed.summary import Summary, summarize
 from bulkembed.version import __version__
@@ -94,6 +94,9 @@ def _run(
         complete = run.is_complete()
         previous: PreviousOutput | None = None
         previous_rows = None
+        changes: ChangeSet | None = None
+        if config.overwrite and sink.resumable:
+            ChangeSet(run.meta).remove()
         if config.since is not None and complete:
             previous_rows = run.read_config().get("previous_rows")
         elif config.since is not None:
@@ -101,6 +104,9 @@ def _run(
             previous = PreviousOutput(since, settings)
             previous_rows = previous.rows
             _share_quantization(plan, run, previous)
+            if isinstance(sink, ParquetSink):
+                changes = ChangeSet(run.meta)
+                changes.open(plan.my_units)
         spec_fields = {k: v for k, v in asdict(plan.spec).items() if k != "tokenizer_json"}
         paths = [{"name": f.name, "path": str(f.path)} for f in plan.files]
         run.write_config(
@@ -120,8 +126,11 @@ def _run(
         if complete:
             reporter.info(f"nothing to do: {plan.target.label} already holds every document")
             return summarize(done, RunStats(), plan.run_info(), previous_rows, limited), None
-        outcome = _dispatch(plan, run, sink, done, previous, reporter)
-        _finish_if_whole(plan, run, sink, reporter)
+        outcome = _dispatch(plan, run, sink, done, previous, changes, reporter)
+        deletes = None
+        if changes is not None and previous is not None and not limited:
+            deletes = _deletes(changes, previous, sink, run)
+        _finish_if_whole(plan, run, sink, reporter, deletes)
         done = run.done_units()
         # Lines a unit written twice (a lost Ray actor's) appended twice go.
         run.rebuild_quarantine(done, plan.my_units)
@@ -140,6 +149,7 @@ def _dispatch(
     sink: Sink,
     done: dict[str, UnitRecord],
     previous: PreviousOutput | None,
+    changes: ChangeSet | None,
     reporter: Reporter,
 ) -> RunOutcome:
     """Hand the pending units to the engine the configuration names."""
@@ -149,12 +159,33 @@ def _dispatch(
         return embed_on_ray(plan, run, sink, done, reporter)
     from bulkembed.engine.local import embed_locally
 
-    return embed_locally(plan, run, sink, done, previous, reporter)
+    upserts = None if changes is None else changes.upserts
+    return embed_locally(plan, run, sink, done, previous, reporter, upserts)
 
 
-def _finish_if_whole(plan: RunPlan, run: RunDirectory, sink: Sink, reporter: Reporter) -> None:
+def _deletes(
+    changes: ChangeSet, previous: PreviousOutput, sink: Sink, run: RunDirectory
+) -> Callable[[], None]:
+    """What writes the change set's deletes once every unit is done: PREV's ids that no
+    done unit holds."""
+
+    def write() -> None:
+        changes.write_deletes(previous, sink.committed_ids(run.done_units()))
+
+    return write
+
+
+def _finish_if_whole(
+    plan: RunPlan,
+    run: RunDirectory,
+    sink: Sink,
+    reporter: Reporter,
+    before_complete: Callable[[], None] | None = None,
+) -> None:
     """Once every unit is done, finish the output (`Sink.finish`) and mark it complete: at
     once for a whole run; for a `--shard` run, when the other shards' units are done too.
+    `before_complete` runs just before the output is marked complete (`--since`: the change
+    set's deletes).
     Shard runs that find every unit done at the same moment take turns: the first finishes,
     the others find the output complete, or leave it to the one finishing it."""
     done = run.done_units()
@@ -171,6 +202,8 @@ def _finish_if_whole(plan: RunPlan, run: RunDirectory, sink: Sink, reporter: Rep
         with finishing(run.meta, run.label):
             if not run.is_complete(done):
                 sink.finish()
+                if before_complete is not None:
+                    before_complete()
                 run.mark_complete(len(done))
     except LockedError:
         reporter.info(f"every unit is done; another run is finishing {run.label}")
