@@ -74,55 +74,69 @@ def hash_contents(chunks: Iterable[Chunk], settings: TokenizerSettings) -> Itera
         yield chunk
 
 
+def check_previous(run: RunDirectory, label: str, fingerprint: dict[str, Any]) -> None:
+    """Refuse a `--since` output that is not a finished bulkembed output made with the same
+    settings as `fingerprint` (but for the free ones)."""
+    if not run.config_path.exists():
+        raise BulkembedError(f"--since {label}: not a bulkembed output directory")
+    if not run.is_complete():
+        raise BulkembedError(
+            f"--since {label}: that run is unfinished; run its command again to finish it"
+        )
+    before = run.read_config().get("fingerprint", {})
+    changes = describe_changes(
+        {k: v for k, v in before.items() if k not in _FREE_SETTINGS},
+        {k: v for k, v in fingerprint.items() if k not in _FREE_SETTINGS},
+    )
+    if changes:
+        raise BulkembedError(
+            f"--since {label} was made with other settings ({'; '.join(changes)}): "
+            "its vectors cannot be reused; run without --since"
+        )
+
+
 class PreviousOutput:
     """A finished Parquet output made with the same settings, to carry unchanged rows from.
 
-    `rows` is its number of documents. The lookup arrays are sorted by id hash; ids of PREV
-    that share a 64-bit hash (odds about n² / 2⁶⁵) are left out of them, so those documents
-    are embedded again, as if new."""
+    `rows` is its number of documents; `run` its run directory. The lookup arrays are sorted
+    by id hash; ids of PREV that share a 64-bit hash (odds about n² / 2⁶⁵) are left out of
+    them, so those documents are embedded again, as if new."""
 
     def __init__(self, path: AnyPath, fingerprint: dict[str, Any]) -> None:
-        run = RunDirectory(path)
-        if not run.config_path.exists():
-            raise BulkembedError(f"--since {path}: not a bulkembed output directory")
-        if not run.is_complete():
-            raise BulkembedError(
-                f"--since {path}: that run is unfinished; run its command again to finish it"
-            )
-        before = run.read_config().get("fingerprint", {})
-        changes = describe_changes(
-            {k: v for k, v in before.items() if k not in _FREE_SETTINGS},
-            {k: v for k, v in fingerprint.items() if k not in _FREE_SETTINGS},
-        )
-        if changes:
-            raise BulkembedError(
-                f"--since {path} was made with other settings ({'; '.join(changes)}): "
-                "its vectors cannot be reused; run without --since"
-            )
-        self.path = path
+        self.run = RunDirectory(path)
+        check_previous(self.run, str(path), fingerprint)
+        self.path: AnyPath | str = path
         parts = ParquetSink(path)
-        self.parts = [parts.part_path(r.part) for r in run.done_units().values() if r.rows]
+        done = self.run.done_units().values()
+        self.parts = [parts.part_path(r.part) for r in done if r.rows]
+        self._start()
+
+    def _start(self) -> None:
         self.rows = 0
         self._files: dict[int, tuple[pq.ParquetFile, np.ndarray]] = {}
         self._cache: OrderedDict[tuple[int, int], pa.Table] = OrderedDict()
         self._load_lookup()
 
-    def _load_lookup(self) -> None:
-        ids, hashes, parts, rows = [], [], [], []
-        for number, path in enumerate(self.parts):
+    def id_tables(self) -> Iterator[pa.Table]:
+        """PREV's ids and content hashes, a part at a time."""
+        for path in self.parts:
             file = parquet_file(path)
             if CONTENT_HASH not in file.schema_arrow.names:
                 raise BulkembedError(
                     f"--since: {path} has no {CONTENT_HASH} column (written by an older "
                     "bulkembed); run without --since once"
                 )
-            table = file.read(columns=["id", CONTENT_HASH])
+            yield file.read(columns=["id", CONTENT_HASH])
+
+    def _load_lookup(self) -> None:
+        ids, hashes, parts, rows = [], [], [], []
+        for number, table in enumerate(self.id_tables()):
             count = table.num_rows
             ids.append(np.fromiter(map(id_hash, table.column("id").to_pylist()), np.uint64, count))
             digests = table.column(CONTENT_HASH).to_pylist()
             hashes.append(np.array([bytes.fromhex(h) for h in digests], dtype="S16"))
             parts.append(np.full(count, number, np.int32))
-            rows.append(np.arange(count, dtype=np.int32))
+            rows.append(np.arange(count, dtype=np.int64))
             self.rows += count
         keys = np.concatenate(ids) if ids else np.empty(0, np.uint64)
         order = np.argsort(keys, kind="stable")
@@ -135,7 +149,7 @@ class PreviousOutput:
         self._keys = keys[unique]
         self._hashes = np.concatenate(hashes)[order] if hashes else np.empty(0, "S16")
         self._parts = np.concatenate(parts)[order] if parts else np.empty(0, np.int32)
-        self._rows = np.concatenate(rows)[order] if rows else np.empty(0, np.int32)
+        self._rows = np.concatenate(rows)[order] if rows else np.empty(0, np.int64)
 
     def _find(self, ids: list[Any]) -> np.ndarray:
         """For each id, its index in the lookup arrays, or -1."""
@@ -203,8 +217,19 @@ class PreviousOutput:
             yield chunk
 
 
-def _id_hashes(ids: list[Any]) -> np.ndarray:
-    return np.fromiter(map(id_hash, ids), np.uint64, len(ids))
+def gone_ids(previous: PreviousOutput, output_ids: Iterable[Any]) -> pa.ChunkedArray:
+    """PREV's ids that are not among `output_ids`, in PREV's order. Ids are compared by
+    64-bit hash: an id of PREV whose hash matches a kept id's (odds about n² / 2⁶⁵) is
+    kept."""
+    kept = np.unique(np.fromiter(map(id_hash, output_ids), np.uint64))
+    gone = []
+    kind = pa.string()
+    for table in previous.id_tables():
+        ids = table.column("id")
+        kind = ids.type
+        hashes = np.fromiter(map(id_hash, ids.to_pylist()), np.uint64, len(ids))
+        gone.append(ids.filter(pa.array(~np.isin(hashes, kept))))
+    return pa.chunked_array([c for g in gone for c in g.chunks], kind)
 
 
 class ChangeSet:
@@ -239,18 +264,8 @@ class ChangeSet:
 
     def write_deletes(self, previous: PreviousOutput, output_ids: Iterable[Any]) -> int:
         """Write `deletes.parquet`: PREV's ids that are not among `output_ids`; return how
-        many. Ids are compared by 64-bit hash: an id of PREV whose hash matches a kept id's
-        (odds about n² / 2⁶⁵) is kept."""
-        kept = np.unique(np.fromiter(map(id_hash, output_ids), np.uint64))
-        gone = []
-        for path in previous.parts:
-            ids = parquet_file(path).read(columns=["id"]).column("id")
-            hashes = _id_hashes(ids.to_pylist())
-            gone.append(ids.filter(pa.array(~np.isin(hashes, kept))))
-        schema = pa.schema([("id", gone[0].type if gone else pa.string())])
-        table = pa.Table.from_arrays(
-            [pa.chunked_array(gone, schema.field("id").type)], schema=schema
-        )
+        many."""
+        table = pa.table({"id": gone_ids(previous, output_ids)})
         self._write_whole(table)
         return table.num_rows
 
@@ -272,3 +287,28 @@ class ChangeSet:
         except OSError as e:
             temporary.unlink(missing_ok=True)
             raise BulkembedError(f"cannot write {self.deletes_path}: {e}") from e
+
+
+class PreviousTable(PreviousOutput):
+    """A LanceDB table that a finished run wrote, at `version` (the one before this run
+    changed it), to carry unchanged rows from; `run` is the table's run directory."""
+
+    def __init__(
+        self, run: RunDirectory, dataset: Any, fingerprint: dict[str, Any], label: str
+    ) -> None:
+        self.run = run
+        check_previous(run, label, fingerprint)
+        self.path = label
+        self.parts = []
+        self._dataset = dataset
+        self._start()
+
+    def id_tables(self) -> Iterator[pa.Table]:
+        """The table's ids and content hashes, whole: its rows are found by their offset."""
+        yield self._dataset.to_table(columns=["id", CONTENT_HASH])
+
+    def _embeddings(self, entries: np.ndarray) -> pa.Table:
+        names = self._dataset.schema.names
+        columns = [c for c in ("vector", *EMBEDDING_COLUMNS) if c in names]
+        rows = self._dataset.take(self._rows[entries].tolist(), columns=columns)
+        return rows.rename_columns(["dense" if c == "vector" else c for c in columns])

@@ -2,6 +2,9 @@
 re-embed of the new corpus, exactly once after crashes; summary counts over the output."""
 
 import json
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +15,7 @@ import pytest
 from fault_harness import run_forked
 from helpers import incremental_corpora, run_cli
 
+HARNESS = Path(__file__).with_name("fault_harness.py")
 # float32 on every CPU, so that vectors compare at float32 precision across runs; a short
 # maximum length, so that some documents are truncated.
 SETTINGS = ("--dtype", "float32", "--max-length", "24")
@@ -150,3 +154,108 @@ def test_readme_loader_applies_the_change_set(synced, tmp_path, monkeypatch):
     with duckdb.connect(str(tmp_path / "search.duckdb")) as con:
         loaded = _by_id(con.sql("SELECT * FROM docs").to_arrow_table())
     _assert_same_rows(loaded, _by_id(pq.read_table(folder / "full")))
+
+
+def _table(db) -> pa.Table:
+    import lancedb
+
+    return _by_id(lancedb.connect(db).open_table("docs").to_arrow())
+
+
+def _assert_table_is_the_full_rebuild(table: pa.Table, full: pa.Table) -> None:
+    assert table.num_rows == 1000 + 3 - 2
+    assert table.column("id").to_pylist() == full.column("id").to_pylist()
+    assert table.column("content_hash").equals(full.column("content_hash"))
+    np.testing.assert_allclose(
+        np.array(table.column("vector").to_pylist()),
+        np.array(full.column("dense").to_pylist()),
+        atol=1e-6,
+    )
+
+
+@pytest.fixture(scope="module")
+def lance_v1(synced):
+    """v1 embedded into a LanceDB table, kept to copy from."""
+    folder, model, _ = synced
+    uri = f"lancedb://{folder / 'lance-v1'}?table=docs"
+    result = run_cli(folder / "v1", model, uri, *SETTINGS)
+    assert result.exit_code == 0, result.output
+    return folder / "lance-v1"
+
+
+def test_lancedb_sync_in_place_equals_a_full_rebuild(synced, lance_v1, tmp_path):
+    folder, model, _ = synced
+    db = tmp_path / "db"
+    shutil.copytree(lance_v1, db)
+    before = _table(db)
+    uri = f"lancedb://{db}?table=docs"
+    result = run_cli(folder / "v2", model, uri, *SETTINGS, "--since", uri)
+    assert result.exit_code == 0, result.output
+    table = _table(db)
+    _assert_table_is_the_full_rebuild(table, _by_id(pq.read_table(folder / "full")))
+    # Unchanged rows keep their values exactly.
+    kept = before.filter(pc.is_in(before["id"], table["id"]))
+    same = table.filter(pc.is_in(table["id"], kept["id"]))
+    unchanged = pc.equal(kept["content_hash"], same["content_hash"])
+    assert kept.filter(unchanged)["vector"].equals(same.filter(unchanged)["vector"])
+    summary = json.loads((db / "_bulkembed" / "docs" / "summary.json").read_text())
+    full = _summary(folder / "full")
+    assert {k: summary[k] for k in ("docs", "tokens", "truncated")} == {
+        k: full[k] for k in ("docs", "tokens", "truncated")
+    }
+    assert (summary["new"], summary["changed"], summary["deleted"]) == (3, 5, 2)
+    again = run_cli(folder / "v2", model, uri, *SETTINGS, "--since", uri)
+    assert again.exit_code == 0, again.output
+    assert _table(db).equals(table)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("stage", "n"),
+    [
+        ("merged", 1),  # the first unit merged, not marked done
+        ("merged", 3),  # likewise a later one
+        ("deleted", 1),  # gone ids deleted, the table not compacted yet
+        ("compacted", 1),  # the table compacted, the sync not marked complete
+    ],
+)
+def test_sigkill_during_lancedb_sync_then_rerun_gives_the_same_table(
+    synced, lance_v1, tmp_path, stage, n
+):
+    folder, model, _ = synced
+    db = tmp_path / "db"
+    shutil.copytree(lance_v1, db)
+    uri = f"lancedb://{db}?table=docs"
+    arguments = ["run", str(folder / "v2"), "--model", str(model), "--output", uri, "--quiet"]
+    arguments += ["--tokenize-workers", "0", *SETTINGS, "--since", uri]
+    command = [sys.executable, str(HARNESS), stage, str(n), "SIGKILL", "--", *arguments]
+    killed = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert killed.returncode == -9, killed.stderr
+    result = run_cli(folder / "v2", model, uri, *SETTINGS, "--since", uri)
+    assert result.exit_code == 0, result.output
+    _assert_table_is_the_full_rebuild(_table(db), _by_id(pq.read_table(folder / "full")))
+    summary = json.loads((db / "_bulkembed" / "docs" / "summary.json").read_text())
+    assert (summary["docs"], summary["new"], summary["changed"], summary["deleted"]) == (
+        1001,
+        3,
+        5,
+        2,
+    )
+
+
+def test_lancedb_since_must_name_the_output_table_and_a_table_bulkembed_wrote(synced, tmp_path):
+    folder, model, _ = synced
+    uri = f"lancedb://{tmp_path / 'db'}?table=docs"
+    missing = run_cli(folder / "v2", model, uri, *SETTINGS, "--since", uri)
+    assert missing.exit_code == 1
+    assert missing.output.strip() == (
+        f"error: --since {uri}: no table that bulkembed wrote is there; run once without "
+        "--since to create it"
+    )
+    other = f"lancedb://{tmp_path / 'db'}?table=other"
+    refused = run_cli(folder / "v2", model, uri, *SETTINGS, "--since", other)
+    assert refused.exit_code == 1
+    assert refused.output.strip() == (
+        f"error: --since {other}: a LanceDB table can only be synced in place: pass the same "
+        "lancedb:// URI as --output"
+    )

@@ -16,13 +16,14 @@ import threading
 from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from bulkembed.config import Engine, RunConfig
 from bulkembed.contracts import UnitRecord
 from bulkembed.engine.plan import RunOutcome, RunPlan, plan_run
+from bulkembed.engine.sync import TableSync, syncs_in_place
 from bulkembed.errors import Interrupted, OutputError
-from bulkembed.incremental import ChangeSet, PreviousOutput
+from bulkembed.incremental import ChangeSet, PreviousOutput, PreviousTable
 from bulkembed.progress import QuietReporter, Reporter, RunStats
 from bulkembed.run_dir import LockedError, RunDirectory, fingerprint
 from bulkembed.run_dir.intents import Intents, finishing
@@ -65,14 +66,17 @@ def embed_corpus(config: RunConfig, reporter: Reporter | None = None) -> Summary
     reporter = reporter or QuietReporter()
     with _stop_on_signals():
         plan = plan_run(config, reporter)
-        run = RunDirectory.for_target(plan.target, config.shard, config.break_lock)
-        sink = make_sink(plan.target, config, plan.spec.normalize, Intents(run.meta))
-        try:
-            summary, precision = _run(plan, run, sink, reporter)
-        finally:
-            if not sink.resumable and isinstance(run.meta, Path):
-                # A stream's bookkeeping: a temporary directory of its own.
-                shutil.rmtree(run.meta, ignore_errors=True)
+        if syncs_in_place(plan):
+            summary, precision = _sync(plan, reporter)
+        else:
+            run = RunDirectory.for_target(plan.target, config.shard, config.break_lock)
+            sink = make_sink(plan.target, config, plan.spec.normalize, Intents(run.meta))
+            try:
+                summary, precision = _run(plan, run, sink, reporter)
+            finally:
+                if not sink.resumable and isinstance(run.meta, Path):
+                    # A stream's bookkeeping: a temporary directory of its own.
+                    shutil.rmtree(run.meta, ignore_errors=True)
     reporter.finish(summary.as_dict())
     if precision is not None and not precision.passed:
         # Said again last: a run several times slower than it could be is worth a look.
@@ -80,11 +84,31 @@ def embed_corpus(config: RunConfig, reporter: Reporter | None = None) -> Summary
     return summary
 
 
+def _sync(plan: RunPlan, reporter: Reporter) -> tuple[Summary, PrecisionCheck | None]:
+    """Sync the `--output` LanceDB table in place (`bulkembed.engine.sync`); the summary
+    goes to the table's run directory too."""
+    settings = fingerprint(plan.config, plan.spec, list(plan.files))
+    sync = TableSync(plan, settings)
+    sync.lock()
+    try:
+        staged, run, sink = sync.staging(plan)
+        summary, precision = _run(staged, run, sink, reporter, sync)
+        sync.table_run.write_summary(summary.as_dict())
+        return summary, precision
+    finally:
+        sync.unlock()
+
+
 def _run(
-    plan: RunPlan, run: RunDirectory, sink: Sink, reporter: Reporter
+    plan: RunPlan,
+    run: RunDirectory,
+    sink: Sink,
+    reporter: Reporter,
+    sync: TableSync | None = None,
 ) -> tuple[Summary, PrecisionCheck | None]:
     """Open the run directory, embed what is pending, write the summary; the summary and
-    the `--dtype auto` check, if one was made."""
+    the `--dtype auto` check, if one was made. With `sync`, the run is an in-place sync of
+    a LanceDB table, `run` and `sink` its own."""
     config = plan.config
     settings = fingerprint(config, plan.spec, list(plan.files))
     done = run.open(settings, config.overwrite, sink, plan.my_units)
@@ -97,8 +121,14 @@ def _run(
         changes: ChangeSet | None = None
         if config.overwrite and sink.resumable:
             ChangeSet(run.meta).remove()
-        if config.since is not None and complete:
+        upserts: Callable[[], Sink] | None = None
+        if config.since is not None and (complete or (sync is not None and sync.deleted())):
             previous_rows = run.read_config().get("previous_rows")
+        elif sync is not None:
+            previous = sync.previous()
+            previous_rows = previous.rows
+            _share_quantization(plan, run, previous)
+            upserts = sync.upserts()
         elif config.since is not None:
             since = location(config.since, plan.storage_options)
             previous = PreviousOutput(since, settings)
@@ -116,6 +146,7 @@ def _run(
                 "input_paths": paths,
                 "model": spec_fields,
                 "previous_rows": previous_rows,
+                **({} if sync is None else _sync_state(run, sync)),
                 "records_per_unit": config.records_per_unit,
                 **plan.run_info(),
             }
@@ -126,10 +157,15 @@ def _run(
         if complete:
             reporter.info(f"nothing to do: {plan.target.label} already holds every document")
             return summarize(done, RunStats(), plan.run_info(), previous_rows, limited), None
-        outcome = _dispatch(plan, run, sink, done, previous, changes, reporter)
+        if changes is not None:
+            upserts = changes.upserts
+        outcome = _dispatch(plan, run, sink, done, previous, upserts, reporter)
         deletes = None
         if changes is not None and previous is not None and not limited:
             deletes = _deletes(changes, previous, sink, run)
+        if sync is not None:
+            table = previous if isinstance(previous, PreviousTable) else None
+            deletes = _applied(sync, table, sink, run)
         _finish_if_whole(plan, run, sink, reporter, deletes)
         done = run.done_units()
         # Lines a unit written twice (a lost Ray actor's) appended twice go.
@@ -149,7 +185,7 @@ def _dispatch(
     sink: Sink,
     done: dict[str, UnitRecord],
     previous: PreviousOutput | None,
-    changes: ChangeSet | None,
+    upserts: Callable[[], Sink] | None,
     reporter: Reporter,
 ) -> RunOutcome:
     """Hand the pending units to the engine the configuration names."""
@@ -159,7 +195,6 @@ def _dispatch(
         return embed_on_ray(plan, run, sink, done, reporter)
     from bulkembed.engine.local import embed_locally
 
-    upserts = None if changes is None else changes.upserts
     return embed_locally(plan, run, sink, done, previous, reporter, upserts)
 
 
@@ -173,6 +208,26 @@ def _deletes(
         changes.write_deletes(previous, sink.committed_ids(run.done_units()))
 
     return write
+
+
+def _applied(
+    sync: TableSync, previous: PreviousTable | None, sink: Sink, run: RunDirectory
+) -> Callable[[], None]:
+    """What brings the synced table to its end state once every unit is merged."""
+
+    def apply() -> None:
+        sync.apply(previous, sink.committed_ids(run.done_units()))
+
+    return apply
+
+
+def _sync_state(run: RunDirectory, sync: TableSync) -> dict[str, Any]:
+    """What a sync's configuration keeps across restarts: the table's version it began
+    from, and whether the table reached its end state."""
+    before = run.read_config() if run.config_path.exists() else {}
+    version = sync.version if sync.version is not None else before.get("previous_version")
+    notes = {k: before.get(k, False) for k in ("table_deleted", "table_finished")}
+    return {"previous_version": version, **notes}
 
 
 def _finish_if_whole(
@@ -225,7 +280,7 @@ def _share_quantization(plan: RunPlan, run: RunDirectory, previous: PreviousOutp
     if quantize not in ("int8", "uint8") or run.read_quantization_ranges() is not None:
         return
     assert quantize is not None
-    previous_run = RunDirectory(previous.path)
+    previous_run = previous.run
     ranges = previous_run.read_quantization_ranges()
     if ranges is None:
         raise OutputError(
