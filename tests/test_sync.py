@@ -13,7 +13,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 from fault_harness import run_forked
-from helpers import incremental_corpora, run_cli
+from helpers import incremental_corpora, run_cli, write_jsonl
 
 HARNESS = Path(__file__).with_name("fault_harness.py")
 # float32 on every CPU, so that vectors compare at float32 precision across runs; a short
@@ -258,4 +258,38 @@ def test_lancedb_since_must_name_the_output_table_and_a_table_bulkembed_wrote(sy
     assert refused.output.strip() == (
         f"error: --since {other}: a LanceDB table can only be synced in place: pass the same "
         "lancedb:// URI as --output"
+    )
+    limited = run_cli(folder / "v2", model, uri, *SETTINGS, "--since", uri, "--limit", "10")
+    assert limited.exit_code == 1
+    assert limited.output.strip() == (
+        "error: --limit cannot be combined with syncing a LanceDB table in place: the "
+        "documents past the limit would be deleted from it"
+    )
+
+
+def test_a_second_lancedb_sync_with_other_inputs_starts_its_ledger_over(synced, lance_v1, tmp_path):
+    folder, model, _ = synced
+    db = tmp_path / "db"
+    shutil.copytree(lance_v1, db)
+    uri = f"lancedb://{db}?table=docs"
+    assert run_cli(folder / "v2", model, uri, *SETTINGS, "--since", uri).exit_code == 0
+    # The next night: one more document changed, one added.
+    v3 = pq.read_table(folder / "v2" / "a.parquet").to_pylist()
+    v3 += [json.loads(line) for line in (folder / "v2" / "b.jsonl").read_text().splitlines()]
+    v3[5]["text"] += " (edited again)"
+    v3.append({"id": "new-night-2", "text": "a document of the second night"})
+    write_jsonl(tmp_path / "v3" / "c.jsonl", v3)
+    result = run_cli(tmp_path / "v3", model, uri, *SETTINGS, "--since", uri)
+    assert result.exit_code == 0, result.output
+    summary = json.loads((db / "_bulkembed" / "docs" / "summary.json").read_text())
+    counts = {k: summary[k] for k in ("docs", "new", "changed", "unchanged", "deleted")}
+    assert counts == {"docs": 1002, "new": 1, "changed": 1, "unchanged": 1000, "deleted": 0}
+    assert run_cli(tmp_path / "v3", model, tmp_path / "full", *SETTINGS).exit_code == 0
+    table, full = _table(db), _by_id(pq.read_table(tmp_path / "full"))
+    assert table.column("id").to_pylist() == full.column("id").to_pylist()
+    assert table.column("content_hash").equals(full.column("content_hash"))
+    np.testing.assert_allclose(
+        np.array(table.column("vector").to_pylist()),
+        np.array(full.column("dense").to_pylist()),
+        atol=1e-6,
     )

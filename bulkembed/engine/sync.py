@@ -55,6 +55,11 @@ def syncs_in_place(plan: RunPlan) -> bool:
             f"--since {config.since}: a LanceDB table can only be synced in place: pass the "
             "same lancedb:// URI as --output"
         )
+    if config.limit is not None:
+        raise BulkembedError(
+            "--limit cannot be combined with syncing a LanceDB table in place: the documents "
+            "past the limit would be deleted from it"
+        )
     return True
 
 
