@@ -207,6 +207,12 @@ def test_lancedb_sync_in_place_equals_a_full_rebuild(synced, lance_v1, tmp_path)
     again = run_cli(folder / "v2", model, uri, *SETTINGS, "--since", uri)
     assert again.exit_code == 0, again.output
     assert _table(db).equals(table)
+    plain = run_cli(folder / "v1", model, uri, *SETTINGS)
+    assert plain.exit_code == 1
+    assert plain.output.strip() == (
+        f"error: {uri} was synced in place since this run wrote it: sync it again with "
+        "--since naming the table, or start over with --overwrite"
+    )
 
 
 @pytest.mark.slow

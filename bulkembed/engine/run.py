@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from bulkembed.config import Engine, RunConfig
 from bulkembed.contracts import UnitRecord
 from bulkembed.engine.plan import RunOutcome, RunPlan, plan_run
-from bulkembed.engine.sync import TableSync, syncs_in_place
+from bulkembed.engine.sync import TableSync, refuse_synced, syncs_in_place
 from bulkembed.errors import Interrupted, OutputError
 from bulkembed.incremental import ChangeSet, PreviousOutput, PreviousTable
 from bulkembed.progress import QuietReporter, Reporter, RunStats
@@ -69,6 +69,7 @@ def embed_corpus(config: RunConfig, reporter: Reporter | None = None) -> Summary
         if syncs_in_place(plan):
             summary, precision = _sync(plan, reporter)
         else:
+            refuse_synced(plan)
             run = RunDirectory.for_target(plan.target, config.shard, config.break_lock)
             sink = make_sink(plan.target, config, plan.spec.normalize, Intents(run.meta))
             try:

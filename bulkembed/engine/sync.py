@@ -63,6 +63,20 @@ def syncs_in_place(plan: RunPlan) -> bool:
     return True
 
 
+def refuse_synced(plan: RunPlan) -> None:
+    """Refuse a run without `--since` into a table that a sync changed since its ledger was
+    written (unless `--overwrite`): that ledger no longer describes the table."""
+    config = plan.config
+    if plan.target.kind != "lancedb" or config.overwrite or config.since is not None:
+        return
+    run = RunDirectory.for_target(plan.target, None)
+    if run.config_path.exists() and run.read_config().get("synced"):
+        raise BulkembedError(
+            f"{run.label} was synced in place since this run wrote it: sync it again with "
+            "--since naming the table, or start over with --overwrite"
+        )
+
+
 class TableSync:
     """What an in-place sync of the `--output` table needs (see the module's docstring)."""
 
@@ -133,4 +147,6 @@ class TableSync:
             self._note("table_deleted")
         if not self._noted("table_finished"):
             self.table.finish()
+            table = self.table_run
+            table.write_config({**table.read_config(), "synced": True})
             self._note("table_finished")
