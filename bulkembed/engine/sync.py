@@ -1,11 +1,12 @@
 """In-place sync of a LanceDB table: `--output lancedb://PATH?table=T --since` the same table.
 
 The table's own run directory (`PATH/_bulkembed/T/`) keeps the run that wrote it, and is
-locked for the whole sync. The sync is a run of its own, with its run directory in
-`sync/` below it: its ledger, and a Parquet part per unit holding only the unit's ids
-(`IdParts`). The previous content is the table at the version it had when the sync began
-(`previous_version` in the sync's configuration, read again on resume), so that a resumed
-sync classifies every document as the first attempt did.
+locked for the whole sync. The sync is a run of its own, whose output is `sync/` below it:
+a Parquet part per unit holding only the unit's ids (`IdParts`), and its run directory
+(`sync/_bulkembed/`: configuration, ledger, summary). The previous content is the table at
+the version it had when the sync began (`previous_version` in the sync's configuration,
+read again on resume), so that a resumed sync classifies every document as the first
+attempt did.
 
 For each unit, in this order: its new and changed rows are merged into the table by id
 (`TableMerge`), its id part is committed, its done-marker written. A unit replayed after a
