@@ -299,3 +299,14 @@ def test_a_second_lancedb_sync_with_other_inputs_starts_its_ledger_over(synced, 
         np.array(full.column("dense").to_pylist()),
         atol=1e-6,
     )
+
+
+def test_overwrite_removes_the_change_set(synced, tmp_path):
+    folder, model, _ = synced
+    out = tmp_path / "out"
+    shutil.copytree(folder / "out-v2", out)
+    (out / "_bulkembed" / "changes" / "notes.txt").write_text("not bulkembed's")
+    result = run_cli(folder / "v2", model, out, *SETTINGS, "--overwrite")
+    assert result.exit_code == 0, result.output
+    changes = out / "_bulkembed" / "changes"
+    assert sorted(p.name for p in changes.rglob("*") if p.is_file()) == ["notes.txt"]
