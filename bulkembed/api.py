@@ -242,7 +242,7 @@ class TextEncoder:
             positions = list(range(start, end))
             chunk = Chunk(0, 0, pa.array(positions, pa.int64()), [], end == len(texts))
             chunk.positions = positions
-            yield TokenizedChunk(chunk, *tokenizer.timed(texts[start:end]))
+            yield TokenizedChunk(chunk, *tokenizer.timed((texts[start:end], [])))
 
     def _empty(self) -> Embeddings:
         """What a call with no text returns: each output with no row."""

@@ -28,8 +28,9 @@ class UnitRecord:
     """What a committed unit of work holds; the content of its done-marker.
 
     `carried` rows were copied from a previous output (`--since`), `changed` of them or of
-    the others had another text there; `version` is where the sink found the unit (a
-    LanceDB table version)."""
+    the others had another text there; `tokens`, `padded_tokens` and `truncated` count the
+    embedded rows, `carried_tokens` and `carried_truncated` the carried ones; `version` is
+    where the sink found the unit (a LanceDB table version)."""
 
     part: str
     rows: int
@@ -39,6 +40,8 @@ class UnitRecord:
     padded_tokens: int
     carried: int = 0
     changed: int = 0
+    carried_tokens: int = 0
+    carried_truncated: int = 0
     version: int | None = field(default=None)
 
 

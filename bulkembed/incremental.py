@@ -13,13 +13,28 @@ Ids of PREV that the input no longer has are not written: they are the deleted o
 vectors are read a row group at a time (a few hundred rows: bulkembed writes one per chunk),
 as the records that need them come; the run's own order of units usually matches PREV's, so
 each row group is read once.
+
+With a Parquet output the run also writes the change set that takes PREV to the new output,
+in the run directory (`ChangeSet`):
+
+- `changes/upserts/part-*.parquet`: the new and changed documents, with every output column
+  (the parts' schema). A unit's upserts are committed just before its part, and the unit is
+  marked done after both: a unit embedded again after a crash writes the same file again,
+  under the same name, so each id is there exactly once, also after any number of restarts.
+- `changes/deletes.parquet`: one column, `id`: PREV's ids that the new output does not hold.
+  It is written once every unit is done, before the output is marked complete, from PREV's
+  parts and the output's: a run resumed after a crash computes the same list. With `--limit`
+  it is not written (the documents past the limit were not read).
 """
 
 from __future__ import annotations
 
 import hashlib
+import io
+import os
+import secrets
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from typing import Any
 
 import numpy as np
@@ -33,7 +48,7 @@ from bulkembed.sinks import ParquetSink
 from bulkembed.sources import Chunk
 from bulkembed.sources.filters import id_hash
 from bulkembed.sources.records import Carried
-from bulkembed.storage import AnyPath, parquet_file
+from bulkembed.storage import AnyPath, ObjectPath, parquet_file
 from bulkembed.tokenize import TokenizerSettings
 
 # Settings that may differ from PREV's: they change which documents there are or which
@@ -41,6 +56,10 @@ from bulkembed.tokenize import TokenizerSettings
 _FREE_SETTINGS = ("inputs", "limit", "units", "keep_columns", "since")
 # PREV's row groups held in memory at once.
 _CACHED_GROUPS = 4
+# The change set's folder in the run directory, and its files there.
+CHANGES = "changes"
+UPSERTS = "upserts"
+DELETES = "deletes.parquet"
 
 
 def content_hash(text: str) -> str:
@@ -55,55 +74,69 @@ def hash_contents(chunks: Iterable[Chunk], settings: TokenizerSettings) -> Itera
         yield chunk
 
 
+def check_previous(run: RunDirectory, label: str, fingerprint: dict[str, Any]) -> None:
+    """Refuse a `--since` output that is not a finished bulkembed output made with the same
+    settings as `fingerprint` (but for the free ones)."""
+    if not run.config_path.exists():
+        raise BulkembedError(f"--since {label}: not a bulkembed output directory")
+    if not run.is_complete():
+        raise BulkembedError(
+            f"--since {label}: that run is unfinished; run its command again to finish it"
+        )
+    before = run.read_config().get("fingerprint", {})
+    changes = describe_changes(
+        {k: v for k, v in before.items() if k not in _FREE_SETTINGS},
+        {k: v for k, v in fingerprint.items() if k not in _FREE_SETTINGS},
+    )
+    if changes:
+        raise BulkembedError(
+            f"--since {label} was made with other settings ({'; '.join(changes)}): "
+            "its vectors cannot be reused; run without --since"
+        )
+
+
 class PreviousOutput:
     """A finished Parquet output made with the same settings, to carry unchanged rows from.
 
-    `rows` is its number of documents. The lookup arrays are sorted by id hash; ids of PREV
-    that share a 64-bit hash (odds about n² / 2⁶⁵) are left out of them, so those documents
-    are embedded again, as if new."""
+    `rows` is its number of documents; `run` its run directory. The lookup arrays are sorted
+    by id hash; ids of PREV that share a 64-bit hash (odds about n² / 2⁶⁵) are left out of
+    them, so those documents are embedded again, as if new."""
 
     def __init__(self, path: AnyPath, fingerprint: dict[str, Any]) -> None:
-        run = RunDirectory(path)
-        if not run.config_path.exists():
-            raise BulkembedError(f"--since {path}: not a bulkembed output directory")
-        if not run.is_complete():
-            raise BulkembedError(
-                f"--since {path}: that run is unfinished; run its command again to finish it"
-            )
-        before = run.read_config().get("fingerprint", {})
-        changes = describe_changes(
-            {k: v for k, v in before.items() if k not in _FREE_SETTINGS},
-            {k: v for k, v in fingerprint.items() if k not in _FREE_SETTINGS},
-        )
-        if changes:
-            raise BulkembedError(
-                f"--since {path} was made with other settings ({'; '.join(changes)}): "
-                "its vectors cannot be reused; run without --since"
-            )
-        self.path = path
+        self.run = RunDirectory(path)
+        check_previous(self.run, str(path), fingerprint)
+        self.path: AnyPath | str = path
         parts = ParquetSink(path)
-        self.parts = [parts.part_path(r.part) for r in run.done_units().values() if r.rows]
+        done = self.run.done_units().values()
+        self.parts = [parts.part_path(r.part) for r in done if r.rows]
+        self._start()
+
+    def _start(self) -> None:
         self.rows = 0
         self._files: dict[int, tuple[pq.ParquetFile, np.ndarray]] = {}
         self._cache: OrderedDict[tuple[int, int], pa.Table] = OrderedDict()
         self._load_lookup()
 
-    def _load_lookup(self) -> None:
-        ids, hashes, parts, rows = [], [], [], []
-        for number, path in enumerate(self.parts):
+    def id_tables(self) -> Iterator[pa.Table]:
+        """PREV's ids and content hashes, a part at a time."""
+        for path in self.parts:
             file = parquet_file(path)
             if CONTENT_HASH not in file.schema_arrow.names:
                 raise BulkembedError(
                     f"--since: {path} has no {CONTENT_HASH} column (written by an older "
                     "bulkembed); run without --since once"
                 )
-            table = file.read(columns=["id", CONTENT_HASH])
+            yield file.read(columns=["id", CONTENT_HASH])
+
+    def _load_lookup(self) -> None:
+        ids, hashes, parts, rows = [], [], [], []
+        for number, table in enumerate(self.id_tables()):
             count = table.num_rows
             ids.append(np.fromiter(map(id_hash, table.column("id").to_pylist()), np.uint64, count))
             digests = table.column(CONTENT_HASH).to_pylist()
             hashes.append(np.array([bytes.fromhex(h) for h in digests], dtype="S16"))
             parts.append(np.full(count, number, np.int32))
-            rows.append(np.arange(count, dtype=np.int32))
+            rows.append(np.arange(count, dtype=np.int64))
             self.rows += count
         keys = np.concatenate(ids) if ids else np.empty(0, np.uint64)
         order = np.argsort(keys, kind="stable")
@@ -116,7 +149,7 @@ class PreviousOutput:
         self._keys = keys[unique]
         self._hashes = np.concatenate(hashes)[order] if hashes else np.empty(0, "S16")
         self._parts = np.concatenate(parts)[order] if parts else np.empty(0, np.int32)
-        self._rows = np.concatenate(rows)[order] if rows else np.empty(0, np.int32)
+        self._rows = np.concatenate(rows)[order] if rows else np.empty(0, np.int64)
 
     def _find(self, ids: list[Any]) -> np.ndarray:
         """For each id, its index in the lookup arrays, or -1."""
@@ -179,7 +212,103 @@ class PreviousOutput:
             if same.any():
                 unchanged = np.flatnonzero(same)
                 records = chunk.rows(unchanged.tolist())
-                records.texts = []  # not embedded: not needed
                 chunk.carried = Carried(records, self._embeddings(entries[unchanged]))
                 chunk.keep(np.flatnonzero(~same).tolist())
             yield chunk
+
+
+def gone_ids(previous: PreviousOutput, output_ids: Iterable[Any]) -> pa.ChunkedArray:
+    """PREV's ids that are not among `output_ids`, in PREV's order. Ids are compared by
+    64-bit hash: an id of PREV whose hash matches a kept id's (odds about n² / 2⁶⁵) is
+    kept."""
+    kept = np.unique(np.fromiter(map(id_hash, output_ids), np.uint64))
+    gone = []
+    kind = pa.string()
+    for table in previous.id_tables():
+        ids = table.column("id")
+        kind = ids.type
+        hashes = np.fromiter(map(id_hash, ids.to_pylist()), np.uint64, len(ids))
+        gone.append(ids.filter(pa.array(~np.isin(hashes, kept))))
+    return pa.chunked_array([c for g in gone for c in g.chunks], kind)
+
+
+class ChangeSet:
+    """The change set of a `--since` run with a Parquet output, in `meta/changes/` (see the
+    module's docstring): upserts a unit at a time, deletes once at the end."""
+
+    def __init__(self, meta: AnyPath) -> None:
+        self.directory = meta / CHANGES
+        self.deletes_path = self.directory / DELETES
+
+    def upserts(self) -> ParquetSink:
+        """A sink for the upserts: one per writing process (its temporary files are its own)."""
+        return ParquetSink(self.directory / UPSERTS)
+
+    def open(self, mine: Collection[str] | None) -> None:
+        """Make the folder, and drop what a crash left half-written (of the units in
+        `mine`, when given). The upserts of a unit whose part was not committed stay: the
+        unit is embedded again and writes the same file again, under the same name."""
+        upserts = self.upserts()
+        upserts.directory.mkdir(parents=True, exist_ok=True)
+        upserts.remove_unfinished(mine)
+        if not isinstance(self.directory, ObjectPath) and self.directory.is_dir():
+            for temporary in self.directory.glob(f".{DELETES}.*.tmp"):
+                temporary.unlink(missing_ok=True)
+
+    def remove(self) -> None:
+        """Delete the change set (`--overwrite`): bulkembed's own files, and nothing else."""
+        upserts = self.upserts()
+        if upserts.directory.is_dir():
+            upserts.remove([])
+        self.deletes_path.unlink(missing_ok=True)
+
+    def write_deletes(self, previous: PreviousOutput, output_ids: Iterable[Any]) -> int:
+        """Write `deletes.parquet`: PREV's ids that are not among `output_ids`; return how
+        many."""
+        table = pa.table({"id": gone_ids(previous, output_ids)})
+        self._write_whole(table)
+        return table.num_rows
+
+    def _write_whole(self, table: pa.Table) -> None:
+        """Write `deletes.parquet` whole or not at all (an object in one upload)."""
+        buffer = io.BytesIO()
+        pq.write_table(table, buffer)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        if isinstance(self.deletes_path, ObjectPath):
+            self.deletes_path.write_bytes(buffer.getvalue())
+            return
+        temporary = self.deletes_path.with_name(f".{DELETES}.{secrets.token_hex(4)}.tmp")
+        try:
+            with open(temporary, "wb") as f:
+                f.write(buffer.getvalue())
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(temporary, self.deletes_path)
+        except OSError as e:
+            temporary.unlink(missing_ok=True)
+            raise BulkembedError(f"cannot write {self.deletes_path}: {e}") from e
+
+
+class PreviousTable(PreviousOutput):
+    """A LanceDB table that a finished run wrote, at `version` (the one before this run
+    changed it), to carry unchanged rows from; `run` is the table's run directory."""
+
+    def __init__(
+        self, run: RunDirectory, dataset: Any, fingerprint: dict[str, Any], label: str
+    ) -> None:
+        self.run = run
+        check_previous(run, label, fingerprint)
+        self.path = label
+        self.parts = []
+        self._dataset = dataset
+        self._start()
+
+    def id_tables(self) -> Iterator[pa.Table]:
+        """The table's ids and content hashes, whole: its rows are found by their offset."""
+        yield self._dataset.to_table(columns=["id", CONTENT_HASH])
+
+    def _embeddings(self, entries: np.ndarray) -> pa.Table:
+        names = self._dataset.schema.names
+        columns = [c for c in ("vector", *EMBEDDING_COLUMNS) if c in names]
+        rows = self._dataset.take(self._rows[entries].tolist(), columns=columns)
+        return rows.rename_columns(["dense" if c == "vector" else c for c in columns])

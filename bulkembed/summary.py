@@ -13,12 +13,17 @@ if TYPE_CHECKING:
 @dataclass(frozen=True, slots=True)
 class Changes:
     """Documents against the `--since` output: new, changed, carried over unchanged, and
-    deleted (None with `--limit`, since the documents past it are not read)."""
+    deleted (None with `--limit`, since the documents past it are not read); and what was
+    embedded (the new and changed documents, their tokens and truncated texts), where the
+    summary's `docs`, `tokens` and `truncated` cover the whole output."""
 
     new: int
     changed: int
     unchanged: int
     deleted: int | None
+    docs_embedded: int
+    tokens_embedded: int
+    truncated_embedded: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +65,10 @@ def _changes(done: dict[str, UnitRecord], previous_rows: int, limited: bool) -> 
     carried = sum(r.carried for r in done.values())
     changed = sum(r.changed for r in done.values())
     deleted = None if limited else previous_rows - carried - changed
-    return Changes(rows - carried - changed, changed, carried, deleted)
+    tokens = sum(r.tokens for r in done.values())
+    truncated = sum(r.truncated for r in done.values())
+    embedded = rows - carried
+    return Changes(embedded - changed, changed, carried, deleted, embedded, tokens, truncated)
 
 
 def summarize(
@@ -70,17 +78,18 @@ def summarize(
     previous_rows: int | None = None,
     limited: bool = False,
 ) -> Summary:
-    """The whole output's figures (over every run that wrote it) and this run's speed;
-    with `previous_rows` (`--since`), the counts against the previous output."""
+    """The whole output's figures (over every run that wrote it, carried-over documents
+    included) and this run's speed; with `previous_rows` (`--since`), the counts against
+    the previous output and what was embedded."""
     tokens = sum(r.tokens for r in done.values())
     padded = sum(r.padded_tokens for r in done.values())
     return Summary(
         docs=sum(r.rows for r in done.values()),
         changes=None if previous_rows is None else _changes(done, previous_rows, limited),
-        tokens=tokens,
+        tokens=tokens + sum(r.carried_tokens for r in done.values()),
         padding_efficiency=round(tokens / padded, 4) if padded else 1.0,
         bad_records=sum(r.bad_records for r in done.values()),
-        truncated=sum(r.truncated for r in done.values()),
+        truncated=sum(r.truncated + r.carried_truncated for r in done.values()),
         units=len(done),
         parts=sum(1 for r in done.values() if r.rows),
         docs_this_run=stats.docs,

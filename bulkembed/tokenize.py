@@ -5,6 +5,9 @@ flat arrays of token ids plus lengths (truncated, no padding), which pickle chea
 workers are a `bulkembed.workers.WorkerPool`: at most `max_in_flight` chunks are queued,
 results come back in submission order, and a worker that dies or is stuck on a chunk raises
 `WorkerError` instead of hanging the run (a chunk is cheap to redo: the run is resumed).
+
+The texts of records carried over from a previous output (`--since`) are tokenized too, but
+only counted: the summary's tokens and truncated documents cover the whole output, exactly.
 """
 
 from __future__ import annotations
@@ -44,13 +47,21 @@ class TokenizerSettings:
 @dataclass(slots=True)
 class TokenizedChunk:
     """A chunk's token ids, flat, with one length per text (texts themselves are dropped),
-    and the seconds its tokenizer took."""
+    the seconds its tokenizer took, and the tokens and truncated texts of its carried-over
+    records (counted, not kept)."""
 
     chunk: Chunk
     token_ids: np.ndarray
     lengths: np.ndarray
     truncated: int
     seconds: float = 0.0
+    carried_tokens: int = 0
+    carried_truncated: int = 0
+
+
+# What a worker returns for a chunk: token ids, lengths, truncated texts, seconds, and the
+# tokens and truncated texts of its carried-over records.
+Tokens = tuple[np.ndarray, np.ndarray, int, float, int, int]
 
 
 class TextTokenizer:
@@ -81,10 +92,14 @@ class TextTokenizer:
         truncated = sum(1 for e in encodings if e.overflowing)
         return flat, lengths, truncated
 
-    def timed(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray, int, float]:
-        """What calling it returns, and the seconds it took."""
+    def timed(self, texts: tuple[list[str], list[str]]) -> Tokens:
+        """For a chunk's texts and its carried-over texts: what calling it on the first
+        returns, the seconds it took, and the tokens and truncated texts of the second."""
         started = time.perf_counter()
-        return *self(texts), time.perf_counter() - started
+        flat, lengths, truncated = self(texts[0])
+        seconds = time.perf_counter() - started
+        _, carried, carried_truncated = self(texts[1]) if texts[1] else (None, lengths[:0], 0)
+        return flat, lengths, truncated, seconds, int(carried.sum()), carried_truncated
 
 
 def tokenizer_threads(workers: int) -> int:
@@ -99,7 +114,7 @@ def tokenizer_threads(workers: int) -> int:
 
 def _start_tokenizer(
     setting: tuple[TokenizerSettings, int],
-) -> tuple[Callable[[list[str]], tuple[np.ndarray, np.ndarray, int, float]], None]:
+) -> tuple[Callable[[tuple[list[str], list[str]]], Tokens], None]:
     """A worker's tokenizer (`bulkembed.workers`): rebuilt once, from its JSON, and timed,
     with its batch encoding spread over `threads` (the tokenizers library's thread pool
     reads this variable when it first starts, in this new process)."""
@@ -108,11 +123,18 @@ def _start_tokenizer(
     return TextTokenizer(settings).timed, None
 
 
-def _tokenized(chunk: Chunk, result: tuple[np.ndarray, np.ndarray, int, float]) -> TokenizedChunk:
+def _texts(chunk: Chunk) -> tuple[list[str], list[str]]:
+    """What a worker tokenizes of a chunk: its texts, and its carried-over ones."""
+    return chunk.texts, [] if chunk.carried is None else chunk.carried.records.texts
+
+
+def _tokenized(chunk: Chunk, result: Tokens) -> TokenizedChunk:
     """The chunk with its tokens; its texts are dropped, since a window must not hold
     megabytes of them once they are tokenized."""
     tokenized = TokenizedChunk(chunk, *result)
     chunk.texts = []
+    if chunk.carried is not None:
+        chunk.carried.records.texts = []
     return tokenized
 
 
@@ -122,7 +144,7 @@ class TokenizerPool:
     def __init__(self, settings: TokenizerSettings, workers: int, max_in_flight: int = 0) -> None:
         self.max_in_flight = max_in_flight or max(2, 4 * workers)
         self._local: TextTokenizer | None = None
-        self._pool: WorkerPool[list[str], tuple[np.ndarray, np.ndarray, int, float]] | None = None
+        self._pool: WorkerPool[tuple[list[str], list[str]], Tokens] | None = None
         if workers == 0:
             self._local = TextTokenizer(settings)
         else:
@@ -140,10 +162,10 @@ class TokenizerPool:
         """Tokenized chunks in the order of `chunks`, keeping at most `max_in_flight` queued."""
         if self._local is not None:
             for chunk in chunks:
-                yield _tokenized(chunk, self._local.timed(chunk.texts))
+                yield _tokenized(chunk, self._local.timed(_texts(chunk)))
             return
         assert self._pool is not None
-        texts = ((chunk, chunk.texts) for chunk in chunks)
+        texts = ((chunk, _texts(chunk)) for chunk in chunks)
         for chunk, result in self._pool.map(texts, self.max_in_flight):
             yield _tokenized(chunk, result)
 

@@ -55,8 +55,8 @@ def window_tokens(max_batch_tokens: int, multivector_dim: int | None) -> int:
 def split_chunk(tokenized: TokenizedChunk, max_tokens: int) -> list[TokenizedChunk]:
     """Cut a chunk into pieces of at most `max_tokens` (one document at least), in order.
     The first piece carries the bad records, the count of changed records and of truncated
-    ones; carried-over records go with the piece they come before in the input, or the
-    last; the last piece ends the unit."""
+    ones, and the token counts of the carried-over records; carried-over records go with
+    the piece they come before in the input, or the last; the last piece ends the unit."""
     lengths = tokenized.lengths
     if int(lengths.sum()) <= max_tokens:
         return [tokenized]
@@ -82,7 +82,11 @@ def split_chunk(tokenized: TokenizedChunk, max_tokens: int) -> list[TokenizedChu
         token_start = int(ends[a - 1]) if a else 0
         token_ids = tokenized.token_ids[token_start : int(ends[b - 1])]
         truncated = tokenized.truncated if first else 0
-        pieces.append(TokenizedChunk(part, token_ids, lengths[a:b], truncated))
+        piece = TokenizedChunk(part, token_ids, lengths[a:b], truncated)
+        if first:
+            piece.carried_tokens = tokenized.carried_tokens
+            piece.carried_truncated = tokenized.carried_truncated
+        pieces.append(piece)
     return pieces
 
 

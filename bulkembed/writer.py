@@ -7,6 +7,10 @@ that a lost marker can be taken back from it), and then the run directory is tol
 records go to the quarantine and its done-marker, with the same counts and bad records, to
 the ledger. With several devices each device's process writes and commits its own parts,
 and tells the run's process, which keeps the ledger.
+
+With `--since` and a Parquet output, the embedded rows of each unit (new and changed, not
+carried over) also go to a second sink, the change set's upserts, committed just before
+the unit's part: a unit is marked done only once both are in place.
 """
 
 from __future__ import annotations
@@ -44,6 +48,8 @@ class _Tally:
     padded_tokens: int = 0
     carried: int = 0
     changed: int = 0
+    carried_tokens: int = 0
+    carried_truncated: int = 0
 
 
 def _carried_batch(carried: Carried, schema: pa.Schema) -> pa.RecordBatch:
@@ -71,7 +77,8 @@ class PartWriter:
     """Writes embedded chunks in input order and commits finished units, labelled with the
     run's id (`run_id`); `committed` is told of each unit once its part is in place (the run
     directory's `RunDirectory.committed`: quarantine, then done-marker). `fence` runs
-    before each commit and raises if the run no longer holds the output (a lost lease)."""
+    before each commit and raises if the run no longer holds the output (a lost lease).
+    `upserts`, when given, receives each unit's embedded rows (the change set of `--since`)."""
 
     def __init__(
         self,
@@ -80,12 +87,16 @@ class PartWriter:
         schema: pa.Schema,
         committed: Committed,
         fence: Callable[[], None],
+        upserts: Sink | None = None,
     ) -> None:
         self.run_id = run_id
         self.committed = committed
         self.fence = fence
         self.schema = schema
         self.sink = sink
+        self.upserts = upserts
+        if upserts is not None:
+            upserts.start(schema)
         self.tallies: dict[str, _Tally] = {}
         # Bad records go to the quarantine with their unit's commit, so that a unit written
         # twice (a Ray actor lost halfway) does not report them twice.
@@ -101,6 +112,8 @@ class PartWriter:
             batches.append(
                 record_batch(chunk.ids, embeddings, self.schema, chunk.hashes, chunk.columns)
             )
+            if self.upserts is not None:
+                self.upserts.write(chunk.part, batches[0])
         if chunk.carried is not None:
             batches.append(_carried_batch(chunk.carried, self.schema))
             tally.carried += len(chunk.carried.records.positions)
@@ -118,17 +131,23 @@ class PartWriter:
         tally.truncated += tokenized.truncated
         tally.tokens += int(tokenized.lengths.sum())
         tally.padded_tokens += int(padded.sum())
+        tally.carried_tokens += tokenized.carried_tokens
+        tally.carried_truncated += tokenized.carried_truncated
         if chunk.last_in_unit:
             record = UnitRecord(chunk.part, **asdict(self.tallies.pop(chunk.part)))
             bad = [b.fields() for b in self.bad.pop(chunk.part)]
             kept = bad if len(json.dumps(bad, default=str)) <= LABEL_BAD_RECORDS_BYTES else None
             label = {"run": self.run_id, "unit": {**asdict(record), "bad": kept}}
             self.fence()
+            if self.upserts is not None:
+                self.upserts.commit(chunk.part, label)
             found = self.sink.commit(chunk.part, label)
             self.committed(replace(record, **found), bad)
 
     def close(self) -> None:
         self.sink.close()
+        if self.upserts is not None:
+            self.upserts.close()
 
 
 def write_window(

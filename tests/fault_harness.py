@@ -8,7 +8,10 @@ place but its unit not yet marked done), marked (just after a unit is marked don
 (rows were just written as LanceDB data files, not committed yet), append (a unit's
 fragments were just committed to a LanceDB table, its unit not yet marked done), compacted
 (a finished LanceDB table was just compacted, its index not built yet), indexed (an index of
-it was just built).
+it was just built), committed (a Parquet part or `--since` upserts file was just committed),
+deletes (the `--since` deletes were just written, the output not yet marked complete),
+merged (a unit's rows were just merged into a LanceDB table synced in place, its unit not
+yet marked done), deleted (ids gone from the input were just deleted from such a table).
 """
 
 import os
@@ -24,8 +27,10 @@ from lancedb.table import LanceTable
 
 from bulkembed import cli, tokenize
 from bulkembed.encoders.base import Encoder
+from bulkembed.incremental import ChangeSet
 from bulkembed.run_dir import RunDirectory
 from bulkembed.sinks.lance import LanceSink
+from bulkembed.sinks.lance_sync import TableMerge
 from bulkembed.sinks.parquet import ParquetSink
 
 STAGES = {
@@ -38,6 +43,10 @@ STAGES = {
     "append": (LanceSink, "_append", True),
     "compacted": (LanceTable, "optimize", True),
     "indexed": (LanceTable, "create_index", True),
+    "committed": (ParquetSink, "commit", True),
+    "deletes": (ChangeSet, "write_deletes", True),
+    "merged": (TableMerge, "commit", True),
+    "deleted": (LanceTable, "delete", True),
 }
 
 

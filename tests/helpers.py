@@ -145,3 +145,24 @@ def run_cli(corpus: Any, model: Any, out: Any, *extra: Any, workers: int | None 
     if workers is not None:
         arguments += ["--tokenize-workers", str(workers)]
     return CliRunner().invoke(app, [*arguments, *map(str, extra)])
+
+
+def incremental_corpora(folder: Path) -> dict[str, set[str]]:
+    """Two versions of a 1,000-document corpus, `folder/v1` and `folder/v2` (a Parquet file
+    in row groups of 100 and a JSON-lines file each): v2 has 3 new documents, 5 changed and
+    2 deleted. Returns those ids, by kind."""
+    texts = sample_texts(1000)
+    old = [{"id": f"doc-{i}", "text": t} for i, t in enumerate(texts)]
+    changed = {"doc-3", "doc-150", "doc-599", "doc-600", "doc-999"}
+    deleted = {"doc-10", "doc-700"}
+    new = [dict(r) for r in old if r["id"] not in deleted]
+    for record in new:
+        if record["id"] in changed:
+            record["text"] += " (edited)"
+    added = [{"id": f"new-{i}", "text": t[::-1]} for i, t in enumerate(texts[:3])]
+    new[400:400] = added[:1]
+    new += added[1:]
+    for name, corpus in (("v1", old), ("v2", new)):
+        write_parquet(folder / name / "a.parquet", corpus[:600], row_group_size=100)
+        write_jsonl(folder / name / "b.jsonl", corpus[600:])
+    return {"new": {r["id"] for r in added}, "changed": changed, "deleted": deleted}

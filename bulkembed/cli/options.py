@@ -212,7 +212,8 @@ Since = Annotated[
     str | None,
     typer.Option(
         help="An earlier output directory made with the same settings: copy the vectors of "
-        "documents whose id and text are unchanged, embed only new and changed ones.",
+        "documents whose id and text are unchanged, embed only new and changed ones. The "
+        "--output LanceDB table itself: update it in place.",
         metavar="PREVIOUS_OUT",
     ),
 ]

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from itertools import chain
 from typing import TYPE_CHECKING
@@ -155,8 +155,10 @@ def embed_locally(
     done: dict[str, UnitRecord],
     previous: PreviousOutput | None,
     reporter: Reporter,
+    upserts: Callable[[], Sink] | None = None,
 ) -> RunOutcome:
-    """Embed every unit not in `done` (nor outside this `--shard`'s share) into `sink`.
+    """Embed every unit not in `done` (nor outside this `--shard`'s share) into `sink`;
+    with `upserts` (`--since`), each unit's embedded rows into a sink that it makes too.
 
     Reading and tokenizing start first, on a thread (`ReadAhead`), so that the first window
     is tokenized while the model loads."""
@@ -173,7 +175,16 @@ def embed_locally(
         # int8/uint8 ranges not calibrated yet are calibrated on the first window, here.
         if len(devices) > 1 and sink.resumable and not output_format.needs_ranges:
             return _embed_on_devices(
-                plan, run, sink, iter(tokenized), output_format, stats, done, previous, reporter
+                plan,
+                run,
+                sink,
+                iter(tokenized),
+                output_format,
+                stats,
+                done,
+                previous,
+                reporter,
+                upserts,
             )
         session = DeviceSession(
             plan.spec, devices, config.dtype, None, config.tune_batch_tokens, reporter
@@ -181,7 +192,14 @@ def embed_locally(
         try:
             reporter.info(_describe(plan, session.embedder, session.budget, len(done), previous))
             schema = part_schema(plan.reader, plan.spec, session.embedder, output_format)
-            writer = PartWriter(run.run_id, sink, schema, run.committed, run.lock.check)
+            writer = PartWriter(
+                run.run_id,
+                sink,
+                schema,
+                run.committed,
+                run.lock.check,
+                None if upserts is None else upserts(),
+            )
             stats.started = time.monotonic()
             reporter.start(stats)
             if plan.my_units is None:
@@ -226,6 +244,7 @@ def _embed_on_devices(
     done: dict[str, UnitRecord],
     previous: PreviousOutput | None,
     reporter: Reporter,
+    upserts: Callable[[], Sink] | None,
 ) -> RunOutcome:
     """Several devices and a Parquet or LanceDB output: one process per device embeds whole
     units and commits their parts (`UnitPool`); this process reads, tokenizes, and writes
@@ -243,6 +262,7 @@ def _embed_on_devices(
         dtype,
         cpu_threads_per_worker(devices),
         config.tune_batch_tokens,
+        upserts=upserts,
     )
     reporter.phase(f"loading the model on {', '.join(devices)}")
     pool = UnitPool(work, devices, reporter.warn)

@@ -110,7 +110,10 @@ def plan_run(config: RunConfig, reporter: Reporter) -> RunPlan:
             "version uses on S3 only: write to s3:// or a shared filesystem, or run one "
             "process (--engine ray for many machines)"
         )
-    since = location(config.since, options).resolve() if config.since is not None else None
+    since = None
+    if config.since is not None and parse_output(config.since, options).kind != "lancedb":
+        # A LanceDB --since names the --output table, synced in place (`engine.sync`).
+        since = location(config.since, options).resolve()
     if since is not None and target.path is not None and since == target.path.resolve():
         raise BulkembedError("--since must name another output than --output")
     skipped: list[str] = []

@@ -13,20 +13,21 @@ import contextlib
 import shutil
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from bulkembed.config import Engine, RunConfig
 from bulkembed.contracts import UnitRecord
 from bulkembed.engine.plan import RunOutcome, RunPlan, plan_run
+from bulkembed.engine.sync import TableSync, refuse_synced, syncs_in_place
 from bulkembed.errors import Interrupted, OutputError
-from bulkembed.incremental import PreviousOutput
+from bulkembed.incremental import ChangeSet, PreviousOutput, PreviousTable
 from bulkembed.progress import QuietReporter, Reporter, RunStats
 from bulkembed.run_dir import LockedError, RunDirectory, fingerprint
 from bulkembed.run_dir.intents import Intents, finishing
-from bulkembed.sinks import Sink, make_sink
+from bulkembed.sinks import ParquetSink, Sink, make_sink
 from bulkembed.storage import location
 from bulkembed.summary import Summary, summarize
 from bulkembed.version import __version__
@@ -66,14 +67,18 @@ def embed_corpus(config: RunConfig, reporter: Reporter | None = None) -> Summary
     with _stop_on_signals(), contextlib.closing(reporter):
         # Closed on the way out: a phase may hold the terminal (listing inputs, an index).
         plan = plan_run(config, reporter)
-        run = RunDirectory.for_target(plan.target, config.shard, config.break_lock)
-        sink = make_sink(plan.target, config, plan.spec.normalize, Intents(run.meta))
-        try:
-            summary, precision = _run(plan, run, sink, reporter)
-        finally:
-            if not sink.resumable and isinstance(run.meta, Path):
-                # A stream's bookkeeping: a temporary directory of its own.
-                shutil.rmtree(run.meta, ignore_errors=True)
+        if syncs_in_place(plan):
+            summary, precision = _sync(plan, reporter)
+        else:
+            refuse_synced(plan)
+            run = RunDirectory.for_target(plan.target, config.shard, config.break_lock)
+            sink = make_sink(plan.target, config, plan.spec.normalize, Intents(run.meta))
+            try:
+                summary, precision = _run(plan, run, sink, reporter)
+            finally:
+                if not sink.resumable and isinstance(run.meta, Path):
+                    # A stream's bookkeeping: a temporary directory of its own.
+                    shutil.rmtree(run.meta, ignore_errors=True)
     reporter.finish(summary.as_dict())
     if precision is not None and not precision.passed:
         # Said again last: a run several times slower than it could be is worth a look.
@@ -81,11 +86,31 @@ def embed_corpus(config: RunConfig, reporter: Reporter | None = None) -> Summary
     return summary
 
 
+def _sync(plan: RunPlan, reporter: Reporter) -> tuple[Summary, PrecisionCheck | None]:
+    """Sync the `--output` LanceDB table in place (`bulkembed.engine.sync`); the summary
+    goes to the table's run directory too."""
+    settings = fingerprint(plan.config, plan.spec, list(plan.files))
+    sync = TableSync(plan, settings)
+    sync.lock()
+    try:
+        staged, run, sink = sync.staging(plan)
+        summary, precision = _run(staged, run, sink, reporter, sync)
+        sync.table_run.write_summary(summary.as_dict())
+        return summary, precision
+    finally:
+        sync.unlock()
+
+
 def _run(
-    plan: RunPlan, run: RunDirectory, sink: Sink, reporter: Reporter
+    plan: RunPlan,
+    run: RunDirectory,
+    sink: Sink,
+    reporter: Reporter,
+    sync: TableSync | None = None,
 ) -> tuple[Summary, PrecisionCheck | None]:
     """Open the run directory, embed what is pending, write the summary; the summary and
-    the `--dtype auto` check, if one was made."""
+    the `--dtype auto` check, if one was made. With `sync`, the run is an in-place sync of
+    a LanceDB table, `run` and `sink` its own."""
     config = plan.config
     settings = fingerprint(config, plan.spec, list(plan.files))
     done = run.open(settings, config.overwrite, sink, plan.my_units)
@@ -95,13 +120,25 @@ def _run(
         complete = run.is_complete()
         previous: PreviousOutput | None = None
         previous_rows = None
-        if config.since is not None and complete:
+        changes: ChangeSet | None = None
+        if config.overwrite and sink.resumable:
+            ChangeSet(run.meta).remove()
+        upserts: Callable[[], Sink] | None = None
+        if config.since is not None and (complete or (sync is not None and sync.deleted())):
             previous_rows = run.read_config().get("previous_rows")
+        elif sync is not None:
+            previous = sync.previous()
+            previous_rows = previous.rows
+            _share_quantization(plan, run, previous)
+            upserts = sync.upserts()
         elif config.since is not None:
             since = location(config.since, plan.storage_options)
             previous = PreviousOutput(since, settings)
             previous_rows = previous.rows
             _share_quantization(plan, run, previous)
+            if isinstance(sink, ParquetSink):
+                changes = ChangeSet(run.meta)
+                changes.open(plan.my_units)
         spec_fields = {k: v for k, v in asdict(plan.spec).items() if k != "tokenizer_json"}
         paths = [{"name": f.name, "path": str(f.path)} for f in plan.files]
         run.write_config(
@@ -111,6 +148,7 @@ def _run(
                 "input_paths": paths,
                 "model": spec_fields,
                 "previous_rows": previous_rows,
+                **({} if sync is None else _sync_state(run, sync)),
                 "records_per_unit": config.records_per_unit,
                 **plan.run_info(),
             }
@@ -121,8 +159,16 @@ def _run(
         if complete:
             reporter.info(f"nothing to do: {plan.target.label} already holds every document")
             return summarize(done, RunStats(), plan.run_info(), previous_rows, limited), None
-        outcome = _dispatch(plan, run, sink, done, previous, reporter)
-        _finish_if_whole(plan, run, sink, reporter)
+        if changes is not None:
+            upserts = changes.upserts
+        outcome = _dispatch(plan, run, sink, done, previous, upserts, reporter)
+        deletes = None
+        if changes is not None and previous is not None and not limited:
+            deletes = _deletes(changes, previous, sink, run)
+        if sync is not None:
+            table = previous if isinstance(previous, PreviousTable) else None
+            deletes = _applied(sync, table, sink, run)
+        _finish_if_whole(plan, run, sink, reporter, deletes)
         done = run.done_units()
         # Lines a unit written twice (a lost Ray actor's) appended twice go.
         run.rebuild_quarantine(done, plan.my_units)
@@ -141,6 +187,7 @@ def _dispatch(
     sink: Sink,
     done: dict[str, UnitRecord],
     previous: PreviousOutput | None,
+    upserts: Callable[[], Sink] | None,
     reporter: Reporter,
 ) -> RunOutcome:
     """Hand the pending units to the engine the configuration names."""
@@ -150,12 +197,52 @@ def _dispatch(
         return embed_on_ray(plan, run, sink, done, reporter)
     from bulkembed.engine.local import embed_locally
 
-    return embed_locally(plan, run, sink, done, previous, reporter)
+    return embed_locally(plan, run, sink, done, previous, reporter, upserts)
 
 
-def _finish_if_whole(plan: RunPlan, run: RunDirectory, sink: Sink, reporter: Reporter) -> None:
+def _deletes(
+    changes: ChangeSet, previous: PreviousOutput, sink: Sink, run: RunDirectory
+) -> Callable[[], None]:
+    """What writes the change set's deletes once every unit is done: PREV's ids that no
+    done unit holds."""
+
+    def write() -> None:
+        changes.write_deletes(previous, sink.committed_ids(run.done_units()))
+
+    return write
+
+
+def _applied(
+    sync: TableSync, previous: PreviousTable | None, sink: Sink, run: RunDirectory
+) -> Callable[[], None]:
+    """What brings the synced table to its end state once every unit is merged."""
+
+    def apply() -> None:
+        sync.apply(previous, sink.committed_ids(run.done_units()))
+
+    return apply
+
+
+def _sync_state(run: RunDirectory, sync: TableSync) -> dict[str, Any]:
+    """What a sync's configuration keeps across restarts: the table's version it began
+    from, and whether the table reached its end state."""
+    before = run.read_config() if run.config_path.exists() else {}
+    version = sync.version if sync.version is not None else before.get("previous_version")
+    notes = {k: before.get(k, False) for k in ("table_deleted", "table_finished")}
+    return {"previous_version": version, **notes}
+
+
+def _finish_if_whole(
+    plan: RunPlan,
+    run: RunDirectory,
+    sink: Sink,
+    reporter: Reporter,
+    before_complete: Callable[[], None] | None = None,
+) -> None:
     """Once every unit is done, finish the output (`Sink.finish`) and mark it complete: at
     once for a whole run; for a `--shard` run, when the other shards' units are done too.
+    `before_complete` runs just before the output is marked complete (`--since`: the change
+    set's deletes).
     Shard runs that find every unit done at the same moment take turns: the first finishes,
     the others find the output complete, or leave it to the one finishing it."""
     done = run.done_units()
@@ -172,6 +259,8 @@ def _finish_if_whole(plan: RunPlan, run: RunDirectory, sink: Sink, reporter: Rep
         with finishing(run.meta, run.label):
             if not run.is_complete(done):
                 sink.finish(reporter.phase)
+                if before_complete is not None:
+                    before_complete()
                 run.mark_complete(len(done))
     except LockedError:
         reporter.info(f"every unit is done; another run is finishing {run.label}")
@@ -195,7 +284,7 @@ def _share_quantization(plan: RunPlan, run: RunDirectory, previous: PreviousOutp
     if quantize not in ("int8", "uint8") or run.read_quantization_ranges() is not None:
         return
     assert quantize is not None
-    previous_run = RunDirectory(previous.path)
+    previous_run = previous.run
     ranges = previous_run.read_quantization_ranges()
     if ranges is None:
         raise OutputError(

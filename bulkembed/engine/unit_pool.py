@@ -50,8 +50,8 @@ UnitGroup = list[list["TokenizedChunk"]]
 @dataclass(frozen=True, slots=True)
 class UnitWork:
     """What a device process needs: the model in the run's dtype on its device, and where
-    and how to write (`sink` makes the process's own sink; the reader gives the id type and
-    the passthrough columns)."""
+    and how to write (`sink` makes the process's own sink, `upserts` its sink of the
+    `--since` change set; the reader gives the id type and the passthrough columns)."""
 
     spec: ModelSpec
     reader: RecordReader
@@ -63,6 +63,7 @@ class UnitWork:
     threads: int
     tune: bool
     device: str = "cpu"
+    upserts: Callable[[], Sink] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,7 +103,10 @@ class _UnitWorker:
             work.spec, [work.device], work.dtype, work.threads, work.tune, _Heartbeat()
         )
         schema = part_schema(work.reader, work.spec, self.session.embedder, work.output_format)
-        self.writer = PartWriter(work.run_id, work.sink(), schema, self._committed, work.fence)
+        upserts = None if work.upserts is None else work.upserts()
+        self.writer = PartWriter(
+            work.run_id, work.sink(), schema, self._committed, work.fence, upserts
+        )
         self.writes = ThreadPoolExecutor(1, thread_name_prefix="bulkembed-writer")
         self.last: Future[None] | None = None
         self.error: BaseException | None = None

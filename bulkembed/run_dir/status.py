@@ -51,7 +51,7 @@ def run_status(
         "units_pending": pending,
         "docs": sum(r.rows for r in done.values()),
         "bad_records": sum(r.bad_records for r in done.values()),
-        "truncated": sum(r.truncated for r in done.values()),
+        "truncated": sum(r.truncated + r.carried_truncated for r in done.values()),
         "inputs": len(files),
         "lock": holder,
         **{key: config.get(key) for key in settings},

@@ -237,8 +237,12 @@ class LanceSink(Sink):
 
     def _dataset(self) -> Any:
         """The table's latest version, as a Lance dataset."""
+        return self.dataset()
+
+    def dataset(self, version: int | None = None) -> Any:
+        """The table at `version` (the latest: None), as a Lance dataset."""
         _, lance = _lancedb()
-        return lance.dataset(self._uri, storage_options=self._options)
+        return lance.dataset(self._uri, version=version, storage_options=self._options)
 
     def _remove_files(self, names: Collection[str]) -> None:
         """Delete data files that no table version refers to."""

@@ -174,6 +174,13 @@ class ParquetSink(Sink):
             for pid in writers:
                 Spool.remove_left_by(pid)
 
+    def remove_unfinished(self, mine: Collection[str] | None) -> None:
+        """Delete the temporary files of parts never committed (of the units in `mine`,
+        when given: other runs write the rest)."""
+        for temporary in self._temporaries():
+            if mine is None or temporary.name[1:].split(".")[0] in mine:
+                temporary.unlink(missing_ok=True)
+
     def check_foreign(self, overwrite: bool) -> None:
         """Parquet files that bulkembed did not write are refused even with `overwrite`:
         readers of the output would take them for parts. Any other file is refused unless
@@ -237,9 +244,7 @@ class ParquetSink(Sink):
         self, done: dict[str, UnitRecord], run: str, mine: Collection[str] | None = None
     ) -> Recovered:
         recovered = Recovered()
-        for temporary in self._temporaries():
-            if mine is None or temporary.name[1:].split(".")[0] in mine:
-                temporary.unlink(missing_ok=True)
+        self.remove_unfinished(mine)
         if isinstance(self.directory, ObjectPath) and mine is None:
             # Uploads cut short by a crash: no object, but stored (and paid for) until
             # aborted. Shard runs leave them: the other shards' uploads are in flight.

@@ -1,0 +1,153 @@
+"""In-place sync of a LanceDB table: `--output lancedb://PATH?table=T --since` the same table.
+
+The table's own run directory (`PATH/_bulkembed/T/`) keeps the run that wrote it, and is
+locked for the whole sync. The sync is a run of its own, whose output is `sync/` below it:
+a Parquet part per unit holding only the unit's ids (`IdParts`), and its run directory
+(`sync/_bulkembed/`: configuration, ledger, summary). The previous content is the table at
+the version it had when the sync began (`previous_version` in the sync's configuration,
+read again on resume), so that a resumed sync classifies every document as the first
+attempt did.
+
+For each unit, in this order: its new and changed rows are merged into the table by id
+(`TableMerge`), its id part is committed, its done-marker written. A unit replayed after a
+crash merges the same rows again, which changes nothing. Once every unit is done the ids
+of the previous version that the input no longer has are deleted, the table is compacted
+(and indexed, with `--index`), and the sync is marked complete. Each step is noted in the
+sync's configuration (`table_deleted`, `table_finished`): a crash before a note repeats
+that step (deleting nothing, compacting again), never one before it; once the deletes
+are noted the previous version is not read again (the compaction may have removed it).
+The next sync with other inputs starts its run directory over.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterable
+from dataclasses import replace
+from typing import Any
+
+from bulkembed.engine.plan import RunPlan
+from bulkembed.errors import BulkembedError
+from bulkembed.incremental import PreviousTable, gone_ids
+from bulkembed.run_dir import RunDirectory, describe_changes
+from bulkembed.run_dir.intents import Intents
+from bulkembed.sinks import LanceSink, make_sink, parse_output
+from bulkembed.sinks.lance_sync import IdParts, TableMerge, delete_ids
+from bulkembed.sinks.target import OutputTarget
+from bulkembed.storage import StorageOptions
+
+# The sync's run directory, below the table's.
+SYNC_DIRECTORY = "sync"
+
+
+def syncs_in_place(plan: RunPlan) -> bool:
+    """Whether `--since` names the `--output` LanceDB table (then updated in place); a
+    LanceDB `--since` that names another table is refused."""
+    config = plan.config
+    if config.since is None:
+        return False
+    since = parse_output(config.since, plan.storage_options)
+    if since.kind != "lancedb":
+        return False
+    target = plan.target
+    same = target.kind == "lancedb" and since.table == target.table
+    if not same or str(since.path) != str(target.path):
+        raise BulkembedError(
+            f"--since {config.since}: a LanceDB table can only be synced in place: pass the "
+            "same lancedb:// URI as --output"
+        )
+    if config.limit is not None:
+        raise BulkembedError(
+            "--limit cannot be combined with syncing a LanceDB table in place: the documents "
+            "past the limit would be deleted from it"
+        )
+    return True
+
+
+def refuse_synced(plan: RunPlan) -> None:
+    """Refuse a run without `--since` into a table that a sync changed since its ledger was
+    written (unless `--overwrite`): that ledger no longer describes the table."""
+    config = plan.config
+    if plan.target.kind != "lancedb" or config.overwrite or config.since is not None:
+        return
+    run = RunDirectory.for_target(plan.target, None)
+    if run.config_path.exists() and run.read_config().get("synced"):
+        raise BulkembedError(
+            f"{run.label} was synced in place since this run wrote it: sync it again with "
+            "--since naming the table, or start over with --overwrite"
+        )
+
+
+class TableSync:
+    """What an in-place sync of the `--output` table needs (see the module's docstring)."""
+
+    def __init__(self, plan: RunPlan, settings: dict[str, Any]) -> None:
+        config = plan.config
+        self.settings = settings
+        self.table_run = RunDirectory.for_target(plan.target, None, config.break_lock)
+        sink = make_sink(plan.target, config, plan.spec.normalize, Intents(self.table_run.meta))
+        assert isinstance(sink, LanceSink)
+        self.table = sink
+        self.target = OutputTarget("parquet", self.table_run.meta / SYNC_DIRECTORY)
+        self.run = RunDirectory.for_target(self.target, None, config.break_lock)
+        self.version: int | None = None
+
+    def staging(self, plan: RunPlan) -> tuple[RunPlan, RunDirectory, IdParts]:
+        """The sync's own run: its plan, run directory and sink of id parts. A sync that
+        finished with other settings (last night's inputs) is started over."""
+        config = plan.config
+        overwrite = config.overwrite
+        if self.run.config_path.exists() and self.run.is_complete():
+            before = self.run.read_config().get("fingerprint", {})
+            overwrite = overwrite or bool(describe_changes(before, self.settings))
+        staged = replace(config, output=str(self.target.path), overwrite=overwrite)
+        assert self.target.path is not None
+        return replace(plan, config=staged, target=self.target), self.run, IdParts(self.target.path)
+
+    def lock(self) -> None:
+        """Hold the table's run directory: no other run writes the table meanwhile."""
+        if not self.table_run.config_path.exists():
+            raise BulkembedError(
+                f"--since {self.table_run.label}: no table that bulkembed wrote is there; "
+                "run once without --since to create it"
+            )
+        self.table_run.acquire_lock()
+
+    def unlock(self) -> None:
+        self.table_run.release_lock()
+
+    def _noted(self, key: str) -> bool:
+        return bool(self.run.config_path.exists() and self.run.read_config().get(key))
+
+    def _note(self, key: str) -> None:
+        self.run.write_config({**self.run.read_config(), key: True})
+
+    def deleted(self) -> bool:
+        """Whether every unit was merged and the gone ids deleted (a crash after that):
+        the previous version is not needed again, and may be compacted away already."""
+        return self._noted("table_deleted")
+
+    def previous(self) -> PreviousTable:
+        """The table as it was when the sync began."""
+        if self.run.config_path.exists():
+            self.version = self.run.read_config().get("previous_version")
+        self.version = self.version or int(self.table.dataset().version)
+        found = self.table.dataset(self.version)
+        return PreviousTable(self.table_run, found, self.settings, self.table_run.label)
+
+    def upserts(self) -> functools.partial[TableMerge]:
+        """What makes a sink that merges units' rows into the table (one per process)."""
+        options: StorageOptions | None = self.table.storage_options
+        return functools.partial(TableMerge, self.table.path, self.table.table_name, options)
+
+    def apply(self, previous: PreviousTable | None, ids: Iterable[Any]) -> None:
+        """Every unit is merged: delete the ids gone from the input (unless done already:
+        `previous` is None), then finish the table (compaction, indexes), noting each."""
+        if previous is not None:
+            delete_ids(self.table, gone_ids(previous, ids).to_pylist())
+            self._note("table_deleted")
+        if not self._noted("table_finished"):
+            self.table.finish()
+            table = self.table_run
+            table.write_config({**table.read_config(), "synced": True})
+            self._note("table_finished")

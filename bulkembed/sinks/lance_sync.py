@@ -1,0 +1,113 @@
+"""Rows merged into a LanceDB table in place, by id: the sink of `--since` naming the
+`--output` table.
+
+A unit's new and changed rows are merged into the table in one commit (`merge_insert` on
+`id`: a row whose id is there replaces it, one whose id is not is added); rows carried over
+are not written at all, so the table keeps them as they are. Merging the same rows again
+leaves the table as it was, so a unit merged, then embedded again after a crash before its
+done-marker, cannot leave an id twice. Ids gone from the input are deleted at the end
+(`delete_ids`), which is as safe to repeat.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import pyarrow as pa
+
+from bulkembed.errors import OutputError
+from bulkembed.sinks.base import Sink
+from bulkembed.sinks.lance import LanceSink
+from bulkembed.sinks.parquet import ParquetSink
+from bulkembed.storage import AnyPath, StorageOptions
+
+# Ids per delete commit: one SQL filter of this many literals.
+DELETE_BATCH = 1000
+
+
+def _literal(value: Any) -> str:
+    """An id as a SQL literal of LanceDB's filters."""
+    if isinstance(value, str):
+        return "'" + value.replace("'", "''") + "'"
+    return str(int(value))
+
+
+class TableMerge(Sink):
+    """Each committed unit's rows merged by id into table `table` of LanceDB `path`."""
+
+    def __init__(
+        self, path: AnyPath, table: str, storage_options: StorageOptions | None = None
+    ) -> None:
+        self.lance = LanceSink(path, table, storage_options=storage_options)
+        self.schema: pa.Schema | None = None
+        self._pending: list[pa.RecordBatch] = []
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """A copy sent to a device process connects anew."""
+        lance = self.lance
+        return (TableMerge, (lance.path, lance.table_name, lance.storage_options))
+
+    @property
+    def description(self) -> str:
+        return self.lance.description
+
+    def start(self, schema: pa.Schema) -> None:
+        self.schema = pa.schema([f.with_name("vector") if f.name == "dense" else f for f in schema])
+        table = self.lance.db.open_table(self.lance.table_name)
+        if table.schema != self.schema:
+            raise OutputError(
+                f"{self.description} has columns {table.schema.names}, not the "
+                f"{self.schema.names} this run writes: run without --since"
+            )
+
+    def write(self, part: str, batch: pa.RecordBatch) -> None:
+        assert self.schema is not None
+        self._pending.append(batch.rename_columns(self.schema.names))
+
+    def commit(self, part: str, label: dict[str, Any]) -> dict[str, Any]:
+        rows, self._pending = self._pending, []
+        if not rows:
+            return {}
+        table = self.lance.db.open_table(self.lance.table_name)
+        try:
+            (
+                table.merge_insert("id")
+                .when_matched_update_all()
+                .when_not_matched_insert_all()
+                .execute(pa.Table.from_batches(rows, schema=self.schema))
+            )
+        except OSError as e:
+            raise OutputError(f"cannot merge into {self.description}: {e}") from e
+        return {}
+
+    def close(self) -> None:
+        self._pending = []
+
+
+def delete_ids(sink: LanceSink, ids: Iterable[Any]) -> int:
+    """Delete the rows of `ids` from the table, `DELETE_BATCH` ids a commit; return how many
+    ids were named. Ids that are gone already are no matter: a repeat deletes nothing."""
+    table = sink.db.open_table(sink.table_name)
+    batch: list[Any] = []
+    count = 0
+    for value in ids:
+        batch.append(value)
+        if len(batch) == DELETE_BATCH:
+            table.delete(f"id IN ({', '.join(map(_literal, batch))})")
+            count, batch = count + len(batch), []
+    if batch:
+        table.delete(f"id IN ({', '.join(map(_literal, batch))})")
+        count += len(batch)
+    return count
+
+
+class IdParts(ParquetSink):
+    """Parquet parts that keep only the `id` column: what an in-place sync keeps of each
+    unit in its run directory, so that the input's ids are known at the end."""
+
+    def start(self, schema: pa.Schema) -> None:
+        super().start(pa.schema([schema.field("id")]))
+
+    def write(self, part: str, batch: pa.RecordBatch) -> None:
+        super().write(part, batch.select(["id"]))
