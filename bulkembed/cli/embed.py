@@ -3,7 +3,6 @@ dense matrix as a `.npy` file. The model options are `bulkembed run`'s."""
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable
 from enum import Enum
@@ -33,7 +32,6 @@ from bulkembed.config import DType, DTypeOut
 from bulkembed.errors import BulkembedError, OutputError
 
 if TYPE_CHECKING:
-    import numpy as np
 
     from bulkembed.contracts import Embeddings
 
@@ -185,32 +183,19 @@ def _write_npy(found: Embeddings, output: str) -> None:
         np.save(f, found.dense)
 
 
-def _numbers(values: np.ndarray) -> list[Any]:
-    """`values` as JSON numbers: integers as they are, floats as the shortest text that
-    reads back as the same float32."""
-    import numpy as np
-
-    if values.dtype.kind in "iu":
-        return values.tolist()
-    # str() of a numpy float32 is its shortest round-trip text; float() of that text
-    # prints as the same digits.
-    flat = [float(str(v)) for v in values.astype(np.float32).ravel()]
-    return np.array(flat, dtype=object).reshape(values.shape).tolist()
-
-
 def json_lines(found: Embeddings, count: int) -> list[str]:
     """One JSON object per text: `dense`, `sparse` ({indices, values}) and `multivector`,
-    each when the model gives it."""
+    each when the model gives it, floats as the shortest text that reads back as the same
+    float32."""
+    import orjson
+
     rows: list[dict[str, Any]] = [{} for _ in range(count)]
     for number, row in enumerate(rows):
         if found.dense is not None:
-            row["dense"] = _numbers(found.dense[number])
+            row["dense"] = found.dense[number]
         if found.sparse is not None:
             vector = found.sparse[number]
-            row["sparse"] = {
-                "indices": vector.indices.tolist(),
-                "values": _numbers(vector.values),
-            }
+            row["sparse"] = {"indices": vector.indices, "values": vector.values}
         if found.multivector is not None:
-            row["multivector"] = _numbers(found.multivector[number])
-    return [json.dumps(row, separators=(",", ":")) for row in rows]
+            row["multivector"] = found.multivector[number]
+    return [orjson.dumps(row, option=orjson.OPT_SERIALIZE_NUMPY).decode() for row in rows]
