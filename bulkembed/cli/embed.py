@@ -32,7 +32,6 @@ from bulkembed.config import DType, DTypeOut
 from bulkembed.errors import BulkembedError, OutputError
 
 if TYPE_CHECKING:
-
     from bulkembed.contracts import Embeddings
 
 

@@ -167,7 +167,7 @@ def _run(
             deletes = _deletes(changes, previous, sink, run)
         if sync is not None:
             table = previous if isinstance(previous, PreviousTable) else None
-            deletes = _applied(sync, table, sink, run)
+            deletes = _applied(sync, table, sink, run, reporter.phase)
         _finish_if_whole(plan, run, sink, reporter, deletes)
         done = run.done_units()
         # Lines a unit written twice (a lost Ray actor's) appended twice go.
@@ -213,12 +213,16 @@ def _deletes(
 
 
 def _applied(
-    sync: TableSync, previous: PreviousTable | None, sink: Sink, run: RunDirectory
+    sync: TableSync,
+    previous: PreviousTable | None,
+    sink: Sink,
+    run: RunDirectory,
+    phase: Callable[[str], None],
 ) -> Callable[[], None]:
     """What brings the synced table to its end state once every unit is merged."""
 
     def apply() -> None:
-        sync.apply(previous, sink.committed_ids(run.done_units()))
+        sync.apply(previous, sink.committed_ids(run.done_units()), phase)
 
     return apply
 

@@ -22,7 +22,7 @@ The next sync with other inputs starts its run directory over.
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import Any
 
@@ -140,14 +140,17 @@ class TableSync:
         options: StorageOptions | None = self.table.storage_options
         return functools.partial(TableMerge, self.table.path, self.table.table_name, options)
 
-    def apply(self, previous: PreviousTable | None, ids: Iterable[Any]) -> None:
+    def apply(
+        self, previous: PreviousTable | None, ids: Iterable[Any], phase: Callable[[str], None]
+    ) -> None:
         """Every unit is merged: delete the ids gone from the input (unless done already:
-        `previous` is None), then finish the table (compaction, indexes), noting each."""
+        `previous` is None), then finish the table (compaction, indexes, each step named
+        to `phase`), noting each."""
         if previous is not None:
             delete_ids(self.table, gone_ids(previous, ids).to_pylist())
             self._note("table_deleted")
         if not self._noted("table_finished"):
-            self.table.finish()
+            self.table.finish(phase)
             table = self.table_run
             table.write_config({**table.read_config(), "synced": True})
             self._note("table_finished")
