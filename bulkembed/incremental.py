@@ -26,7 +26,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from bulkembed.errors import BulkembedError
+from bulkembed.errors import UsageError
 from bulkembed.run_dir import RunDirectory, describe_changes
 from bulkembed.schema import CONTENT_HASH, EMBEDDING_COLUMNS
 from bulkembed.sinks import ParquetSink
@@ -65,9 +65,9 @@ class PreviousOutput:
     def __init__(self, path: AnyPath, fingerprint: dict[str, Any]) -> None:
         run = RunDirectory(path)
         if not run.config_path.exists():
-            raise BulkembedError(f"--since {path}: not a bulkembed output directory")
+            raise UsageError(f"--since {path}: not a bulkembed output directory")
         if not run.is_complete():
-            raise BulkembedError(
+            raise UsageError(
                 f"--since {path}: that run is unfinished; run its command again to finish it"
             )
         before = run.read_config().get("fingerprint", {})
@@ -76,7 +76,7 @@ class PreviousOutput:
             {k: v for k, v in fingerprint.items() if k not in _FREE_SETTINGS},
         )
         if changes:
-            raise BulkembedError(
+            raise UsageError(
                 f"--since {path} was made with other settings ({'; '.join(changes)}): "
                 "its vectors cannot be reused; run without --since"
             )
@@ -93,7 +93,7 @@ class PreviousOutput:
         for number, path in enumerate(self.parts):
             file = parquet_file(path)
             if CONTENT_HASH not in file.schema_arrow.names:
-                raise BulkembedError(
+                raise UsageError(
                     f"--since: {path} has no {CONTENT_HASH} column (written by an older "
                     "bulkembed); run without --since once"
                 )

@@ -133,7 +133,7 @@ def test_auto_dtype_with_several_devices_is_checked_before_the_workers_start(
     summary = json.loads((tmp_path / "auto" / "_bulkembed" / "summary.json").read_text())
     assert summary["device"] == "cpu,cpu"
     assert summary["dtype"] == chosen
-    assert summary["dtype_check"].startswith("bfloat16 against float32 on 64 document(s)")
+    assert summary["dtype_check"].startswith("bfloat16 against float32 on 64 documents")
     # The workers ran in the dtype chosen: the same table as a run told that dtype.
     told = run_cli(
         corpus,

@@ -21,15 +21,16 @@ from typing import TYPE_CHECKING
 from bulkembed.config import Engine, RunConfig
 from bulkembed.contracts import UnitRecord
 from bulkembed.engine.plan import RunOutcome, RunPlan, plan_run
-from bulkembed.errors import Interrupted, OutputError
+from bulkembed.errors import Interrupted, OutputError, OutputLocked, exit_status, one_line
 from bulkembed.incremental import PreviousOutput
 from bulkembed.progress import QuietReporter, Reporter, RunStats
 from bulkembed.run_dir import LockedError, RunDirectory, fingerprint
 from bulkembed.run_dir.intents import Intents, finishing
 from bulkembed.sinks import Sink, make_sink
 from bulkembed.storage import location
-from bulkembed.summary import Summary, summarize
+from bulkembed.summary import Summary, check_bad_records, summarize
 from bulkembed.version import __version__
+from bulkembed.wording import counted
 
 if TYPE_CHECKING:
     from bulkembed.precision import PrecisionCheck
@@ -77,6 +78,7 @@ def embed_corpus(config: RunConfig, reporter: Reporter | None = None) -> Summary
     if precision is not None and not precision.passed:
         # Said again last: a run several times slower than it could be is worth a look.
         reporter.warn(f"this run computed in float32: --dtype auto: {precision.describe()}")
+    check_bad_records(summary, config.max_bad_records)
     return summary
 
 
@@ -91,6 +93,7 @@ def _run(
     for repair in run.repairs:
         reporter.warn(repair)
     try:
+        run.clear_failure()
         complete = run.is_complete()
         previous: PreviousOutput | None = None
         previous_rows = None
@@ -128,6 +131,10 @@ def _run(
         summary = summarize(done, outcome.stats, plan.run_info(outcome), previous_rows, limited)
         run.write_summary(summary.as_dict())
         return summary, outcome.precision
+    except Exception as e:
+        if sink.resumable and not isinstance(e, (Interrupted, OutputLocked)):
+            run.record_failure(exit_status(e), one_line(e))
+        raise
     finally:
         if not sink.resumable:
             _report_bad_records(run, reporter)
@@ -163,8 +170,8 @@ def _finish_if_whole(plan: RunPlan, run: RunDirectory, sink: Sink, reporter: Rep
         pending = [u for u in plan.all_units if u not in done]
         if pending:
             reporter.info(
-                f"shard {plan.config.shard.label} is done; {len(pending)} unit(s) of other "
-                "shards are pending"
+                f"shard {plan.config.shard.label} is done; "
+                f"{counted(len(pending), 'unit')} of other shards are pending"
             )
             return
     try:

@@ -18,6 +18,7 @@ import pyarrow as pa
 from bulkembed.config import StreamFormat
 from bulkembed.errors import OutputError, PipeClosed
 from bulkembed.sinks.base import Sink
+from bulkembed.wording import counted
 
 
 class StreamSink(Sink):
@@ -72,7 +73,8 @@ class StreamSink(Sink):
             if isinstance(e, BrokenPipeError) or "Broken pipe" in str(e):
                 self._silence()
                 raise PipeClosed(
-                    f"stdout was closed by its reader; stopped after {self.records} whole record(s)"
+                    "stdout was closed by its reader; stopped after "
+                    f"{counted(self.records, 'whole record')}"
                 ) from None
             raise OutputError(f"cannot write to stdout: {e}") from e
 
