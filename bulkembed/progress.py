@@ -257,8 +257,12 @@ def summary_table(summary: dict[str, Any], title: str = "bulkembed summary") -> 
 
 
 def print_status(status: dict[str, Any]) -> None:
-    """`bulkembed status`: the state of a run directory, on stdout."""
-    Console(highlight=False).print(summary_table(status, title="bulkembed status"))
+    """`bulkembed status`: the state of a run directory, on stdout; its message below the
+    figures."""
+    figures = {key: value for key, value in status.items() if key != "message"}
+    console = Console(highlight=False)
+    console.print(summary_table(figures, title="bulkembed status"))
+    console.print(status.get("message", ""), soft_wrap=True, markup=False)
 
 
 def print_error(message: str) -> None:

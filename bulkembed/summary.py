@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from bulkembed.errors import TooManyBadRecords
+from bulkembed.wording import counted
 
 if TYPE_CHECKING:
     from bulkembed.contracts import UnitRecord
@@ -107,6 +108,6 @@ def check_bad_records(summary: Summary, limit: float | None) -> None:
     if summary.bad_records > allowed:
         what = f"{limit:g} of {read} records read" if 0 < limit < 1 else f"{int(limit)}"
         raise TooManyBadRecords(
-            f"{summary.bad_records} bad records, over --max-bad-records {what}; the run "
-            "finished and committed the rest (see _bulkembed/bad_records.jsonl)"
+            f"{counted(summary.bad_records, 'bad record')}, over --max-bad-records {what}; "
+            "the run finished and committed the rest"
         )
