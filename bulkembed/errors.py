@@ -58,9 +58,14 @@ class OutputLocked(OutputError):
 
 class TooManyBadRecords(BulkembedError):
     """The run finished and committed everything, but set aside more bad records than
-    `--max-bad-records` allows."""
+    `--max-bad-records` allows. `summary` is the run's `Summary`, as `embed_corpus` would
+    have returned it."""
 
     exit_code: ClassVar[int] = ExitCode.TOO_MANY_BAD_RECORDS
+
+    def __init__(self, message: str, summary: object = None) -> None:
+        super().__init__(message)
+        self.summary = summary
 
 
 class WorkerError(BulkembedError):

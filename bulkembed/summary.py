@@ -109,5 +109,6 @@ def check_bad_records(summary: Summary, limit: float | None) -> None:
         what = f"{limit:g} of {read} records read" if 0 < limit < 1 else f"{int(limit)}"
         raise TooManyBadRecords(
             f"{counted(summary.bad_records, 'bad record')}, over --max-bad-records {what}; "
-            "the run finished and committed the rest"
+            "the run finished and committed the rest",
+            summary,
         )

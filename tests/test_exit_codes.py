@@ -112,6 +112,26 @@ def test_bad_records_over_the_limit_exit_3_after_committing_everything(
     assert (status["state"], status["bad_records"]) == ("complete", 2)
 
 
+def test_python_callers_get_the_summary_with_the_error(tmp_path, tiny_st):
+    from bulkembed import embed_corpus
+    from bulkembed.config import RunConfig
+
+    corpus = _corpus_with_bad_lines(tmp_path, good=12)
+    config = RunConfig(
+        inputs=(str(corpus),),
+        output=str(tmp_path / "out"),
+        model=str(tiny_st("mean")),
+        dtype="float32",
+        tokenize_workers=0,
+        max_bad_records=0.1,
+    )
+    with pytest.raises(
+        TooManyBadRecords, match="^2 bad records, over --max-bad-records 0.1 of 14 "
+    ) as e:
+        embed_corpus(config)
+    assert (e.value.summary.docs, e.value.summary.bad_records) == (12, 2)
+
+
 def test_the_bad_record_limit_is_checked(tmp_path, tiny_st):
     corpus = _corpus_with_bad_lines(tmp_path)
     for value in ("1.5", "-1", "many"):
