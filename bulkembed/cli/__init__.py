@@ -154,6 +154,7 @@ reader of --output - closed the pipe."""
 
 
 def _print_version(value: bool) -> None:
+    """`--version`: print `bulkembed X.Y.Z` and exit, before any command runs."""
     if value:
         from bulkembed.version import __version__
 

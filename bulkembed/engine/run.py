@@ -21,7 +21,14 @@ from typing import TYPE_CHECKING
 from bulkembed.config import Engine, RunConfig
 from bulkembed.contracts import UnitRecord
 from bulkembed.engine.plan import RunOutcome, RunPlan, plan_run
-from bulkembed.errors import Interrupted, OutputError, OutputLocked, exit_status, one_line
+from bulkembed.errors import (
+    BulkembedError,
+    Interrupted,
+    OutputError,
+    OutputLocked,
+    exit_status,
+    one_line,
+)
 from bulkembed.incremental import PreviousOutput
 from bulkembed.progress import QuietReporter, Reporter, RunStats
 from bulkembed.run_dir import LockedError, RunDirectory, fingerprint
@@ -133,7 +140,10 @@ def _run(
         return summary, outcome.precision
     except Exception as e:
         if sink.resumable and not isinstance(e, (Interrupted, OutputLocked)):
-            run.record_failure(exit_status(e), one_line(e))
+            # Where the record cannot be written either (the full disk that ended the run),
+            # `status` says stopped, and the run's own error is what the caller sees.
+            with contextlib.suppress(OSError, BulkembedError):
+                run.record_failure(exit_status(e), one_line(e))
         raise
     finally:
         if not sink.resumable:
