@@ -293,7 +293,8 @@ def status(
     ] = False,
     storage_option: StorageOption = None,
 ) -> None:
-    """Progress of a run: units done and pending, documents, bad records, lock."""
+    """Progress of a run: its state (not-started, running, stopped, complete, failed),
+    units done and pending, documents, bad records, lock."""
 
     def action() -> None:
         from bulkembed.progress import print_status
