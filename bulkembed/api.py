@@ -24,7 +24,7 @@ import pyarrow as pa
 
 from bulkembed.config import RunConfig
 from bulkembed.contracts import Embeddings, SparseVector
-from bulkembed.errors import BulkembedError, ModelError
+from bulkembed.errors import ModelError, UsageError
 
 if TYPE_CHECKING:
     from bulkembed.engine.session import DeviceSession
@@ -67,12 +67,13 @@ def model_config(model: str | os.PathLike[str], settings: dict[str, Any]) -> Run
     values = dict(settings)
     if "device" in values:
         if "devices" in values:
-            raise BulkembedError("load: pass device or devices, not both")
+            raise UsageError("load: pass device or devices, not both")
         values["devices"] = values.pop("device")
     unknown = sorted(set(values) - set(MODEL_SETTINGS))
     if unknown:
-        raise BulkembedError(
-            f"load: unknown setting(s) {', '.join(unknown)} (known: device, "
+        raise UsageError(
+            f"load: unknown {'setting' if len(unknown) == 1 else 'settings'} "
+            f"{', '.join(unknown)} (known: device, "
             f"{', '.join(MODEL_SETTINGS)})"
         )
     budget = values.get("max_batch_tokens")
@@ -80,9 +81,7 @@ def model_config(model: str | os.PathLike[str], settings: dict[str, Any]) -> Run
         values["max_batch_tokens"] = None
         values["tune_batch_tokens"] = True
     elif budget is not None and not isinstance(budget, int):
-        raise BulkembedError(
-            f"max_batch_tokens: expected a number of tokens or 'auto', not {budget!r}"
-        )
+        raise UsageError(f"max_batch_tokens: expected a number of tokens or 'auto', not {budget!r}")
     outputs = values.get("outputs")
     if isinstance(outputs, str):
         values["outputs"] = tuple(n.strip() for n in outputs.split(",") if n.strip())
@@ -265,11 +264,11 @@ def _text_list(texts: str | Iterable[str]) -> list[str]:
     if isinstance(texts, str):
         return [texts]
     if texts is None or not isinstance(texts, Iterable):
-        raise BulkembedError(f"expected a text or a list of texts, not {type(texts).__name__}")
+        raise UsageError(f"expected a text or a list of texts, not {type(texts).__name__}")
     listed = list(texts)
     for number, text in enumerate(listed):
         if not isinstance(text, str):
-            raise BulkembedError(
+            raise UsageError(
                 f"text {number} is a {type(text).__name__}, not a string: pass strings only"
             )
     return listed

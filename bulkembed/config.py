@@ -12,7 +12,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from bulkembed.errors import BulkembedError, ModelError
+from bulkembed.errors import ModelError, UsageError
 
 DEFAULT_MAX_BATCH_TOKENS = 16384
 # Records per unit of work in JSON lines, Arrow and dataset inputs (a Parquet unit is a
@@ -94,7 +94,7 @@ class ShardSpec:
             shard = cls(int(index), int(count))
             if shard.index < shard.count:
                 return shard
-        raise BulkembedError(
+        raise UsageError(
             f"--shard {text}: expected I/N with 0 <= I < N, e.g. 0/4 for the first of four runs"
         )
 
@@ -161,6 +161,7 @@ class RunConfig:
     dtype_out: DTypeOut = DTypeOut.FLOAT32
     quantize: Quantize | None = None
     on_bad_record: OnBadRecord = OnBadRecord.SKIP
+    max_bad_records: float | None = None
     overwrite: bool = False
     quiet: bool = False
     keep_columns: tuple[str, ...] = ()
@@ -181,23 +182,24 @@ class RunConfig:
     def __post_init__(self) -> None:
         self._coerce()
         if not self.inputs:
-            raise BulkembedError("no input given: pass one or more files, directories or globs")
+            raise UsageError("no input given: pass one or more files, directories or globs")
         if self.quantize is not None and self.dtype_out is not DTypeOut.FLOAT32:
             # float32 is the default: only another --dtype-out says something --quantize denies.
-            raise BulkembedError(
+            raise UsageError(
                 f"--quantize {self.quantize.value} and --dtype-out {self.dtype_out.value} "
                 "conflict: quantized vectors are integers; pass one of them"
             )
         if self.prompt is not None and self.prompt_name is not None:
-            raise BulkembedError("--prompt and --prompt-name conflict: pass one of them")
+            raise UsageError("--prompt and --prompt-name conflict: pass one of them")
         unknown = sorted(set(self.outputs or ()) - set(OUTPUTS))
         if unknown:
-            raise BulkembedError(
-                f"--outputs: unknown output(s) {', '.join(unknown)} (choose from "
+            raise UsageError(
+                f"--outputs: unknown {'output' if len(unknown) == 1 else 'outputs'} "
+                f"{', '.join(unknown)} (choose from "
                 f"{', '.join(OUTPUTS)})"
             )
         if self.outputs is not None and not self.outputs:
-            raise BulkembedError("--outputs: name at least one of dense, sparse, multivector")
+            raise UsageError("--outputs: name at least one of dense, sparse, multivector")
         for name in (
             "max_batch_tokens",
             "max_length",
@@ -208,9 +210,15 @@ class RunConfig:
         ):
             value = getattr(self, name)
             if value is not None and value < 1:
-                raise BulkembedError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
+                raise UsageError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
         if self.tokenize_workers is not None and self.tokenize_workers < 0:
-            raise BulkembedError("--tokenize-workers must be 0 (tokenize in-process) or more")
+            raise UsageError("--tokenize-workers must be 0 (tokenize in-process) or more")
+        limit = self.max_bad_records
+        if limit is not None and (limit < 0 or (limit >= 1 and limit != int(limit))):
+            raise UsageError(
+                f"--max-bad-records {limit}: give a count (25) or a fraction of the records "
+                "read below 1 (0.01)"
+            )
         self._check_output_options()
         self._check_distribution()
 
@@ -228,7 +236,7 @@ class RunConfig:
                 values = [member.value for member in kind]
                 choices = " or ".join(values) if len(values) == 2 else "one of " + ", ".join(values)
                 option = f"--{name.replace('_', '-')}"
-                raise BulkembedError(f"{option}: choose {choices} (got {value!r})") from None
+                raise UsageError(f"{option}: choose {choices} (got {value!r})") from None
             object.__setattr__(self, name, coerced)
         if isinstance(self.inputs, (str, os.PathLike)):
             object.__setattr__(self, "inputs", (os.fspath(self.inputs),))
@@ -253,12 +261,19 @@ class RunConfig:
         Parquet directory or LanceDB table: a stream, and what needs the whole corpus in one
         process, are refused."""
         if self.ray_address is not None and self.engine is not Engine.RAY:
-            raise BulkembedError("--ray-address applies to --engine ray only")
+            raise UsageError("--ray-address applies to --engine ray only")
+        if self.inputs.count("-") > 1:
+            raise UsageError("stdin (-) can be given as an input once")
+        if "-" in self.inputs and (self.since or self.shard or self.engine is Engine.RAY):
+            raise UsageError(
+                "input from stdin (-) is read once, by one process: it cannot be combined "
+                "with --since, --shard or --engine ray; write it to a file first"
+            )
         if self.shard is None and self.engine is Engine.LOCAL:
             return
         what = "--shard" if self.engine is Engine.LOCAL else "--engine ray"
         if self.output == "-":
-            raise BulkembedError(
+            raise UsageError(
                 f"{what} writes from several processes: pass a directory or "
                 "lancedb://PATH as --output"
             )
@@ -271,7 +286,7 @@ class RunConfig:
         }
         for option, given in refused.items():
             if given:
-                raise BulkembedError(
+                raise UsageError(
                     f"{what} cannot be combined with {option}: it needs the whole corpus in "
                     "one run (run without it, or remove the output by hand to start over)"
                 )
@@ -279,24 +294,22 @@ class RunConfig:
     def _check_output_options(self) -> None:
         reserved = sorted(set(self.keep_columns) & set(RESERVED_COLUMNS))
         if reserved:
-            raise BulkembedError(
+            raise UsageError(
                 f"--keep-columns: {', '.join(reserved)} is a column bulkembed writes itself"
             )
         if len(set(self.keep_columns)) != len(self.keep_columns):
-            raise BulkembedError("--keep-columns names a column twice")
+            raise UsageError("--keep-columns names a column twice")
         lancedb = self.output.startswith("lancedb://")
         if self.stream_format is not None and self.output != "-":
-            raise BulkembedError("--stream-format applies to --output - only")
+            raise UsageError("--stream-format applies to --output - only")
         if (self.index or self.fts) and not lancedb:
-            raise BulkembedError("--index and --fts apply to --output lancedb://... only")
+            raise UsageError("--index and --fts apply to --output lancedb://... only")
         if self.index_partitions is not None and self.index_partitions < 1:
-            raise BulkembedError("--index-partitions must be at least 1")
+            raise UsageError("--index-partitions must be at least 1")
         if self.index and self.quantize is not None:
-            raise BulkembedError("--index needs float vectors: leave out --quantize")
+            raise UsageError("--index needs float vectors: leave out --quantize")
         if self.fts and self.text_column not in self.keep_columns:
-            raise BulkembedError(
-                f"--fts indexes the text: add '{self.text_column}' to --keep-columns"
-            )
+            raise UsageError(f"--fts indexes the text: add '{self.text_column}' to --keep-columns")
 
 
 # The fields `RunConfig` takes as strings too, and the enum each becomes.
@@ -332,7 +345,8 @@ def _recipe_from_dict(name: str, data: dict[str, Any], path: Path) -> Recipe:
     known = {f for f in Recipe.__dataclass_fields__ if f not in ("name", "path")}
     unknown = sorted(set(data) - known)
     if unknown:
-        raise ModelError(f"recipe {path}: unknown key(s) {', '.join(unknown)}")
+        which = "key" if len(unknown) == 1 else "keys"
+        raise ModelError(f"recipe {path}: unknown {which} {', '.join(unknown)}")
     if "model" not in data:
         raise ModelError(f"recipe {path}: 'model' (a hub id) is required")
     values = dict(data)

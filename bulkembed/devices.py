@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from bulkembed.config import DType
-from bulkembed.errors import BulkembedError
+from bulkembed.errors import UsageError
+from bulkembed.wording import counted
 
 if TYPE_CHECKING:
     import torch
@@ -27,15 +28,15 @@ def resolve_device(devices: str) -> str:
     if choice == "cuda" or choice.startswith("cuda:"):
         index_text = choice.partition(":")[2] or "0"
         if not index_text.isdigit():
-            raise BulkembedError(f"--devices {devices}: expected cuda:N with N a number")
+            raise UsageError(f"--devices {devices}: expected cuda:N with N a number")
         available = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if int(index_text) >= available:
-            raise BulkembedError(
-                f"--devices {devices}: this machine has {available} CUDA device(s); "
+            raise UsageError(
+                f"--devices {devices}: this machine has {counted(available, 'CUDA device')}; "
                 "use --devices cpu or auto"
             )
         return f"cuda:{index_text}"
-    raise BulkembedError(f"--devices {devices}: expected auto, cpu or cuda:N")
+    raise UsageError(f"--devices {devices}: expected auto, cpu or cuda:N")
 
 
 def resolve_devices(devices: str) -> list[str]:
@@ -49,7 +50,7 @@ def resolve_devices(devices: str) -> list[str]:
         return ["cpu"]
     chosen = [resolve_device(d) for d in devices.split(",") if d.strip()]
     if not chosen:
-        raise BulkembedError(f"--devices {devices!r}: name at least one device")
+        raise UsageError(f"--devices {devices!r}: name at least one device")
     return chosen
 
 

@@ -1,8 +1,41 @@
-"""Errors a user can act on. The CLI prints them as one line, without a traceback."""
+"""Errors a user can act on, and the exit status of each. The CLI prints them as one line,
+without a traceback, and exits with the error's `exit_code`."""
+
+from __future__ import annotations
+
+from enum import IntEnum
+from typing import ClassVar
+
+
+class ExitCode(IntEnum):
+    """The exit status of `bulkembed run` (and the other commands), one meaning each."""
+
+    DONE = 0
+    # A run that failed: the model, the output, a worker, an unexpected error.
+    FAILED = 1
+    # Bad option values, conflicting options, an unknown recipe, a missing input.
+    USAGE = 2
+    # The run finished, but set aside more bad records than --max-bad-records allows.
+    TOO_MANY_BAD_RECORDS = 3
+    # The output is in use by another run (EX_TEMPFAIL): retry later.
+    OUTPUT_LOCKED = 75
+    # Stopped by SIGINT (128 + 2) or SIGTERM (128 + 15); committed parts are kept.
+    INTERRUPTED = 130
+    TERMINATED = 143
+    # The reader of --output - closed the pipe (128 + SIGPIPE).
+    PIPE_CLOSED = 141
 
 
 class BulkembedError(Exception):
     """A problem with the input, the options or the environment, explained in one line."""
+
+    exit_code: ClassVar[int] = ExitCode.FAILED
+
+
+class UsageError(BulkembedError):
+    """An option value, a combination of options or an input path the run cannot take."""
+
+    exit_code: ClassVar[int] = ExitCode.USAGE
 
 
 class InputError(BulkembedError):
@@ -17,6 +50,24 @@ class OutputError(BulkembedError):
     """The output cannot be created or written."""
 
 
+class OutputLocked(OutputError):
+    """Another run holds the output (its lock, its lease, or the right to finish it)."""
+
+    exit_code: ClassVar[int] = ExitCode.OUTPUT_LOCKED
+
+
+class TooManyBadRecords(BulkembedError):
+    """The run finished and committed everything, but set aside more bad records than
+    `--max-bad-records` allows. `summary` is the run's `Summary`, as `embed_corpus` would
+    have returned it."""
+
+    exit_code: ClassVar[int] = ExitCode.TOO_MANY_BAD_RECORDS
+
+    def __init__(self, message: str, summary: object = None) -> None:
+        super().__init__(message)
+        self.summary = summary
+
+
 class WorkerError(BulkembedError):
     """A worker process died or failed."""
 
@@ -28,6 +79,29 @@ class Interrupted(BulkembedError):
         super().__init__(message)
         self.signal_number = signal_number
 
+    @property
+    def exit_code(self) -> int:  # type: ignore[override]
+        """128 + the signal's number, as for a process the signal ended."""
+        return 128 + self.signal_number
+
 
 class PipeClosed(OutputError):
     """The reader of `--output -` closed the pipe; the run stops there."""
+
+    exit_code: ClassVar[int] = ExitCode.PIPE_CLOSED
+
+
+def exit_status(error: BaseException) -> int:
+    """The exit status of a run that `error` ended (`ExitCode.FAILED` for one bulkembed
+    did not foresee)."""
+    return int(getattr(error, "exit_code", ExitCode.FAILED))
+
+
+def one_line(error: BaseException) -> str:
+    """`error` as the CLI prints it: a bulkembed error's message; another error's type and
+    message."""
+    text = " ".join(str(error).splitlines())
+    if isinstance(error, BulkembedError):
+        return text
+    kind = f"{type(error).__module__}.{type(error).__qualname__}".removeprefix("builtins.")
+    return f"{kind}: {text}"

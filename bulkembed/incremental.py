@@ -41,7 +41,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from bulkembed.errors import BulkembedError
+from bulkembed.errors import OutputError, UsageError
 from bulkembed.run_dir import RunDirectory, describe_changes
 from bulkembed.schema import CONTENT_HASH, EMBEDDING_COLUMNS
 from bulkembed.sinks import ParquetSink
@@ -78,9 +78,9 @@ def check_previous(run: RunDirectory, label: str, fingerprint: dict[str, Any]) -
     """Refuse a `--since` output that is not a finished bulkembed output made with the same
     settings as `fingerprint` (but for the free ones)."""
     if not run.config_path.exists():
-        raise BulkembedError(f"--since {label}: not a bulkembed output directory")
+        raise UsageError(f"--since {label}: not a bulkembed output directory")
     if not run.is_complete():
-        raise BulkembedError(
+        raise UsageError(
             f"--since {label}: that run is unfinished; run its command again to finish it"
         )
     before = run.read_config().get("fingerprint", {})
@@ -89,7 +89,7 @@ def check_previous(run: RunDirectory, label: str, fingerprint: dict[str, Any]) -
         {k: v for k, v in fingerprint.items() if k not in _FREE_SETTINGS},
     )
     if changes:
-        raise BulkembedError(
+        raise UsageError(
             f"--since {label} was made with other settings ({'; '.join(changes)}): "
             "its vectors cannot be reused; run without --since"
         )
@@ -122,7 +122,7 @@ class PreviousOutput:
         for path in self.parts:
             file = parquet_file(path)
             if CONTENT_HASH not in file.schema_arrow.names:
-                raise BulkembedError(
+                raise UsageError(
                     f"--since: {path} has no {CONTENT_HASH} column (written by an older "
                     "bulkembed); run without --since once"
                 )
@@ -286,7 +286,7 @@ class ChangeSet:
             os.replace(temporary, self.deletes_path)
         except OSError as e:
             temporary.unlink(missing_ok=True)
-            raise BulkembedError(f"cannot write {self.deletes_path}: {e}") from e
+            raise OutputError(f"cannot write {self.deletes_path}: {e}") from e
 
 
 class PreviousTable(PreviousOutput):

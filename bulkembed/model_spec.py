@@ -21,7 +21,7 @@ from bulkembed.config import (
     list_recipes,
     load_recipe_file,
 )
-from bulkembed.errors import ModelError
+from bulkembed.errors import ModelError, UsageError
 from bulkembed.model_files import (
     BGE_M3_HEAD_FILES,
     find_model_config,
@@ -112,7 +112,7 @@ def _outputs(config: RunConfig, recipe: Recipe | None, family: str) -> tuple[str
     wanted = config.outputs or (recipe.outputs if recipe else possible)
     missing = [name for name in wanted if name not in possible]
     if missing:
-        raise ModelError(
+        raise UsageError(
             f"--outputs {','.join(missing)}: a {family} model produces only {', '.join(possible)}"
         )
     return tuple(name for name in possible if name in wanted)
@@ -171,7 +171,7 @@ def _recipe_from_path(name: str) -> Recipe:
     path = Path(name)
     if path.suffix in (".yaml", ".yml") and path.is_file():
         return load_recipe_file(path)
-    raise ModelError(f"unknown recipe '{name}': see `bulkembed recipes` for the bundled ones")
+    raise UsageError(f"unknown recipe '{name}': see `bulkembed recipes` for the bundled ones")
 
 
 def _prompt(config: RunConfig, recipe: Recipe | None, st: SentenceTransformersInfo) -> str:
@@ -185,7 +185,7 @@ def _prompt(config: RunConfig, recipe: Recipe | None, st: SentenceTransformersIn
         return ""
     if name not in prompts:
         known = ", ".join(sorted(prompts)) or "none"
-        raise ModelError(f"unknown prompt name '{name}' for this model (known: {known})")
+        raise UsageError(f"unknown prompt name '{name}' for this model (known: {known})")
     return prompts[name]
 
 
@@ -214,7 +214,7 @@ def _max_length(
 ) -> int:
     if config.max_length is not None:
         if limit is not None and config.max_length > limit:
-            raise ModelError(
+            raise UsageError(
                 f"--max-length {config.max_length} exceeds the model's limit of {limit} tokens"
             )
         return config.max_length
@@ -242,7 +242,7 @@ def resolve_model(config: RunConfig) -> ModelSpec:
             "Dense module, document_prefix in config_sentence_transformers.json)"
         )
     if family != "dense" and (config.pooling is not None or config.normalize is not None):
-        raise ModelError(
+        raise UsageError(
             f"--pooling and --normalize apply to dense models; a {family} model has its own"
         )
     pooling = config.pooling or (recipe.pooling if recipe else None) or st.pooling

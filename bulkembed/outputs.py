@@ -23,7 +23,7 @@ import numpy as np
 import pyarrow as pa
 
 from bulkembed.contracts import Embeddings
-from bulkembed.errors import BulkembedError
+from bulkembed.errors import BulkembedError, UsageError
 
 if TYPE_CHECKING:
     from bulkembed.config import RunConfig
@@ -49,21 +49,19 @@ class OutputFormat:
         """`--dim`, `--dtype-out` and `--quantize`, checked against the model's outputs."""
         dense_dim = spec.dense_dim
         if (config.dim is not None or config.quantize is not None) and dense_dim is None:
-            raise BulkembedError(
+            raise UsageError(
                 "--dim and --quantize apply to dense vectors: this run writes "
                 f"{', '.join(spec.outputs)}"
             )
         if config.dtype_out.value != "float32" and not {"dense", "multivector"} & set(spec.outputs):
-            raise BulkembedError("--dtype-out applies to dense and multi-vector outputs")
+            raise UsageError("--dtype-out applies to dense and multi-vector outputs")
         if config.dim is not None:
             assert dense_dim is not None
             if spec.dims and config.dim not in spec.dims:
                 sizes = ", ".join(map(str, spec.dims))
-                raise BulkembedError(
-                    f"--dim {config.dim}: this model's vectors can be cut to {sizes}"
-                )
+                raise UsageError(f"--dim {config.dim}: this model's vectors can be cut to {sizes}")
             if config.dim > dense_dim:
-                raise BulkembedError(f"--dim {config.dim}: this model's vectors have {dense_dim}")
+                raise UsageError(f"--dim {config.dim}: this model's vectors have {dense_dim}")
         return cls(
             dim=config.dim,
             normalize=spec.normalize,

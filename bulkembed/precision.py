@@ -17,6 +17,7 @@ import numpy as np
 
 from bulkembed.batching import input_order, pack_batches
 from bulkembed.encoders import Embeddings, Encoder, TokenBatch
+from bulkembed.wording import counted
 
 if TYPE_CHECKING:
     import torch
@@ -82,7 +83,7 @@ class PrecisionCheck:
             f"(--dtype {self.tried} keeps {self.tried} without the check)"
         )
         return (
-            f"{self.tried} against float32 on {self.documents} document(s): "
+            f"{self.tried} against float32 on {counted(self.documents, 'document')}: "
             f"{', '.join(found) or 'no vectors'}; {verdict}"
         )
 

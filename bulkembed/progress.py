@@ -22,6 +22,7 @@ from rich.table import Table
 from rich.text import Text
 
 from bulkembed.rates import RunProgress, duration
+from bulkembed.wording import counted
 
 Item = TypeVar("Item")
 LOG_INTERVAL_SECONDS = 10.0
@@ -350,10 +351,12 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
             + ("deleted unknown (--limit)" if deleted is None else f"{deleted:,} deleted")
         )
     if summary.get("bad_records"):
-        lines.append(f"{summary['bad_records']:,} bad record(s) set aside (bad_records.jsonl)")
+        lines.append(
+            f"{counted(summary['bad_records'], 'bad record')} set aside (bad_records.jsonl)"
+        )
     if summary.get("truncated"):
         lines.append(
-            f"{summary['truncated']:,} doc(s) cut at {summary.get('max_length')} tokens "
+            f"{counted(summary['truncated'], 'doc')} cut at {summary.get('max_length')} tokens "
             "(--max-length)"
         )
     if output != "stdout":
@@ -384,8 +387,12 @@ def summary_table(summary: dict[str, Any], title: str = "bulkembed summary") -> 
 
 
 def print_status(status: dict[str, Any]) -> None:
-    """`bulkembed status`: the state of a run directory, on stdout."""
-    Console(highlight=False).print(summary_table(status, title="bulkembed status"))
+    """`bulkembed status`: the state of a run directory, on stdout; its message below the
+    figures."""
+    figures = {key: value for key, value in status.items() if key != "message"}
+    console = Console(highlight=False)
+    console.print(summary_table(figures, title="bulkembed status"))
+    console.print(status.get("message", ""), soft_wrap=True, markup=False)
 
 
 def print_error(message: str) -> None:

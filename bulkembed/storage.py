@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
-from bulkembed.errors import BulkembedError
+from bulkembed.errors import BulkembedError, UsageError
 
 if TYPE_CHECKING:
     import pyarrow.fs as pafs
@@ -91,7 +91,7 @@ class StorageOptions:
             key, sep, value = pair.partition("=")
             key = key.strip().lower()
             if not sep or key not in OPTION_KEYS:
-                raise BulkembedError(
+                raise UsageError(
                     f"--storage-option {pair}: write KEY=VALUE with KEY one of "
                     f"{', '.join(OPTION_KEYS)}"
                 )
@@ -139,7 +139,7 @@ def filesystem(kind: str, options: StorageOptions) -> pafs.FileSystem:
         return pafs.S3FileSystem(connect_timeout=CONNECT_TIMEOUT, **arguments)
     account = options.get("account") or os.environ.get("AZURE_STORAGE_ACCOUNT_NAME")
     if not account:
-        raise BulkembedError(
+        raise UsageError(
             "az:// paths need the storage account: set AZURE_STORAGE_ACCOUNT_NAME or pass "
             "--storage-option account=NAME"
         )
@@ -575,12 +575,12 @@ def location(text: str, options: StorageOptions | None = None) -> AnyPath:
     scheme, sep, rest = text.partition("://")
     if sep and scheme in SCHEMES:
         if not rest.strip("/"):
-            raise BulkembedError(f"{text}: name a bucket, as {scheme}://BUCKET/PREFIX")
+            raise UsageError(f"{text}: name a bucket, as {scheme}://BUCKET/PREFIX")
         return ObjectPath(scheme, rest, options)
     mistyped = _URI_LIKE.match(text)
     if mistyped:
         known = ", ".join(f"{s}://" for s in sorted(SCHEMES)) + ", file://"
-        raise BulkembedError(
+        raise UsageError(
             f"{text}: not a path or URI bulkembed reads or writes (write {known}, or a plain "
             "path; a URI needs '://' after its scheme)"
         )

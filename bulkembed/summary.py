@@ -5,6 +5,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
+from bulkembed.errors import TooManyBadRecords
+from bulkembed.wording import counted
+
 if TYPE_CHECKING:
     from bulkembed.contracts import UnitRecord
     from bulkembed.progress import RunStats
@@ -102,3 +105,19 @@ def summarize(
         stage_seconds={stage: round(seconds, 3) for stage, seconds in stats.stages.items()},
         run=run_info,
     )
+
+
+def check_bad_records(summary: Summary, limit: float | None) -> None:
+    """Raise `TooManyBadRecords` when the output holds more bad records than `limit`
+    allows: a count (25), or a fraction below 1 of the records read (0.01 for 1%)."""
+    if limit is None:
+        return
+    read = summary.docs + summary.bad_records
+    allowed = limit * read if 0 < limit < 1 else limit
+    if summary.bad_records > allowed:
+        what = f"{limit:g} of {read} records read" if 0 < limit < 1 else f"{int(limit)}"
+        raise TooManyBadRecords(
+            f"{counted(summary.bad_records, 'bad record')}, over --max-bad-records {what}; "
+            "the run finished and committed the rest",
+            summary,
+        )

@@ -46,6 +46,7 @@ from typing import Any, Generic, TypeVar
 
 from bulkembed.errors import WorkerError
 from bulkembed.script_guard import MAIN_GUARD_ADVICE, script_reruns
+from bulkembed.wording import counted
 
 Key = TypeVar("Key")
 Setting = TypeVar("Setting")
@@ -331,7 +332,7 @@ class WorkerPool(Generic[Task, Result]):
             others = ", ".join(self.places[n] for n in sorted(self._live))
             self._warn(
                 f"the {self.role} on {self.places[number]} died (killed, or out of memory?): "
-                f"its {len(lost)} {self.task}(s) in flight run again on {others}"
+                f"its {counted(len(lost), self.task)} in flight run again on {others}"
             )
         for index, task in lost.items():
             self._handed_again.add(index)

@@ -123,28 +123,32 @@ def test_limit_and_integer_ids(tmp_path, tiny_st):
 
 
 @pytest.mark.parametrize(
-    ("args", "message"),
+    ("args", "code", "message"),
     [
         (
             ["{tmp}/missing.jsonl", "--model", "{model}"],
+            2,
             "error: input not found: {tmp}/missing.jsonl",
         ),
         (
             ["{corpus}", "--model", "no-such/model"],
+            1,
             "error: unknown model 'no-such/model': not a bundled recipe",
         ),
         (
             ["{corpus}", "--model", "{model}", "--text-column", "body"],
+            1,
             "error: text column 'body' not found in",
         ),
         (
             ["{corpus}", "--model", "{model}", "--output", "{tmp}/file.txt/out"],
+            1,
             "error: cannot write to {tmp}/file.txt/out",
         ),
     ],
     ids=["missing-input", "unknown-model", "missing-text-column", "unwritable-output"],
 )
-def test_user_errors_are_one_line_without_traceback(tmp_path, tiny_st, args, message):
+def test_user_errors_are_one_line_without_traceback(tmp_path, tiny_st, args, code, message):
     corpus = write_jsonl(tmp_path / "c.jsonl", [{"id": "a", "text": "hello", "title": "t"}])
     (tmp_path / "file.txt").write_text("a file, not a directory")
     values = {"tmp": tmp_path, "model": tiny_st("mean"), "corpus": corpus}
@@ -152,7 +156,7 @@ def test_user_errors_are_one_line_without_traceback(tmp_path, tiny_st, args, mes
     if "--output" not in argv:
         argv += ["--output", str(tmp_path / "out")]
     result = CliRunner().invoke(app, ["run", *argv, "--quiet", "--tokenize-workers", "0"])
-    assert result.exit_code == 1
+    assert result.exit_code == code
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
     assert lines[0].startswith(message.format(**values))
@@ -169,7 +173,7 @@ def test_missing_text_column_lists_the_columns(tmp_path, tiny_st):
 def test_conflicting_prompt_options_are_refused(tmp_path, tiny_st):
     corpus = write_jsonl(tmp_path / "c.jsonl", [{"text": "x"}])
     result = run_cli(corpus, tiny_st("mean"), tmp_path / "o", "--prompt", "a", "--prompt-name", "b")
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert result.stderr.strip() == "error: --prompt and --prompt-name conflict: pass one of them"
 
 
@@ -197,7 +201,7 @@ def test_recipes_list_and_show():
     shown = runner.invoke(app, ["recipes", "show", "e5-base-v2"])
     assert 'document: "passage: "' in shown.stdout
     missing = runner.invoke(app, ["recipes", "show", "nope"])
-    assert missing.exit_code == 1 and "unknown recipe 'nope'" in missing.stderr
+    assert missing.exit_code == 2 and "unknown recipe 'nope'" in missing.stderr
 
 
 def test_the_summary_table_shows_stage_seconds_on_one_line():

@@ -142,7 +142,7 @@ def test_max_batch_tokens_must_be_a_number_or_auto(tmp_path, tiny_st):
     corpus = write_jsonl(tmp_path / "c.jsonl", [{"text": "one"}])
     args = ["run", str(corpus), "--model", str(tiny_st("mean")), "--output", str(tmp_path / "o")]
     result = CliRunner().invoke(app, [*args, "--max-batch-tokens", "lots"])
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert (
         result.output.strip()
         == "error: --max-batch-tokens lots: expected a number of tokens or auto"

@@ -6,6 +6,7 @@ batches the devices embed (`bulkembed.engine.pool`)."""
 
 import json
 import os
+import re
 import shutil
 import signal
 import time
@@ -133,7 +134,7 @@ def test_auto_dtype_with_several_devices_is_checked_before_the_workers_start(
     summary = json.loads((tmp_path / "auto" / "_bulkembed" / "summary.json").read_text())
     assert summary["device"] == "cpu,cpu"
     assert summary["dtype"] == chosen
-    assert summary["dtype_check"].startswith("bfloat16 against float32 on 64 document(s)")
+    assert summary["dtype_check"].startswith("bfloat16 against float32 on 64 documents")
     # The workers ran in the dtype chosen: the same table as a run told that dtype.
     told = run_cli(
         corpus,
@@ -204,7 +205,7 @@ def test_a_killed_encoder_s_work_runs_on_the_other_and_the_output_is_the_same(
     assert two.exit_code == 0, two.output
     assert (tmp_path / "fault").exists()
     assert "warning: the encoder on cpu died (killed, or out of memory?): its " in two.output
-    assert " unit group(s) in flight run again on cpu" in two.output
+    assert re.search(r"its \d+ unit groups? in flight run again on cpu", two.output)
     expected = _read(tmp_path, "one", output)
     got = _read(tmp_path, "two", output)
     # The group ran again whole, in the same windows and batches, and is in the output once.

@@ -238,5 +238,5 @@ def test_a_batch_that_is_not_finite_is_embedded_again_in_float32_or_refused(tiny
         broken.embed_within_memory(batch)
     assert str(refused.value) == (
         "the model gave values that are not finite (NaN or infinity) for a batch of 3 "
-        "document(s) on cpu in float32: check the model's weights"
+        "documents on cpu in float32: check the model's weights"
     )

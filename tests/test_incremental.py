@@ -107,17 +107,17 @@ def test_since_refuses_an_output_made_with_other_settings(tmp_path, tiny_st):
     result = run_cli(
         tmp_path / "c.jsonl", model, tmp_path / "new", "--since", tmp_path / "old", *FLOAT32
     )
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert "was made with other settings (--max-length: 32 -> 64)" in result.output
     assert "run without --since" in result.output
     result = run_cli(
         tmp_path / "c.jsonl", model, tmp_path / "new", "--since", tmp_path / "nowhere", *FLOAT32
     )
-    assert result.exit_code == 1 and "not a bulkembed output directory" in result.output
+    assert result.exit_code == 2 and "not a bulkembed output directory" in result.output
     result = run_cli(
         tmp_path / "c.jsonl", model, tmp_path / "old", "--since", tmp_path / "old", *FLOAT32
     )
-    assert result.exit_code == 1 and "--since must name another output" in result.output
+    assert result.exit_code == 2 and "--since must name another output" in result.output
 
 
 def test_since_refuses_an_unfinished_output(tmp_path, tiny_st):
@@ -129,7 +129,7 @@ def test_since_refuses_an_unfinished_output(tmp_path, tiny_st):
     result = run_cli(
         tmp_path / "c.jsonl", model, tmp_path / "new", "--since", tmp_path / "old", *FLOAT32
     )
-    assert result.exit_code == 1 and "that run is unfinished" in result.output
+    assert result.exit_code == 2 and "that run is unfinished" in result.output
 
 
 @pytest.mark.parametrize("output", ["multivector", "sparse"])

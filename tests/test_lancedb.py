@@ -287,7 +287,7 @@ def test_sigkill_while_finishing_an_indexed_table_then_rerun_gives_each_id_once_
 def test_lancedb_options_need_a_lancedb_output(tmp_path, tiny_st):
     corpus, _ = _corpus(tmp_path, n=9)
     result = CliRunner().invoke(app, _arguments(corpus, tiny_st("mean"), tmp_path / "o", "--index"))
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert "--index and --fts apply to --output lancedb://... only" in result.output
     with pytest.raises(OutputError, match="LanceDB needs a directory"):
         (tmp_path / "file").write_text("x")

@@ -70,7 +70,7 @@ def test_dim_outside_the_recipe_sizes_is_refused(tmp_path, tiny_bert):
         "16",
         *SMALL_BATCHES,
     )
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert "--dim 16: this model's vectors can be cut to 768" in result.stderr
 
 
@@ -147,14 +147,14 @@ def test_quantize_and_float16_conflict(tmp_path, tiny_st):
         "float16",
         *SMALL_BATCHES,
     )
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert result.stderr.strip() == "error: --quantize and --dtype-out conflict: pass one of them"
 
 
 def test_a_refused_dim_leaves_the_output_usable(tmp_path, tiny_st):
     corpus = _corpus(tmp_path, 12)
     refused = run_cli(corpus, tiny_st("mean"), tmp_path / "out", "--dim", "999", *SMALL_BATCHES)
-    assert refused.exit_code == 1
+    assert refused.exit_code == 2
     assert "--dim 999: this model's vectors have 32" in refused.stderr
     assert run_cli(corpus, tiny_st("mean"), tmp_path / "out", *SMALL_BATCHES).exit_code == 0
 

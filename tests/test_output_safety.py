@@ -67,7 +67,7 @@ def test_a_table_name_that_leaves_the_database_folder_is_refused_and_nothing_is_
             corpus, tiny_st("mean"), f"lancedb://{db}?table={name}", "--overwrite", *FLOAT32
         )
         assert _tree(db) == before
-        assert result.exit_code == 1
+        assert result.exit_code == 2
         assert result.stderr.strip() == (
             f"error: --output lancedb://{db}?table={name}: a table name is a plain name of "
             "letters, digits, '_', '-' and '.' (not '.' or '..')"
@@ -137,7 +137,7 @@ def test_overwrite_removes_only_bulkembeds_own_parts_and_run_files(tmp_path, tin
 def test_an_empty_output_is_refused(tmp_path, tiny_st):
     corpus, _ = _corpus(tmp_path, 10)
     result = run_cli(corpus, tiny_st("mean"), "", *FLOAT32)
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert result.stderr.strip() == (
         "error: --output is empty: name a directory, lancedb://PATH?table=NAME, or - for stdout"
     )
@@ -291,7 +291,7 @@ def test_a_lancedb_output_that_lost_its_configuration_can_be_overwritten(tmp_pat
     assert run_cli(corpus, tiny_st("mean"), f"lancedb://{db}?table=t", *FLOAT32).exit_code == 0
     (db / "_bulkembed" / "t" / "config.json").unlink()
     refused = run_cli(corpus, tiny_st("mean"), f"lancedb://{db}?table=t", *FLOAT32)
-    assert refused.exit_code == 1 and "config.json is missing but 2 unit(s)" in refused.stderr
+    assert refused.exit_code == 1 and "config.json is missing but 2 units" in refused.stderr
     again = run_cli(corpus, tiny_st("mean"), f"lancedb://{db}?table=t", "--overwrite", *FLOAT32)
     assert again.exit_code == 0, again.output
     assert lancedb.connect(db).open_table("t").count_rows() == 9
@@ -311,6 +311,6 @@ def test_a_lost_configuration_is_refused_while_units_are_marked_done(finished, t
     result = run_cli(corpus, tiny_st("mean"), out, *FLOAT32)
     assert result.exit_code == 1
     assert result.stderr.strip() == (
-        f"error: {out / '_bulkembed' / 'config.json'} is missing but 3 unit(s) are marked done: "
+        f"error: {out / '_bulkembed' / 'config.json'} is missing but 3 units are marked done: "
         "the settings they were embedded with are unknown; pass --overwrite to start over"
     )

@@ -113,7 +113,7 @@ def test_stream_options_are_checked(tmp_path, tiny_st):
     arguments = ["run", str(corpus), "--model", str(tiny_st("mean"))]
     output = ["-o", str(tmp_path / "o")]
     result = CliRunner().invoke(app, [*arguments, *output, "--stream-format", "arrow"])
-    assert result.exit_code == 1 and "--stream-format applies to --output - only" in result.output
+    assert result.exit_code == 2 and "--stream-format applies to --output - only" in result.output
     result = CliRunner().invoke(app, [*arguments, "-o", "-", "--stream-format", "csv"])
     assert result.exit_code == 2
     assert "Invalid value for '--stream-format'" in result.output and "'csv'" in result.output

@@ -29,6 +29,7 @@ from bulkembed.cli.options import (
     Inputs,
     KeepColumns,
     Limit,
+    MaxBadRecords,
     MaxBatchTokens,
     MaxLength,
     Model,
@@ -67,46 +68,49 @@ from bulkembed.config import (
     find_recipe,
     list_recipes,
 )
-from bulkembed.errors import BulkembedError, Interrupted, PipeClosed
+from bulkembed.errors import (
+    BulkembedError,
+    ExitCode,
+    Interrupted,
+    PipeClosed,
+    TooManyBadRecords,
+    UsageError,
+    one_line,
+)
 from bulkembed.progress import print_error
-
-# As for a process that SIGPIPE ended (128 + 13), without the abrupt death.
-PIPE_CLOSED_EXIT = 141
 
 app = typer.Typer(
     help="Turn a text corpus into embeddings, in bulk.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
-    add_completion=False,
+    add_completion=True,
+    rich_markup_mode=None,
 )
 recipes_app = typer.Typer(help="List the bundled model recipes, or show one.")
 app.add_typer(recipes_app, name="recipes")
 
 
 def _guarded(action: Callable[[], Any]) -> Any:
-    """Run `action`, turning known errors into one line on stderr and a non-zero exit."""
+    """Run `action`, turning known errors into one line on stderr and the exit status of
+    their class (`ExitCode`)."""
     try:
         return action()
-    except Interrupted as e:
+    except (Interrupted, PipeClosed, TooManyBadRecords) as e:
         print_error(str(e))
-        raise typer.Exit(128 + e.signal_number) from e
-    except PipeClosed as e:
-        print_error(str(e))
-        raise typer.Exit(PIPE_CLOSED_EXIT) from e
+        raise typer.Exit(e.exit_code) from e
     except BulkembedError as e:
         if os.environ.get("BULKEMBED_DEBUG"):
             raise
         print_error(str(e))
-        raise typer.Exit(1) from e
+        raise typer.Exit(e.exit_code) from e
     except KeyboardInterrupt as e:
         print_error("interrupted")
-        raise typer.Exit(130) from e
+        raise typer.Exit(ExitCode.INTERRUPTED) from e
     except Exception as e:
         if os.environ.get("BULKEMBED_DEBUG"):
             raise
-        kind = f"{type(e).__module__}.{type(e).__qualname__}".removeprefix("builtins.")
-        print_error(f"{kind}: {e} (set BULKEMBED_DEBUG=1 for the traceback)")
-        raise typer.Exit(1) from e
+        print_error(f"{one_line(e)} (set BULKEMBED_DEBUG=1 for the traceback)")
+        raise typer.Exit(ExitCode.FAILED) from e
 
 
 def _names(option: str | None) -> tuple[str, ...]:
@@ -121,12 +125,60 @@ def _batch_tokens(text: str | None) -> int | None:
     try:
         return int(text)
     except ValueError:
-        raise BulkembedError(
+        raise UsageError(
             f"--max-batch-tokens {text}: expected a number of tokens or auto"
         ) from None
 
 
-@app.command()
+def _bad_record_limit(text: str | None) -> float | None:
+    """`--max-bad-records` as a count or a fraction; None for no limit."""
+    if text is None:
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        return float(text)
+    except ValueError:
+        raise UsageError(
+            f"--max-bad-records {text}: give a count (25) or a fraction of the records read "
+            "below 1 (0.01)"
+        ) from None
+
+
+EXIT_STATUS_HELP = """Exit status: 0 done; 1 the run failed (model, output, a worker, an
+unexpected error); 2 usage error (an option, a recipe or an input path); 3 finished, with
+more bad records than --max-bad-records; 75 the output is in use by another run (retry
+later); 130 or 143 stopped by SIGINT or SIGTERM (run the same command to resume); 141 the
+reader of --output - closed the pipe."""
+
+
+def _print_version(value: bool) -> None:
+    """`--version`: print `bulkembed X.Y.Z` and exit, before any command runs."""
+    if value:
+        from bulkembed.version import __version__
+
+        typer.echo(f"bulkembed {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main_options(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            help="Print the version and exit.",
+            callback=_print_version,
+            is_eager=True,
+        ),
+    ] = False,
+) -> None:
+    """Turn a text corpus into embeddings, in bulk."""
+
+
+@app.command(epilog=EXIT_STATUS_HELP)
 def run(
     inputs: Inputs,
     model: Model,
@@ -152,6 +204,7 @@ def run(
     dtype_out: DTypeOutOption = DTypeOut.FLOAT32,
     quantize: QuantizeOption = None,
     on_bad_record: OnBadRecordOption = OnBadRecord.SKIP,
+    max_bad_records: MaxBadRecords = None,
     overwrite: Overwrite = False,
     quiet: Quiet = False,
     keep_columns: KeepColumns = None,
@@ -204,6 +257,7 @@ def run(
             dtype_out=dtype_out,
             quantize=quantize,
             on_bad_record=on_bad_record,
+            max_bad_records=_bad_record_limit(max_bad_records),
             overwrite=overwrite,
             quiet=quiet,
             keep_columns=_names(keep_columns),
@@ -240,7 +294,8 @@ def status(
     ] = False,
     storage_option: StorageOption = None,
 ) -> None:
-    """Progress of a run: units done and pending, documents, bad records, lock."""
+    """Progress of a run: its state (not-started, running, stopped, complete, failed),
+    units done and pending, documents, bad records, lock."""
 
     def action() -> None:
         from bulkembed.progress import print_status
@@ -277,7 +332,7 @@ def show_recipe(name: Annotated[str, typer.Argument(help="Recipe name.")]) -> No
     def action() -> str:
         found = find_recipe(name)
         if found is None or found.path is None:
-            raise BulkembedError(f"unknown recipe '{name}': see `bulkembed recipes`")
+            raise UsageError(f"unknown recipe '{name}': see `bulkembed recipes`")
         return found.path.read_text(encoding="utf-8")
 
     typer.echo(_guarded(action), nl=False)

@@ -29,7 +29,7 @@ from bulkembed.cli.options import (
     SparseTopK,
 )
 from bulkembed.config import DType, DTypeOut
-from bulkembed.errors import BulkembedError, OutputError
+from bulkembed.errors import OutputError, UsageError
 
 if TYPE_CHECKING:
     from bulkembed.contracts import Embeddings
@@ -118,11 +118,11 @@ def embed_command(guarded: Callable[[Callable[[], Any]], Any]) -> Callable[..., 
             from bulkembed.api import load
 
             if query and (prompt is not None or prompt_name is not None):
-                raise BulkembedError(
+                raise UsageError(
                     "--query applies the model's query prompt: leave out --prompt and --prompt-name"
                 )
             if output_format is EmbedFormat.NPY and output is None:
-                raise BulkembedError("--format npy writes a file: pass --output FILE.npy")
+                raise UsageError("--format npy writes a file: pass --output FILE.npy")
             if output is not None and os.path.exists(output) and not overwrite:
                 raise OutputError(f"{output} exists: pass --overwrite to replace it")
             settings: dict[str, Any] = {
@@ -167,7 +167,7 @@ def _batch_tokens(text: str | None) -> int | str | None:
     try:
         return int(text)
     except ValueError:
-        raise BulkembedError(
+        raise UsageError(
             f"--max-batch-tokens {text}: expected a number of tokens or auto"
         ) from None
 
@@ -177,7 +177,7 @@ def _write_npy(found: Embeddings, output: str) -> None:
     import numpy as np
 
     if found.dense is None:
-        raise BulkembedError("--format npy writes dense vectors: this model gives none")
+        raise UsageError("--format npy writes dense vectors: this model gives none")
     with open(output, "wb") as f:
         np.save(f, found.dense)
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -17,13 +17,23 @@ from bulkembed.config import (
     StreamFormat,
 )
 
+ENV_PREFIX = "BULKEMBED_"
+
+
+def _from_env(name: str) -> dict[str, Any]:
+    """Settings that let an option also come from `BULKEMBED_<NAME>` (a flag given on the
+    command line wins), shown in `--help`."""
+    return {"envvar": f"{ENV_PREFIX}{name}", "show_envvar": True}
+
+
 Inputs = Annotated[
     list[str],
     typer.Argument(
         help="Files, directories (searched recursively) or globs: .parquet, .jsonl, "
         ".jsonl.gz, .json (JSON lines), .arrow (folders made by datasets' save_to_disk); "
         "or hf://NAME, hf://NAME/CONFIG, hf://NAME/CONFIG:SPLIT: a Hugging Face dataset, "
-        "streamed.",
+        "streamed; or - for JSON lines on stdin (ids -:ROW without an id field; not "
+        "resumable).",
         metavar="INPUT...",
         show_default=False,
     ),
@@ -31,7 +41,10 @@ Inputs = Annotated[
 Model = Annotated[
     str,
     typer.Option(
-        "--model", "-m", help="A recipe name (see `bulkembed recipes`), a hub id or a local folder."
+        "--model",
+        "-m",
+        help="A recipe name (see `bulkembed recipes`), a hub id or a local folder.",
+        **_from_env("MODEL"),
     ),
 ]
 Output = Annotated[
@@ -43,19 +56,27 @@ Output = Annotated[
         "LanceDB table; "
         "needs bulkembed[lance]), or - (records on stdout, logs on stderr; a stream is "
         "not resumable: an interrupted run starts over).",
+        **_from_env("OUTPUT"),
     ),
 ]
 Recipe = Annotated[
     str | None,
-    typer.Option(help="Apply this recipe's settings to the weights named by --model."),
+    typer.Option(
+        help="Apply this recipe's settings to the weights named by --model.", **_from_env("RECIPE")
+    ),
 ]
-Revision = Annotated[str | None, typer.Option(help="Hub revision (branch, tag or commit).")]
-TextColumn = Annotated[str, typer.Option(help="Column or JSON field holding the text.")]
+Revision = Annotated[
+    str | None, typer.Option(help="Hub revision (branch, tag or commit).", **_from_env("REVISION"))
+]
+TextColumn = Annotated[
+    str, typer.Option(help="Column or JSON field holding the text.", **_from_env("TEXT_COLUMN"))
+]
 IdColumn = Annotated[
     str | None,
     typer.Option(
         help="Column or JSON field holding the document id. Default: 'id' if present, "
-        "else 'SHARD:ROW' (the file's path relative to its input, and the record's position)."
+        "else 'SHARD:ROW' (the file's path relative to its input, and the record's position).",
+        **_from_env("ID_COLUMN"),
     ),
 ]
 MaxBatchTokens = Annotated[
@@ -63,7 +84,8 @@ MaxBatchTokens = Annotated[
     typer.Option(
         help="Token budget per batch (longest × count), or auto: on CUDA, probe the free "
         "memory once at start and fill 70% of it (the default elsewhere). Default: the "
-        "recipe's, else 16384."
+        "recipe's, else 16384.",
+        **_from_env("MAX_BATCH_TOKENS"),
     ),
 ]
 Compile = Annotated[
@@ -72,23 +94,30 @@ Compile = Annotated[
         "--compile",
         help="Compile the model with torch.compile (any batch shape): slower start, "
         "often faster on GPUs; measure before keeping it.",
+        **_from_env("COMPILE"),
     ),
 ]
 MaxLength = Annotated[
-    int | None, typer.Option(help="Truncate documents to this many tokens. Default: the model's.")
+    int | None,
+    typer.Option(
+        help="Truncate documents to this many tokens. Default: the model's.",
+        **_from_env("MAX_LENGTH"),
+    ),
 ]
 TokenizeWorkers = Annotated[
     int | None,
     typer.Option(
         help="Tokenizer processes (0: in the main process). Default: 1 on CPU, "
-        "all cores but two on CUDA."
+        "all cores but two on CUDA.",
+        **_from_env("TOKENIZE_WORKERS"),
     ),
 ]
 Devices = Annotated[
     str,
     typer.Option(
         help="auto (every GPU, else the CPU), cpu, cuda, cuda:N, or a comma-separated list "
-        "(cuda:0,cuda:1; cpu,cpu): one encoder process per entry, fed from one queue."
+        "(cuda:0,cuda:1; cpu,cpu): one encoder process per entry, fed from one queue.",
+        **_from_env("DEVICES"),
     ),
 ]
 DTypeOption = Annotated[
@@ -100,52 +129,75 @@ DTypeOption = Annotated[
         "units (AMX, AVX512-BF16), else float32. A half-precision auto choice is checked "
         "against float32 on the first 64 documents and dropped, with a warning, below "
         "cosine 0.9999 (every dense vector; 99% of multi-vector and sparse ones).",
+        **_from_env("DTYPE"),
     ),
 ]
 PoolingOption = Annotated[
     Pooling | None,
-    typer.Option("--pooling", help="Override the pooling of the model or recipe."),
+    typer.Option(
+        "--pooling", help="Override the pooling of the model or recipe.", **_from_env("POOLING")
+    ),
 ]
 Normalize = Annotated[
     bool | None,
     typer.Option(
-        "--normalize/--no-normalize", help="L2-normalize vectors. Default: as the model says."
+        "--normalize/--no-normalize",
+        help="L2-normalize vectors. Default: as the model says.",
+        **_from_env("NORMALIZE"),
     ),
 ]
 Prompt = Annotated[
-    str | None, typer.Option(help="Text put before every document (counts toward max length).")
+    str | None,
+    typer.Option(
+        help="Text put before every document (counts toward max length).", **_from_env("PROMPT")
+    ),
 ]
 PromptName = Annotated[
-    str | None, typer.Option(help="Use the model's or recipe's prompt of this name.")
+    str | None,
+    typer.Option(
+        help="Use the model's or recipe's prompt of this name.", **_from_env("PROMPT_NAME")
+    ),
 ]
-Limit = Annotated[int | None, typer.Option(help="Embed only the first N documents.")]
+Limit = Annotated[
+    int | None, typer.Option(help="Embed only the first N documents.", **_from_env("LIMIT"))
+]
 Outputs = Annotated[
     str | None,
     typer.Option(
         help="Comma-separated: dense, sparse, multivector. Default: all the model produces "
-        "(or the recipe's list)."
+        "(or the recipe's list).",
+        **_from_env("OUTPUTS"),
     ),
 ]
 Dim = Annotated[
     int | None,
     typer.Option(
         help="Cut dense vectors to their first N dimensions (Matryoshka), then L2-normalize "
-        "them again if the model normalizes."
+        "them again if the model normalizes.",
+        **_from_env("DIM"),
     ),
 ]
 DTypeOutOption = Annotated[
     DTypeOut,
-    typer.Option("--dtype-out", help="Float type of the dense and multi-vector columns."),
+    typer.Option(
+        "--dtype-out",
+        help="Float type of the dense and multi-vector columns.",
+        **_from_env("DTYPE_OUT"),
+    ),
 ]
 QuantizeOption = Annotated[
     Quantize | None,
     typer.Option(
         help="Write dense vectors as int8, uint8 (ranges calibrated once per run), binary or "
-        "ubinary (1 bit per dimension)."
+        "ubinary (1 bit per dimension).",
+        **_from_env("QUANTIZE"),
     ),
 ]
 SparseTopK = Annotated[
-    int | None, typer.Option(help="Keep only the K largest weights of each SPLADE vector.")
+    int | None,
+    typer.Option(
+        help="Keep only the K largest weights of each SPLADE vector.", **_from_env("SPARSE_TOP_K")
+    ),
 ]
 OnBadRecordOption = Annotated[
     OnBadRecord,
@@ -153,6 +205,17 @@ OnBadRecordOption = Annotated[
         "--on-bad-record",
         help="skip: set bad records aside in _bulkembed/bad_records.jsonl and go on; "
         "fail: stop at the first one.",
+        **_from_env("ON_BAD_RECORD"),
+    ),
+]
+MaxBadRecords = Annotated[
+    str | None,
+    typer.Option(
+        help="Exit with status 3 once the run has finished if it set aside more bad records "
+        "than this: a count (25) or a fraction of the records read (0.01 for 1%). Default: "
+        "no limit.",
+        metavar="N",
+        **_from_env("MAX_BAD_RECORDS"),
     ),
 ]
 Overwrite = Annotated[
@@ -161,16 +224,21 @@ Overwrite = Annotated[
         "--overwrite",
         help="Start over in an output that holds an earlier run (by default a run with the "
         "same settings is resumed, and one with other settings is refused).",
+        **_from_env("OVERWRITE"),
     ),
 ]
 Quiet = Annotated[
-    bool, typer.Option("--quiet", "-q", help="Print nothing but errors and warnings.")
+    bool,
+    typer.Option(
+        "--quiet", "-q", help="Print nothing but errors and warnings.", **_from_env("QUIET")
+    ),
 ]
 KeepColumns = Annotated[
     str | None,
     typer.Option(
         help="Comma-separated input columns (or JSON fields) to copy into the output, "
-        "e.g. title,url."
+        "e.g. title,url.",
+        **_from_env("KEEP_COLUMNS"),
     ),
 ]
 StreamFormatOption = Annotated[
@@ -179,6 +247,7 @@ StreamFormatOption = Annotated[
         "--stream-format",
         help="With --output -: jsonl (one JSON object per line, the default) or arrow "
         "(an Arrow IPC stream).",
+        **_from_env("STREAM_FORMAT"),
     ),
 ]
 Index = Annotated[
@@ -186,19 +255,22 @@ Index = Annotated[
     typer.Option(
         "--index",
         help="LanceDB: build vector indexes on vector and multivector once all rows are in.",
+        **_from_env("INDEX"),
     ),
 ]
 IndexTypeOption = Annotated[
     IndexType,
     typer.Option(
-        help="auto (IVF_HNSW_SQ below 1M rows, IVF_PQ from 1M), ivf_pq, ivf_hnsw_sq or ivf_flat."
+        help="auto (IVF_HNSW_SQ below 1M rows, IVF_PQ from 1M), ivf_pq, ivf_hnsw_sq or ivf_flat.",
+        **_from_env("INDEX_TYPE"),
     ),
 ]
 IndexPartitions = Annotated[
     int | None,
     typer.Option(
         help="IVF partitions. Default: from the row count (about its square root for "
-        "IVF_PQ and IVF_FLAT, one per million rows for IVF_HNSW_SQ)."
+        "IVF_PQ and IVF_FLAT, one per million rows for IVF_HNSW_SQ).",
+        **_from_env("INDEX_PARTITIONS"),
     ),
 ]
 Fts = Annotated[
@@ -206,6 +278,7 @@ Fts = Annotated[
     typer.Option(
         "--fts",
         help="LanceDB: build a full-text index on the text column (keep it with --keep-columns).",
+        **_from_env("FTS"),
     ),
 ]
 Since = Annotated[
@@ -215,6 +288,7 @@ Since = Annotated[
         "documents whose id and text are unchanged, embed only new and changed ones. The "
         "--output LanceDB table itself: update it in place.",
         metavar="PREVIOUS_OUT",
+        **_from_env("SINCE"),
     ),
 ]
 VerifyInputs = Annotated[
@@ -224,6 +298,7 @@ VerifyInputs = Annotated[
         help="Record a digest of each input's content, and on resume compare contents "
         "instead of modification times (reads every input once at start). Without it an "
         "input counts as unchanged while its name, size and modification time are.",
+        **_from_env("VERIFY_INPUTS"),
     ),
 ]
 RecordsPerUnit = Annotated[
@@ -232,6 +307,7 @@ RecordsPerUnit = Annotated[
         help="Records per unit of work in JSON lines, Arrow and dataset inputs (a Parquet "
         "unit is one row group): a unit is one output part and the step of resume.",
         metavar="N",
+        **_from_env("RECORDS_PER_UNIT"),
     ),
 ]
 
@@ -242,20 +318,23 @@ ShardOption = Annotated[
         help="I/N: take only the units of work whose index is I modulo N, so that N runs (a "
         "job array) share one output directory; together they write what one run would.",
         metavar="I/N",
+        **_from_env("SHARD"),
     ),
 ]
 EngineOption = Annotated[
     Engine,
     typer.Option(
         help="local (this machine's processes) or ray (Ray Data tasks and actors on a "
-        "cluster; needs bulkembed[ray])."
+        "cluster; needs bulkembed[ray]).",
+        **_from_env("ENGINE"),
     ),
 ]
 RayAddress = Annotated[
     str | None,
     typer.Option(
         help="The Ray cluster to join. Default: auto (RAY_ADDRESS or a running local "
-        "cluster), else a new local instance."
+        "cluster), else a new local instance.",
+        **_from_env("RAY_ADDRESS"),
     ),
 ]
 StorageOption = Annotated[
@@ -266,6 +345,7 @@ StorageOption = Annotated[
         "anonymous=true, project=ID (GCS), account=NAME (Azure). Credentials come from each "
         "cloud's environment variables and config files.",
         metavar="KEY=VALUE",
+        **_from_env("STORAGE_OPTION"),
     ),
 ]
 BreakLock = Annotated[
@@ -274,5 +354,6 @@ BreakLock = Annotated[
         "--break-lock",
         help="Take over the output's lease on object storage even if it has not expired "
         "(only when the run that held it is known to be dead).",
+        **_from_env("BREAK_LOCK"),
     ),
 ]

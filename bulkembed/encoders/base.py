@@ -22,6 +22,7 @@ import numpy as np
 
 from bulkembed.contracts import Embeddings, SparseVector, TokenBatch
 from bulkembed.errors import ModelError
+from bulkembed.wording import counted
 
 if TYPE_CHECKING:
     import torch
@@ -434,7 +435,7 @@ class Encoder(ABC):
             advice = "check the model's weights" if dtype == "float32" else "run --dtype float32"
             raise ModelError(
                 f"the model gave values that are not finite (NaN or infinity) for a batch of "
-                f"{len(batch)} document(s) on {self.device} in {dtype}: {advice}"
+                f"{counted(len(batch), 'document')} on {self.device} in {dtype}: {advice}"
             )
         return self.in_dtype(torch.float32).embed_within_memory(batch)
 

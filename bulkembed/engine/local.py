@@ -43,6 +43,7 @@ from bulkembed.sources import Chunk, SeenIds, count_records, drop_duplicate_ids,
 from bulkembed.tokenize import TokenizedChunk, TokenizerPool
 from bulkembed.units import SkippedUnits
 from bulkembed.windows import share_of_window
+from bulkembed.wording import counted
 from bulkembed.writer import PartWriter, WriteBehind
 
 if TYPE_CHECKING:
@@ -137,10 +138,11 @@ def _describe(
         f"{spec.source} on {', '.join(plan.devices)} ({plan.dtype}): "
         f"{', '.join(outputs)}; max length {spec.max_length}; batches of {budget} "
         f"tokens = {max(1, budget // spec.max_length)} docs at max length; "
-        f"{plan.workers} tokenizer process(es); {len(plan.files)} input file(s)"
-        + (f"; resuming after {done} done unit(s)" if done else "")
+        f"{counted(plan.workers, 'tokenizer process', 'tokenizer processes')}; "
+        f"{counted(len(plan.files), 'input file')}"
+        + (f"; resuming after {counted(done, 'done unit')}" if done else "")
         + (
-            f"; reusing the vectors of {previous.rows:,} document(s) in "
+            f"; reusing the vectors of {counted(previous.rows, 'document')} in "
             f"{previous.path} where the text is unchanged"
             if previous is not None
             else ""

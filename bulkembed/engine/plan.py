@@ -10,11 +10,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from bulkembed.config import Engine, RunConfig, default_tokenize_workers
-from bulkembed.errors import BulkembedError
+from bulkembed.errors import UsageError
 from bulkembed.outputs import OutputFormat
+from bulkembed.run_dir.files import CONFIG_FILE
 from bulkembed.script_guard import MAIN_GUARD_ADVICE, script_reruns
 from bulkembed.sinks import OutputTarget, parse_output
 from bulkembed.sources import InputFile, RecordReader, list_inputs
+from bulkembed.sources.files import STDIN
 from bulkembed.storage import ObjectPath, StorageOptions, location
 from bulkembed.tokenize import TokenizerSettings
 from bulkembed.units import counted_units, shard_parts
@@ -105,7 +107,7 @@ def plan_run(config: RunConfig, reporter: Reporter) -> RunPlan:
     target = parse_output(config.output, options)
     remote = target.path if isinstance(target.path, ObjectPath) else None
     if config.shard is not None and remote is not None and remote.scheme != "s3":
-        raise BulkembedError(
+        raise UsageError(
             f"--shard writing to {remote.scheme}:// needs conditional writes, which this "
             "version uses on S3 only: write to s3:// or a shared filesystem, or run one "
             "process (--engine ray for many machines)"
@@ -115,7 +117,14 @@ def plan_run(config: RunConfig, reporter: Reporter) -> RunPlan:
         # A LanceDB --since names the --output table, synced in place (`engine.sync`).
         since = location(config.since, options).resolve()
     if since is not None and target.path is not None and since == target.path.resolve():
-        raise BulkembedError("--since must name another output than --output")
+        raise UsageError("--since must name another output than --output")
+    meta = target.run_directory
+    earlier = meta is not None and (meta / CONFIG_FILE).exists()
+    if STDIN in config.inputs and earlier and not config.overwrite:
+        raise UsageError(
+            f"{target.label} holds an earlier run, and input from stdin (-) cannot be "
+            "resumed: pass --overwrite to start over, or choose another --output"
+        )
     skipped: list[str] = []
     files = list_inputs(config.inputs, exclude=target.path, skipped=skipped, options=options)
     for directory in skipped:

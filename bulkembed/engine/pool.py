@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from bulkembed.contracts import Embeddings, TokenBatch
-from bulkembed.errors import BulkembedError, WorkerError
+from bulkembed.errors import UsageError, WorkerError
 from bulkembed.workers import WorkerPool
 
 if TYPE_CHECKING:
@@ -60,7 +60,7 @@ def batch_timeout() -> float:
     except ValueError:
         seconds = 0.0
     if not 0 < seconds < float("inf"):
-        raise BulkembedError(f"{BATCH_TIMEOUT_VARIABLE} must be seconds above 0, not {value!r}")
+        raise UsageError(f"{BATCH_TIMEOUT_VARIABLE} must be seconds above 0, not {value!r}")
     return seconds
 
 

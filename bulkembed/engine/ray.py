@@ -38,7 +38,7 @@ from bulkembed.engine.stream import (
     part_schema,
     writer_sink,
 )
-from bulkembed.errors import BulkembedError
+from bulkembed.errors import BulkembedError, UsageError
 from bulkembed.incremental import hash_contents
 from bulkembed.outputs import OutputFormat
 from bulkembed.precision import PrecisionCheck
@@ -47,6 +47,7 @@ from bulkembed.run_dir import RunDirectory
 from bulkembed.sources import RecordReader, SeenIds, drop_duplicate_ids
 from bulkembed.storage import AnyPath
 from bulkembed.tokenize import TokenizedChunk, TokenizerPool, TokenizerSettings
+from bulkembed.wording import counted
 from bulkembed.writer import PartWriter
 
 if TYPE_CHECKING:
@@ -206,17 +207,17 @@ def _actors(devices: str) -> tuple[str, int, int]:
         entries = ["cuda"] * gpus or ["cpu"]
     kinds = {"cpu" if d == "cpu" else "cuda" if d.startswith("cuda") else d for d in entries}
     if len(kinds) != 1 or not kinds <= {"cpu", "cuda"}:
-        raise BulkembedError(
+        raise UsageError(
             f"--devices {devices} with --engine ray: pass auto, or a list of cpu or of cuda "
             "entries (one actor each)"
         )
     device = kinds.pop()
     if device == "cuda" and gpus < len(entries):
-        raise BulkembedError(
-            f"--devices {devices}: the Ray cluster has {gpus} GPU(s); pass --devices auto"
+        raise UsageError(
+            f"--devices {devices}: the Ray cluster has {counted(gpus, 'GPU')}; pass --devices auto"
         )
     if device == "cpu" and len(entries) > max(1, node_cpus - 1):
-        raise BulkembedError(
+        raise UsageError(
             f"--devices {devices}: {len(entries)} CPU actors need {len(entries) + 1} CPUs on "
             f"one node (one for the tokenizing tasks), and the largest has {node_cpus}"
         )
@@ -255,9 +256,9 @@ def embed_on_ray(
     try:
         device, actors, threads = _actors(plan.config.devices)
         reporter.info(
-            f"{plan.spec.source} on Ray: {actors} {device} actor(s)"
-            + (f" of {threads} thread(s)" if device == "cpu" else "")
-            + f"; {len(pending)} unit(s) to embed"
+            f"{plan.spec.source} on Ray: {counted(actors, device + ' actor')}"
+            + (f" of {counted(threads, 'thread')}" if device == "cpu" else "")
+            + f"; {counted(len(pending), 'unit')} to embed"
             + (f", {len(done)} done before" if done else "")
         )
         outcome = RunOutcome(

@@ -22,15 +22,23 @@ from bulkembed.config import Engine, RunConfig
 from bulkembed.contracts import UnitRecord
 from bulkembed.engine.plan import RunOutcome, RunPlan, plan_run
 from bulkembed.engine.sync import TableSync, refuse_synced, syncs_in_place
-from bulkembed.errors import Interrupted, OutputError
+from bulkembed.errors import (
+    BulkembedError,
+    Interrupted,
+    OutputError,
+    OutputLocked,
+    exit_status,
+    one_line,
+)
 from bulkembed.incremental import ChangeSet, PreviousOutput, PreviousTable
 from bulkembed.progress import QuietReporter, Reporter, RunStats
 from bulkembed.run_dir import LockedError, RunDirectory, fingerprint
 from bulkembed.run_dir.intents import Intents, finishing
 from bulkembed.sinks import ParquetSink, Sink, make_sink
 from bulkembed.storage import location
-from bulkembed.summary import Summary, summarize
+from bulkembed.summary import Summary, check_bad_records, summarize
 from bulkembed.version import __version__
+from bulkembed.wording import counted
 
 if TYPE_CHECKING:
     from bulkembed.precision import PrecisionCheck
@@ -83,6 +91,7 @@ def embed_corpus(config: RunConfig, reporter: Reporter | None = None) -> Summary
     if precision is not None and not precision.passed:
         # Said again last: a run several times slower than it could be is worth a look.
         reporter.warn(f"this run computed in float32: --dtype auto: {precision.describe()}")
+    check_bad_records(summary, config.max_bad_records)
     return summary
 
 
@@ -117,6 +126,7 @@ def _run(
     for repair in run.repairs:
         reporter.warn(repair)
     try:
+        run.clear_failure()
         complete = run.is_complete()
         previous: PreviousOutput | None = None
         previous_rows = None
@@ -175,6 +185,13 @@ def _run(
         summary = summarize(done, outcome.stats, plan.run_info(outcome), previous_rows, limited)
         run.write_summary(summary.as_dict())
         return summary, outcome.precision
+    except Exception as e:
+        if sink.resumable and not isinstance(e, (Interrupted, OutputLocked)):
+            # Where the record cannot be written either (the full disk that ended the run),
+            # `status` says stopped, and the run's own error is what the caller sees.
+            with contextlib.suppress(OSError, BulkembedError):
+                run.record_failure(exit_status(e), one_line(e))
+        raise
     finally:
         if not sink.resumable:
             _report_bad_records(run, reporter)
@@ -255,8 +272,8 @@ def _finish_if_whole(
         pending = [u for u in plan.all_units if u not in done]
         if pending:
             reporter.info(
-                f"shard {plan.config.shard.label} is done; {len(pending)} unit(s) of other "
-                "shards are pending"
+                f"shard {plan.config.shard.label} is done; "
+                f"{counted(len(pending), 'unit')} of other shards are pending"
             )
             return
     try:

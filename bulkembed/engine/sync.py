@@ -27,7 +27,7 @@ from dataclasses import replace
 from typing import Any
 
 from bulkembed.engine.plan import RunPlan
-from bulkembed.errors import BulkembedError
+from bulkembed.errors import UsageError
 from bulkembed.incremental import PreviousTable, gone_ids
 from bulkembed.run_dir import RunDirectory, describe_changes
 from bulkembed.run_dir.intents import Intents
@@ -52,12 +52,12 @@ def syncs_in_place(plan: RunPlan) -> bool:
     target = plan.target
     same = target.kind == "lancedb" and since.table == target.table
     if not same or str(since.path) != str(target.path):
-        raise BulkembedError(
+        raise UsageError(
             f"--since {config.since}: a LanceDB table can only be synced in place: pass the "
             "same lancedb:// URI as --output"
         )
     if config.limit is not None:
-        raise BulkembedError(
+        raise UsageError(
             "--limit cannot be combined with syncing a LanceDB table in place: the documents "
             "past the limit would be deleted from it"
         )
@@ -72,7 +72,7 @@ def refuse_synced(plan: RunPlan) -> None:
         return
     run = RunDirectory.for_target(plan.target, None)
     if run.config_path.exists() and run.read_config().get("synced"):
-        raise BulkembedError(
+        raise UsageError(
             f"{run.label} was synced in place since this run wrote it: sync it again with "
             "--since naming the table, or start over with --overwrite"
         )
@@ -107,7 +107,7 @@ class TableSync:
     def lock(self) -> None:
         """Hold the table's run directory: no other run writes the table meanwhile."""
         if not self.table_run.config_path.exists():
-            raise BulkembedError(
+            raise UsageError(
                 f"--since {self.table_run.label}: no table that bulkembed wrote is there; "
                 "run once without --since to create it"
             )

@@ -42,6 +42,7 @@ from bulkembed.run_dir.ledger import Ledger
 from bulkembed.run_dir.lock import LockedError
 from bulkembed.run_dir.quarantine import Quarantine
 from bulkembed.storage import AnyPath
+from bulkembed.wording import counted
 
 if TYPE_CHECKING:
     from bulkembed.config import ShardSpec
@@ -71,6 +72,7 @@ class RunDirectory:
         self.shard = shard
         self.config_path = self.meta / CONFIG_FILE
         self.summary_path = self.meta / "summary.json"
+        self.failure_path = self.meta / "failed.json"
         self.shards_path = self.meta / "shards.json"
         self.ledger = Ledger(self.meta)
         self.done_dir = self.ledger.done_dir
@@ -119,8 +121,9 @@ class RunDirectory:
         if fresh and marked and not overwrite:
             start_over = "remove the output" if self.shard else "pass --overwrite"
             raise OutputError(
-                f"{self.config_path} is missing but {len(marked)} unit(s) are marked done: "
-                f"the settings they were embedded with are unknown; {start_over} to start over"
+                f"{self.config_path} is missing but {counted(len(marked), 'unit')} are marked "
+                "done: the settings they were embedded with are unknown; "
+                f"{start_over} to start over"
             )
         if fresh and not marked:
             # With markers, the ledger shows what bulkembed wrote there.
@@ -301,6 +304,18 @@ class RunDirectory:
 
     def write_summary(self, summary: dict[str, Any]) -> None:
         write_json_atomically(self.summary_path, summary)
+
+    def record_failure(self, exit_code: int, message: str) -> None:
+        """The last run ended with an error (`bulkembed status` says `failed`) until the
+        next run starts (`clear_failure`)."""
+        write_json_atomically(self.failure_path, {"exit_code": exit_code, "error": message})
+
+    def clear_failure(self) -> None:
+        self.failure_path.unlink(missing_ok=True)
+
+    def read_failure(self) -> dict[str, Any] | None:
+        """The exit status and one-line error of the last run, if it failed."""
+        return read_json(self.failure_path) if self.failure_path.exists() else None
 
     def write_vocabulary(self, vocabulary: list[str | None]) -> None:
         write_json_atomically(self.meta / "vocab.json", vocabulary)

@@ -21,6 +21,7 @@ OWN_FILES = (
     "quantization.json",
     "shards.json",
     "bad_records.jsonl",
+    "failed.json",
 )
 # Temporary files: `.NAME.PID-TOKEN.tmp` (`write_json_atomically`) and the quarantine's.
 TEMPORARY = re.compile(r"\..+\.\d+-[0-9a-f]{8}\.tmp|\.bad_records(\.shard-\d+-of-\d+)?\.jsonl\.tmp")

@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from bulkembed.errors import BulkembedError, OutputError
+from bulkembed.errors import BulkembedError, OutputLocked
 from bulkembed.run_dir.lock import LockedError, RunLock
 from bulkembed.storage import ABSENT, AnyPath, ObjectPath, process_alive
 
@@ -103,8 +103,9 @@ class LeaseFence:
             )
 
 
-class LeaseLost(OutputError):
-    """Another run took this run's lease: it must stop writing."""
+class LeaseLost(OutputLocked):
+    """Another run took this run's lease, or it was not renewed in time: it must stop
+    writing (and may run again later)."""
 
 
 class ObjectLease:

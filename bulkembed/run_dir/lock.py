@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
-from bulkembed.errors import BulkembedError
+from bulkembed.errors import OutputLocked
 
 if TYPE_CHECKING:
     from bulkembed.config import ShardSpec
@@ -27,8 +27,8 @@ def _nothing_to_check() -> None:
     """A `flock` is held for as long as its process lives."""
 
 
-class LockedError(BulkembedError):
-    """Another live run holds the output."""
+class LockedError(OutputLocked):
+    """Another live run holds the output (its lock or its lease)."""
 
 
 class RunLock:

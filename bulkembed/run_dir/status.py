@@ -1,11 +1,21 @@
-"""`bulkembed status`: where a run directory stands."""
+"""`bulkembed status`: where a run directory stands.
+
+`state` is one of `STATES`, for scripts; `message` says the same to a person:
+
+- not-started: the output holds no run directory;
+- running: a live run holds the output's lock or lease;
+- stopped: unfinished, and no run holds it (interrupted, or killed): run the command again;
+- complete: every unit is done;
+- failed: the last run ended with an error (`failed.json`, cleared when a run starts).
+"""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
 from bulkembed.config import DEFAULT_RECORDS_PER_UNIT
-from bulkembed.errors import OutputError
+
+STATES = ("not-started", "running", "stopped", "complete", "failed")
 
 if TYPE_CHECKING:
     from bulkembed.run_dir import RunDirectory
@@ -16,15 +26,23 @@ if TYPE_CHECKING:
 def run_status(
     run: RunDirectory, sink: Sink, options: StorageOptions | None = None
 ) -> dict[str, Any]:
-    """Where a run directory stands: units done and pending, documents, bad records, lock.
+    """Where a run directory stands: its state, units done and pending, documents, bad
+    records, lock.
     Units whose rows are gone from `sink` count as pending, whatever the ledger says.
     Inputs on object storage are reached with `options`."""
     from bulkembed.sources import InputFile, unit_names
     from bulkembed.sources.files import format_name
     from bulkembed.storage import location
 
+    holder = run.lock_holder()
     if not run.config_path.exists():
-        raise OutputError(f"{run.label} holds no bulkembed run ({run.config_path} is missing)")
+        if holder:
+            return {"output": run.label, "state": "running", "message": f"starting ({holder})"}
+        return {
+            "output": run.label,
+            "state": "not-started",
+            "message": f"no run has written here yet ({run.config_path} is missing)",
+        }
     config = run.read_config()
     done = run.done_units()
     lost = sink.lost_units(done)
@@ -34,19 +52,29 @@ def run_status(
     sizes = {i["name"]: i["size"] for i in config.get("fingerprint", {}).get("inputs", [])}
     paths = [(location(i["path"], options), i["name"]) for i in inputs]
     files = [InputFile(p, name, format_name(p) or "", sizes[name]) for p, name in paths]
-    holder = run.lock_holder()
-    pending: int | None
-    if run.is_complete(done):
-        state, pending = "complete", 0
+    failure = run.read_failure()
+    if holder:
+        state, message = "running", f"running ({holder})"
+    elif run.is_complete(done):
+        state, message = "complete", "every unit is done"
+    elif failure is not None:
+        state = "failed"
+        message = (
+            f"failed with exit status {failure['exit_code']}: {failure['error']}; run the "
+            "same command to resume"
+        )
     else:
+        state, message = "stopped", "unfinished: run the same command to resume"
+    pending: int | None = 0
+    if not run.is_complete(done):
         readable = all(s.path.is_file() for s in files)
         records = config.get("records_per_unit", DEFAULT_RECORDS_PER_UNIT)
         pending = len(set(unit_names(files, records)) - set(done)) if readable else None
-        state = f"running ({holder})" if holder else "stopped: run the same command to resume"
     settings = ("model", "recipe", "pooling", "normalize", "max_length", "dtype", "device")
     return {
         "output": run.label,
         "state": state,
+        "message": message,
         "units_done": len(done),
         "units_pending": pending,
         "docs": sum(r.rows for r in done.values()),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 
 from bulkembed.config import RunConfig, StreamFormat
-from bulkembed.errors import BulkembedError
+from bulkembed.errors import UsageError
 from bulkembed.sinks.base import Sink
 from bulkembed.sinks.lance import IndexSettings, IntentLog, LanceSink
 from bulkembed.sinks.parquet import ParquetSink
@@ -37,7 +37,7 @@ def make_sink(
 def sink_of(target: OutputTarget) -> Sink:
     """The sink of an existing output, to read what it holds (`bulkembed status`)."""
     if target.path is None:
-        raise BulkembedError("a stream (--output -) keeps no run directory to report on")
+        raise UsageError("a stream (--output -) keeps no run directory to report on")
     if target.kind == "lancedb":
         return LanceSink(target.path, target.table or "")
     return ParquetSink(target.path)

@@ -25,6 +25,7 @@ from bulkembed.config import StreamFormat
 from bulkembed.errors import OutputError, PipeClosed
 from bulkembed.schema import SPARSE_TYPE
 from bulkembed.sinks.base import Sink, unshown
+from bulkembed.wording import counted
 
 
 class StreamSink(Sink):
@@ -76,7 +77,8 @@ class StreamSink(Sink):
             if isinstance(e, BrokenPipeError) or "Broken pipe" in str(e):
                 self._silence()
                 raise PipeClosed(
-                    f"stdout was closed by its reader; stopped after {self.records} whole record(s)"
+                    "stdout was closed by its reader; stopped after "
+                    f"{counted(self.records, 'whole record')}"
                 ) from None
             raise OutputError(f"cannot write to stdout: {e}") from e
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from urllib.parse import parse_qs
 
 from bulkembed.contracts import RUN_DIRECTORY
-from bulkembed.errors import BulkembedError
+from bulkembed.errors import UsageError
 from bulkembed.sinks.lance import DEFAULT_TABLE
 from bulkembed.storage import SCHEMES, AnyPath, StorageOptions, location
 
@@ -70,7 +70,7 @@ def parse_output(output: str, options: StorageOptions | None = None) -> OutputTa
     """`OUT`, `lancedb://PATH[?table=NAME]`, `lancedb+s3://...` or `-`, checked; `options`
     reach object storage."""
     if not output.strip():
-        raise BulkembedError(
+        raise UsageError(
             "--output is empty: name a directory, lancedb://PATH?table=NAME, or - for stdout"
         )
     if output == STDOUT:
@@ -82,12 +82,10 @@ def parse_output(output: str, options: StorageOptions | None = None) -> OutputTa
     fields = parse_qs(query, keep_blank_values=True)
     unknown = sorted(set(fields) - {"table"})
     if unknown or not where:
-        raise BulkembedError(
-            f"--output {output}: write lancedb://PATH or lancedb://PATH?table=NAME"
-        )
+        raise UsageError(f"--output {output}: write lancedb://PATH or lancedb://PATH?table=NAME")
     table = fields.get("table", [DEFAULT_TABLE])[-1]
     if not _TABLE_NAME.fullmatch(table) or table in (".", ".."):
-        raise BulkembedError(
+        raise UsageError(
             f"--output {output}: a table name is a plain name of letters, digits, '_', '-' "
             "and '.' (not '.' or '..')"
         )

@@ -2,7 +2,7 @@
 
 Inputs on object storage (`s3://`, `gs://`, `az://`) are found by one listing of their
 prefix, and read through `bulkembed.storage`: from the start as a stream, or at an offset
-through ranged requests."""
+through ranged requests. The input `-` is JSON lines on stdin, named `-` in ids."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import glob
 import gzip
 import hashlib
 import os
+import sys
 import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -20,7 +21,7 @@ from typing import BinaryIO
 import pyarrow as pa
 
 from bulkembed.contracts import RUN_DIRECTORY
-from bulkembed.errors import InputError
+from bulkembed.errors import InputError, UsageError
 from bulkembed.sources.records import InputFile
 from bulkembed.storage import (
     AnyPath,
@@ -32,6 +33,9 @@ from bulkembed.storage import (
     open_binary,
     stop_on_store_failure,
 )
+
+# The input read from stdin, and its name in ids (`-:ROW`).
+STDIN = "-"
 
 FORMATS = {
     ".parquet": "parquet",
@@ -163,7 +167,7 @@ def _expand(argument: str, skipped: list[str]) -> list[tuple[Path, Path]]:
         return [(p, path) for p in _inputs_below(path, skipped)]
     if path.is_file():
         if format_name(path) is None:
-            raise InputError(
+            raise UsageError(
                 f"unsupported input {argument}: "
                 "use .parquet, .jsonl, .jsonl.gz, .json (JSON lines) or .arrow"
             )
@@ -171,9 +175,9 @@ def _expand(argument: str, skipped: list[str]) -> list[tuple[Path, Path]]:
     if glob.has_magic(argument):
         root, files = _glob(argument, skipped)
         if not files:
-            raise InputError(f"input pattern {argument} matches no .parquet, .jsonl or .arrow file")
+            raise UsageError(f"input pattern {argument} matches no .parquet, .jsonl or .arrow file")
         return [(p, root) for p in files]
-    raise InputError(f"input not found: {argument}")
+    raise UsageError(f"input not found: {argument}")
 
 
 def _through_links(path: Path) -> bool:
@@ -203,7 +207,7 @@ def _expand_object(argument: str, path: ObjectPath) -> list[tuple[ObjectPath, st
     parts = path.parts
     fixed = next((i for i, part in enumerate(parts) if glob.has_magic(part)), len(parts))
     if fixed == 0:
-        raise InputError(f"{argument}: the bucket's name cannot hold a wildcard")
+        raise UsageError(f"{argument}: the bucket's name cannot hold a wildcard")
     root = ObjectPath(path.scheme, "/".join(parts[:fixed]), path.options)
     pattern = list(parts[fixed:])
     listed = root.files_below()
@@ -215,7 +219,7 @@ def _expand_object(argument: str, path: ObjectPath) -> list[tuple[ObjectPath, st
                 return []
             raise _missing(argument, path) from None
         if format_name(path) is None:
-            raise InputError(
+            raise UsageError(
                 f"unsupported input {argument}: "
                 "use .parquet, .jsonl, .jsonl.gz, .json (JSON lines) or .arrow"
             )
@@ -242,20 +246,36 @@ def _expand_object(argument: str, path: ObjectPath) -> list[tuple[ObjectPath, st
     return found
 
 
-def _missing(argument: str, path: ObjectPath) -> InputError:
+def _missing(argument: str, path: ObjectPath) -> UsageError:
     """Why an input on object storage names no file: no such bucket, or nothing there."""
     bucket = ObjectPath(path.scheme, path.bucket, path.options)
     if not bucket.exists():
-        return InputError(f"input not found: {argument} (the bucket {bucket} does not exist)")
+        return UsageError(f"input not found: {argument} (the bucket {bucket} does not exist)")
     if glob.has_magic(path.key):
-        return InputError(f"input pattern {argument} matches no .parquet, .jsonl or .arrow file")
-    return InputError(f"input not found: {argument}")
+        return UsageError(f"input pattern {argument} matches no .parquet, .jsonl or .arrow file")
+    return UsageError(f"input not found: {argument}")
 
 
 def _is_below(path: AnyPath, directory: AnyPath) -> bool:
     if isinstance(path, ObjectPath):
         return path.is_relative_to(directory)
     return not isinstance(directory, ObjectPath) and path.is_relative_to(directory)
+
+
+def _stdin_input() -> InputFile:
+    """JSON lines on stdin, copied to a temporary file that is removed when this process
+    exits: the readers open an input by path, and more than once."""
+    import atexit
+    import shutil
+    import tempfile
+
+    with tempfile.NamedTemporaryFile(
+        prefix="bulkembed-stdin-", suffix=".jsonl", delete=False
+    ) as spool:
+        atexit.register(os.unlink, spool.name)
+        shutil.copyfileobj(sys.stdin.buffer, spool)
+    path = Path(spool.name)
+    return InputFile(path, STDIN, "jsonl", path.stat().st_size)
 
 
 def list_inputs(
@@ -265,9 +285,10 @@ def list_inputs(
     options: StorageOptions | None = None,
 ) -> list[InputFile]:
     """Every input file once, sorted by path, then the files of `hf://` datasets in the
-    order given: the order in which units are numbered. Files below `exclude` (the output
-    directory) are left out; directories that cannot be read are added to `skipped`. A file
-    reached by several paths takes its name from one without links, if there is one.
+    order given, then stdin (`-`): the order in which units are numbered. Files below
+    `exclude` (the output directory) are left out; directories that cannot be read are
+    added to `skipped`. A file reached by several paths takes its name from one without
+    links, if there is one.
     Inputs on object storage are reached with `options`."""
     from bulkembed.sources.hf import HF_SCHEME, dataset_files
 
@@ -276,6 +297,8 @@ def list_inputs(
     streamed: list[InputFile] = []
     excluded = exclude.resolve() if exclude is not None else None
     for argument in inputs:
+        if argument == STDIN:
+            continue
         if argument.startswith(HF_SCHEME):
             streamed.extend(dataset_files(argument))
             continue
@@ -303,8 +326,10 @@ def list_inputs(
                     linked.add(resolved)
                 else:
                     linked.discard(resolved)
+    if STDIN in inputs:
+        streamed.append(_stdin_input())
     if not by_path and not streamed:
-        raise InputError(f"no .parquet, .jsonl or .arrow file found in {', '.join(inputs)}")
+        raise UsageError(f"no .parquet, .jsonl or .arrow file found in {', '.join(inputs)}")
     files = sorted(by_path.values(), key=lambda s: str(s.path)) + streamed
     by_name: dict[str, InputFile] = {}
     for file in files:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bulkembed.errors import InputError
+from bulkembed.errors import InputError, UsageError
 from bulkembed.sources.base import ReadSettings, RecordFormat
 from bulkembed.sources.columns import TYPE_SAMPLE_LINES
 from bulkembed.sources.records import Chunk, InputFile
@@ -44,13 +44,13 @@ def parse_dataset_name(argument: str) -> DatasetName:
     """`hf://NAME[/CONFIG][:SPLIT]`; a local folder is taken whole as NAME."""
     rest = argument.removeprefix(HF_SCHEME)
     if rest.partition("://")[0] in SCHEMES:
-        raise InputError(
+        raise UsageError(
             f"{argument}: hf:// datasets are read from the Hugging Face Hub or a local folder "
             "only, not from object storage"
         )
     location, _, split = rest.rpartition(":") if ":" in rest else (rest, "", "")
     if not location:
-        raise InputError(f"{argument}: write hf://NAME, hf://NAME/CONFIG or hf://NAME:SPLIT")
+        raise UsageError(f"{argument}: write hf://NAME, hf://NAME/CONFIG or hf://NAME:SPLIT")
     if Path(location).expanduser().is_dir():
         return DatasetName(str(Path(location).expanduser()), None, split or DEFAULT_SPLIT)
     parts = location.split("/")
