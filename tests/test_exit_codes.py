@@ -54,7 +54,10 @@ def test_a_usage_error_exits_2_and_a_failed_run_1(tmp_path, tiny_st):
         corpus, tiny_st("mean"), tmp_path / "a", "--quantize", "int8", "--dtype-out", "float16"
     )
     assert conflict.exit_code == 2
-    assert conflict.stderr == "error: --quantize and --dtype-out conflict: pass one of them\n"
+    assert conflict.stderr == (
+        "error: --quantize int8 and --dtype-out float16 conflict: quantized vectors are "
+        "integers; pass one of them\n"
+    )
     missing = run_cli(tmp_path / "nowhere.jsonl", tiny_st("mean"), tmp_path / "b")
     assert (missing.exit_code, missing.stderr) == (
         2,

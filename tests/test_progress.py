@@ -118,8 +118,8 @@ def test_the_closing_summary_fits_ten_lines_of_80_columns():
     assert lines[1] == "this run: 8 docs embedded in 1m32s: 1,310 docs/s, 402,118 tok/s"
     assert lines[2] == "padding efficiency 0.93, device idle 4%, 1 batch(es)"
     assert "since the previous output: 3 new, 5 changed, 1,234,559 unchanged, 2 deleted" in lines
-    assert "25 bad record(s) set aside (bad_records.jsonl)" in lines
-    assert "1,204 doc(s) cut at 512 tokens (--max-length)" in lines
+    assert "25 bad records set aside (bad_records.jsonl)" in lines
+    assert "1,204 docs cut at 512 tokens (--max-length)" in lines
 
 
 def test_a_run_names_its_start_up_phases_and_ends_with_a_short_summary(tmp_path, tiny_st):

@@ -208,7 +208,7 @@ def test_lancedb_sync_in_place_equals_a_full_rebuild(synced, lance_v1, tmp_path)
     assert again.exit_code == 0, again.output
     assert _table(db).equals(table)
     plain = run_cli(folder / "v1", model, uri, *SETTINGS)
-    assert plain.exit_code == 1
+    assert plain.exit_code == 2
     assert plain.output.strip() == (
         f"error: {uri} was synced in place since this run wrote it: sync it again with "
         "--since naming the table, or start over with --overwrite"
@@ -253,20 +253,20 @@ def test_lancedb_since_must_name_the_output_table_and_a_table_bulkembed_wrote(sy
     folder, model, _ = synced
     uri = f"lancedb://{tmp_path / 'db'}?table=docs"
     missing = run_cli(folder / "v2", model, uri, *SETTINGS, "--since", uri)
-    assert missing.exit_code == 1
+    assert missing.exit_code == 2
     assert missing.output.strip() == (
         f"error: --since {uri}: no table that bulkembed wrote is there; run once without "
         "--since to create it"
     )
     other = f"lancedb://{tmp_path / 'db'}?table=other"
     refused = run_cli(folder / "v2", model, uri, *SETTINGS, "--since", other)
-    assert refused.exit_code == 1
+    assert refused.exit_code == 2
     assert refused.output.strip() == (
         f"error: --since {other}: a LanceDB table can only be synced in place: pass the same "
         "lancedb:// URI as --output"
     )
     limited = run_cli(folder / "v2", model, uri, *SETTINGS, "--since", uri, "--limit", "10")
-    assert limited.exit_code == 1
+    assert limited.exit_code == 2
     assert limited.output.strip() == (
         "error: --limit cannot be combined with syncing a LanceDB table in place: the "
         "documents past the limit would be deleted from it"
