@@ -14,6 +14,9 @@ import pyarrow.parquet as pq
 import pytest
 from fault_harness import run_forked
 from helpers import incremental_corpora, run_cli, write_jsonl
+from typer.testing import CliRunner
+
+from bulkembed.cli import app
 
 HARNESS = Path(__file__).with_name("fault_harness.py")
 # float32 on every CPU, so that vectors compare at float32 precision across runs; a short
@@ -204,6 +207,8 @@ def test_lancedb_sync_in_place_equals_a_full_rebuild(synced, lance_v1, tmp_path)
         k: full[k] for k in ("docs", "tokens", "truncated")
     }
     assert (summary["new"], summary["changed"], summary["deleted"]) == (3, 5, 2)
+    status = json.loads(CliRunner().invoke(app, ["status", uri, "--json"]).stdout)
+    assert (status["output"], status["state"], status["docs"]) == (uri, "complete", 1001)
     again = run_cli(folder / "v2", model, uri, *SETTINGS, "--since", uri)
     assert again.exit_code == 0, again.output
     assert _table(db).equals(table)

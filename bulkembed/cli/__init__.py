@@ -298,16 +298,16 @@ def status(
     units done and pending, documents, bad records, lock."""
 
     def action() -> None:
+        from bulkembed.engine.sync import latest_run
         from bulkembed.progress import print_status
-        from bulkembed.run_dir import RunDirectory
         from bulkembed.run_dir.status import run_status
-        from bulkembed.sinks import parse_output, sink_of
+        from bulkembed.sinks import parse_output
         from bulkembed.storage import StorageOptions
 
         options = StorageOptions.parse(storage_option or [])
         target = parse_output(output, options)
-        sink = sink_of(target)
-        figures = run_status(RunDirectory.for_target(target, None), sink, options)
+        run, sink = latest_run(target)
+        figures = {**run_status(run, sink, options), "output": target.label}
         if as_json:
             typer.echo(json.dumps(figures))
         else:

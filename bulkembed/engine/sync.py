@@ -31,7 +31,7 @@ from bulkembed.errors import UsageError
 from bulkembed.incremental import PreviousTable, gone_ids
 from bulkembed.run_dir import RunDirectory, describe_changes
 from bulkembed.run_dir.intents import Intents
-from bulkembed.sinks import LanceSink, make_sink, parse_output
+from bulkembed.sinks import LanceSink, Sink, make_sink, parse_output, sink_of
 from bulkembed.sinks.lance_sync import IdParts, TableMerge, delete_ids
 from bulkembed.sinks.target import OutputTarget
 from bulkembed.storage import StorageOptions
@@ -62,6 +62,19 @@ def syncs_in_place(plan: RunPlan) -> bool:
             "past the limit would be deleted from it"
         )
     return True
+
+
+def latest_run(target: OutputTarget) -> tuple[RunDirectory, Sink]:
+    """The run directory and sink that say where `target` stands: for a LanceDB table
+    synced in place, its latest sync (whose ledger covers every document of the table);
+    otherwise the run that wrote it."""
+    run = RunDirectory.for_target(target, None)
+    sync = OutputTarget("parquet", run.meta / SYNC_DIRECTORY)
+    synced = RunDirectory.for_target(sync, None)
+    if target.kind == "lancedb" and synced.config_path.exists():
+        assert sync.path is not None
+        return synced, IdParts(sync.path)
+    return run, sink_of(target)
 
 
 def refuse_synced(plan: RunPlan) -> None:
