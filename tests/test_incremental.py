@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from helpers import run_cli, sample_texts, write_jsonl, write_parquet
+from helpers import incremental_corpora, run_cli, sample_texts, write_jsonl
 
 from bulkembed.encoders.base import Encoder
 from bulkembed.incremental import content_hash
@@ -31,28 +31,10 @@ def _count_model_documents(monkeypatch):
     return seen
 
 
-def _write_corpus(folder, records):
-    write_parquet(folder / "a.parquet", records[:600], row_group_size=100)
-    write_jsonl(folder / "b.jsonl", records[600:])
-
-
 def test_incremental_run_embeds_only_new_and_changed_documents(tmp_path, tiny_st, monkeypatch):
     model = tiny_st("mean")
-    texts = sample_texts(1000)
-    records = [{"id": f"doc-{i}", "text": t} for i, t in enumerate(texts)]
-    _write_corpus(tmp_path / "v1", records)
+    incremental_corpora(tmp_path)
     assert run_cli(tmp_path / "v1", model, tmp_path / "out-v1", *FLOAT32).exit_code == 0
-
-    changed = {"doc-3", "doc-150", "doc-599", "doc-600", "doc-999"}
-    removed = {"doc-10", "doc-700"}
-    new = [r for r in records if r["id"] not in removed]
-    for record in new:
-        if record["id"] in changed:
-            record["text"] += " (edited)"
-    added = [{"id": f"new-{i}", "text": t[::-1]} for i, t in enumerate(texts[:3])]
-    new[400:400] = added[:1]
-    new += added[1:]
-    _write_corpus(tmp_path / "v2", new)
 
     model_documents = _count_model_documents(monkeypatch)
     result = run_cli(
