@@ -339,7 +339,7 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
         "tok/s",
         f"padding efficiency {summary.get('padding_efficiency', 1.0):.2f}, device idle "
         f"{100 * (summary.get('device_idle_fraction') or 0):.0f}%, "
-        f"{summary.get('batches_this_run', 0):,} batch(es)",
+        f"{counted(summary.get('batches_this_run', 0), 'batch', 'batches')}",
         f"model {summary.get('model')} on {summary.get('device')} ({summary.get('dtype')}): "
         f"{summary.get('outputs')}",
     ]

@@ -252,7 +252,7 @@ def test_embed_corpus_without_a_main_guard_tokenizes_in_process(tmp_path, tiny_s
         cwd=tmp_path,
     )
     assert result.returncode == 0, result.stderr
-    assert "tokenizing in this process, not in 2 tokenizer process(es)" in result.stderr
+    assert "tokenizing in this process, not in 2 tokenizer processes" in result.stderr
     ids = pq.read_table(out).column("id").to_pylist()
     assert sorted(ids) == sorted(f"doc-{i}" for i in range(150))
 

@@ -116,7 +116,7 @@ def test_the_closing_summary_fits_ten_lines_of_80_columns():
     assert lines[0].startswith("done: 1,234,567 docs in s3://bucket/") and "…" in lines[0]
     assert lines[0].endswith("/nested/out") and len(lines[0]) == 80
     assert lines[1] == "this run: 8 docs embedded in 1m32s: 1,310 docs/s, 402,118 tok/s"
-    assert lines[2] == "padding efficiency 0.93, device idle 4%, 1 batch(es)"
+    assert lines[2] == "padding efficiency 0.93, device idle 4%, 1 batch"
     assert "since the previous output: 3 new, 5 changed, 1,234,559 unchanged, 2 deleted" in lines
     assert "25 bad records set aside (bad_records.jsonl)" in lines
     assert "1,204 docs cut at 512 tokens (--max-length)" in lines

@@ -20,6 +20,7 @@ from bulkembed.sources.files import STDIN
 from bulkembed.storage import ObjectPath, StorageOptions, location
 from bulkembed.tokenize import TokenizerSettings
 from bulkembed.units import counted_units, shard_parts
+from bulkembed.wording import counted
 
 if TYPE_CHECKING:
     from bulkembed.model_spec import ModelSpec
@@ -150,8 +151,9 @@ def plan_run(config: RunConfig, reporter: Reporter) -> RunPlan:
     workers = default_tokenize_workers(devices[0]) if workers is None else workers
     reruns = script_reruns() if workers else None
     if reruns is not None:
+        processes = counted(workers, "tokenizer process", "tokenizer processes")
         reporter.warn(
-            f"tokenizing in this process, not in {workers} tokenizer process(es): {reruns}; "
+            f"tokenizing in this process, not in {processes}: {reruns}; "
             f"{MAIN_GUARD_ADVICE} to use them"
         )
         workers = 0
