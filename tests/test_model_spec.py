@@ -3,7 +3,7 @@ import json
 import pytest
 
 from bulkembed.config import Pooling, RunConfig, list_recipes
-from bulkembed.errors import ModelError
+from bulkembed.errors import ModelError, UsageError
 from bulkembed.model_spec import resolve_model
 
 
@@ -42,7 +42,7 @@ def test_plain_model_without_pooling_asks_for_it(tiny_bert):
 
 
 def test_max_length_beyond_the_model_is_refused(tiny_bert):
-    with pytest.raises(ModelError, match="--max-length 500 exceeds the model's limit of 128"):
+    with pytest.raises(UsageError, match="--max-length 500 exceeds the model's limit of 128"):
         resolve_model(_config(tiny_bert, pooling=Pooling.MEAN, max_length=500))
 
 
