@@ -59,7 +59,7 @@ def test_recipe_settings_apply_to_local_weights(tiny_bert):
 
 
 def test_unknown_prompt_name_lists_the_known_ones(tiny_bert):
-    with pytest.raises(ModelError, match=r"unknown prompt name 'title' .*known: document, query"):
+    with pytest.raises(UsageError, match=r"unknown prompt name 'title' .*known: document, query"):
         resolve_model(_config(tiny_bert, recipe="e5-base-v2", max_length=100, prompt_name="title"))
 
 
