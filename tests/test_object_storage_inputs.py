@@ -28,7 +28,7 @@ from typer.testing import CliRunner
 
 from bulkembed import storage
 from bulkembed.cli import app
-from bulkembed.errors import InputError
+from bulkembed.errors import InputError, UsageError
 from bulkembed.sources import RecordReader, count_records, list_inputs, unit_names
 from bulkembed.sources.files import content_digest
 from bulkembed.storage import ObjectPath
@@ -100,7 +100,7 @@ def test_only_the_matching_files_of_a_glob_are_read(s3, tmp_path):
     _upload(s3, _corpus(tmp_path))
     files = list_inputs([s3.uri("corpus/**/*.jsonl.gz")])
     assert [f.name for f in files] == ["sub/c.jsonl.gz"]
-    with pytest.raises(InputError, match=r"input pattern .*\*\.txt matches no"):
+    with pytest.raises(UsageError, match=r"input pattern .*\*\.txt matches no"):
         list_inputs([s3.uri("corpus/**/*.txt")])
 
 
@@ -347,13 +347,13 @@ def test_object_storage_inputs_that_are_local_only_or_empty_are_errors(s3, tmp_p
     s3.upload(tmp_path / "dataset_info.json", "saved/dataset_info.json")
     with pytest.raises(InputError, match="save_to_disk: those are read from a local disk only"):
         list_inputs([s3.uri("saved")])
-    with pytest.raises(InputError, match="not from object storage"):
+    with pytest.raises(UsageError, match="not from object storage"):
         list_inputs([f"hf://{s3.uri('saved')}"])
     (tmp_path / "notes.txt").write_text("x")
     s3.upload(tmp_path / "notes.txt", "empty/notes.txt")
-    with pytest.raises(InputError, match="no .parquet, .jsonl or .arrow file found"):
+    with pytest.raises(UsageError, match="no .parquet, .jsonl or .arrow file found"):
         list_inputs([s3.uri("empty")])
-    with pytest.raises(InputError, match="unsupported input"):
+    with pytest.raises(UsageError, match="unsupported input"):
         list_inputs([s3.uri("empty/notes.txt")])
 
 

@@ -148,7 +148,10 @@ def test_quantize_and_float16_conflict(tmp_path, tiny_st):
         *SMALL_BATCHES,
     )
     assert result.exit_code == 2
-    assert result.stderr.strip() == "error: --quantize and --dtype-out conflict: pass one of them"
+    assert result.stderr.strip() == (
+        "error: --quantize int8 and --dtype-out float16 conflict: quantized vectors are "
+        "integers; pass one of them"
+    )
 
 
 def test_a_refused_dim_leaves_the_output_usable(tmp_path, tiny_st):

@@ -41,7 +41,7 @@ def test_auto_falls_back_to_float32_when_the_fast_dtype_breaks_parity(
         "this run computed in float32",
     ]
     assert re.fullmatch(
-        r"bfloat16 against float32 on 64 document\(s\): lowest dense cosine [01]\.\d{7}; "
+        r"bfloat16 against float32 on 64 documents: lowest dense cosine [01]\.\d{7}; "
         r"below 1\.5: running in float32, several times slower "
         r"\(--dtype bfloat16 keeps bfloat16 without the check\)",
         summary["dtype_check"],

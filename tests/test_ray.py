@@ -119,9 +119,7 @@ def test_a_killed_ray_run_resumes_with_each_id_once(tmp_path, reference):
     _, stderr = rerun.communicate(timeout=300)
     assert rerun.returncode == 0, stderr.decode()
     # Ray's workers may commit a unit or two more before they notice the driver is gone.
-    pending, done = re.search(
-        r"(\d+) unit\(s\) to embed, (\d+) done before", stderr.decode()
-    ).groups()
+    pending, done = re.search(r"(\d+) units? to embed, (\d+) done before", stderr.decode()).groups()
     assert int(pending) + int(done) == UNITS and int(done) >= committed
     _same_as(expected, out)
     summary = json.loads((out / "_bulkembed" / "summary.json").read_text())

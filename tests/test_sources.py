@@ -5,7 +5,7 @@ import pyarrow as pa
 import pytest
 from helpers import write_jsonl, write_parquet
 
-from bulkembed.errors import InputError
+from bulkembed.errors import InputError, UsageError
 from bulkembed.sources import RecordReader, count_records, list_inputs, take, unit_names
 
 
@@ -39,20 +39,20 @@ def test_globs_name_files_relative_to_their_fixed_part(tmp_path):
 
 
 def test_missing_input_is_an_error_naming_it(tmp_path):
-    with pytest.raises(InputError, match=r"input not found: .*nowhere\.jsonl"):
+    with pytest.raises(UsageError, match=r"input not found: .*nowhere\.jsonl"):
         list_inputs([str(tmp_path / "nowhere.jsonl")])
 
 
 def test_unsupported_file_is_an_error(tmp_path):
     path = tmp_path / "corpus.csv"
     path.write_text("id,text\n")
-    with pytest.raises(InputError, match="unsupported input"):
+    with pytest.raises(UsageError, match="unsupported input"):
         list_inputs([str(path)])
 
 
 def test_directory_without_inputs_is_an_error(tmp_path):
     (tmp_path / "readme.txt").write_text("x")
-    with pytest.raises(InputError, match="no .parquet, .jsonl or .arrow file"):
+    with pytest.raises(UsageError, match="no .parquet, .jsonl or .arrow file"):
         list_inputs([str(tmp_path)])
 
 
