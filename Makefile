@@ -47,6 +47,7 @@ bench: install
 	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/parity.py
 	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/memory.py
 	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/outputs.py
+	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/json_stream.py
 	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/throughput.py
 	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/host_ceiling.py
 	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/object_storage.py

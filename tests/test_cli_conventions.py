@@ -135,8 +135,10 @@ def test_completion_is_offered_without_importing_torch():
         "try:\n    main()\nexcept SystemExit:\n    pass\n"
         "print('HEAVY:', sorted(m for m in ('torch', 'transformers') if m in sys.modules))\n"
     )
+    # The shell named, not detected from the parent process (sh under CI runners).
+    env = {**os.environ, "_TYPER_COMPLETE_TEST_DISABLE_SHELL_DETECTION": "1"}
     result = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env
     )
     assert "_BULKEMBED_COMPLETE=complete_bash" in result.stdout and "HEAVY: []" in result.stdout
     listed = _bulkembed("--help", env={"COLUMNS": "80"}).stdout
