@@ -55,6 +55,7 @@ from bulkembed.cli.options import (
     TextColumn,
     TokenizeWorkers,
     VerifyInputs,
+    batch_tokens,
 )
 from bulkembed.config import (
     DEFAULT_RECORDS_PER_UNIT,
@@ -116,18 +117,6 @@ def _guarded(action: Callable[[], Any]) -> Any:
 def _names(option: str | None) -> tuple[str, ...]:
     """A comma-separated option as a tuple of names."""
     return tuple(n.strip() for n in (option or "").split(",") if n.strip())
-
-
-def _batch_tokens(text: str | None) -> int | None:
-    """`--max-batch-tokens` as a number; None for the default or `auto`."""
-    if text is None or text == "auto":
-        return None
-    try:
-        return int(text)
-    except ValueError:
-        raise UsageError(
-            f"--max-batch-tokens {text}: expected a number of tokens or auto"
-        ) from None
 
 
 def _bad_record_limit(text: str | None) -> float | None:
@@ -239,7 +228,7 @@ def run(
             revision=revision,
             text_column=text_column,
             id_column=id_column,
-            max_batch_tokens=_batch_tokens(max_batch_tokens),
+            max_batch_tokens=batch_tokens(max_batch_tokens),
             tune_batch_tokens=max_batch_tokens == "auto",
             max_length=max_length,
             tokenize_workers=tokenize_workers,

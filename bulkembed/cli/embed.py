@@ -27,6 +27,7 @@ from bulkembed.cli.options import (
     Recipe,
     Revision,
     SparseTopK,
+    batch_tokens,
 )
 from bulkembed.config import DType, DTypeOut
 from bulkembed.errors import OutputError, UsageError
@@ -128,7 +129,9 @@ def embed_command(guarded: Callable[[Callable[[], Any]], Any]) -> Callable[..., 
             settings: dict[str, Any] = {
                 "recipe": recipe,
                 "revision": revision,
-                "max_batch_tokens": _batch_tokens(max_batch_tokens),
+                "max_batch_tokens": "auto"
+                if max_batch_tokens == "auto"
+                else batch_tokens(max_batch_tokens),
                 "max_length": max_length,
                 "devices": devices,
                 "dtype": dtype,
@@ -158,18 +161,6 @@ def embed_command(guarded: Callable[[Callable[[], Any]], Any]) -> Callable[..., 
         guarded(action)
 
     return embed
-
-
-def _batch_tokens(text: str | None) -> int | str | None:
-    """`--max-batch-tokens` as `load` takes it: a number, "auto", or None."""
-    if text is None or text == "auto":
-        return text
-    try:
-        return int(text)
-    except ValueError:
-        raise UsageError(
-            f"--max-batch-tokens {text}: expected a number of tokens or auto"
-        ) from None
 
 
 def _write_npy(found: Embeddings, output: str) -> None:

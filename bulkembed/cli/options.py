@@ -16,6 +16,7 @@ from bulkembed.config import (
     Quantize,
     StreamFormat,
 )
+from bulkembed.errors import UsageError
 
 ENV_PREFIX = "BULKEMBED_"
 
@@ -357,3 +358,15 @@ BreakLock = Annotated[
         **_from_env("BREAK_LOCK"),
     ),
 ]
+
+
+def batch_tokens(text: str | None) -> int | None:
+    """`--max-batch-tokens` as a number; None for the default or `auto`."""
+    if text is None or text == "auto":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise UsageError(
+            f"--max-batch-tokens {text}: expected a number of tokens or auto"
+        ) from None
