@@ -41,6 +41,7 @@ MODEL_SETTINGS = (
     "devices",
     "dtype",
     "compile",
+    "backend",
     "pooling",
     "normalize",
     "prompt",

@@ -41,6 +41,16 @@ class DType(str, Enum):
     BFLOAT16 = "bfloat16"
 
 
+class Backend(str, Enum):
+    """What runs the model's transformer. `auto` is OpenVINO on a CPU for the architectures
+    it is tested on (BERT, RoBERTa, XLM-RoBERTa) when the `openvino` package is installed,
+    else PyTorch (see `bulkembed.encoders.base.choose_backend`)."""
+
+    AUTO = "auto"
+    TORCH = "torch"
+    OPENVINO = "openvino"
+
+
 class DTypeOut(str, Enum):
     """Float type of the written dense and multi-vector columns."""
 
@@ -150,6 +160,7 @@ class RunConfig:
     devices: str = "auto"
     dtype: DType = DType.AUTO
     compile: bool = False
+    backend: Backend = Backend.AUTO
     pooling: Pooling | None = None
     normalize: bool | None = None
     prompt: str | None = None
@@ -191,6 +202,10 @@ class RunConfig:
             )
         if self.prompt is not None and self.prompt_name is not None:
             raise UsageError("--prompt and --prompt-name conflict: pass one of them")
+        if self.compile and self.backend is Backend.OPENVINO:
+            raise UsageError(
+                "--compile and --backend openvino conflict: --compile applies to --backend torch"
+            )
         unknown = sorted(set(self.outputs or ()) - set(OUTPUTS))
         if unknown:
             raise UsageError(
@@ -315,6 +330,7 @@ class RunConfig:
 # The fields `RunConfig` takes as strings too, and the enum each becomes.
 _ENUM_FIELDS: dict[str, type[Enum]] = {
     "dtype": DType,
+    "backend": Backend,
     "pooling": Pooling,
     "dtype_out": DTypeOut,
     "quantize": Quantize,

@@ -71,6 +71,9 @@ class ModelSpec:
     sparse_top_k: int | None
     tokenizer_json: str
     compile: bool = False
+    # `--backend`, and the architecture it depends on (config.json `model_type`).
+    backend: str = "auto"
+    model_type: str | None = None
     # What multi-vector rows are stored as (`--dtype-out`): the cast happens on the device.
     multivector_dtype: str = "float32"
     # The dtype the weights were saved in (config.json `torch_dtype`), if it says.
@@ -302,6 +305,8 @@ def resolve_model(config: RunConfig) -> ModelSpec:
         or DEFAULT_MAX_BATCH_TOKENS,
         tokenizer_json=tokenizer.backend_tokenizer.to_str(),
         compile=config.compile,
+        backend=config.backend.value,
+        model_type=model_config.get("model_type"),
         multivector_dtype=config.dtype_out.value,
         trained_dtype=model_config.get("torch_dtype") or model_config.get("dtype"),
         document_prompt=_prompt(replace(config, prompt=None, prompt_name=None), recipe, st),

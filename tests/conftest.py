@@ -37,6 +37,15 @@ def _train_tokenizer(folder: Path) -> None:
     fast.save_pretrained(folder)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def export_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """OpenVINO conversions of the test models go to a cache of this test session, not the
+    user's (subprocesses inherit it)."""
+    folder = tmp_path_factory.mktemp("export-cache")
+    os.environ["BULKEMBED_CACHE_DIR"] = str(folder)
+    return folder
+
+
 @pytest.fixture(scope="session")
 def tiny_bert(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A 2-layer BERT with hidden size 32 and its own WordPiece tokenizer, as a plain HF folder."""

@@ -24,12 +24,13 @@ def _embed(tmp_path, model, texts, *extra):
 
 
 @pytest.mark.slow
-def test_bge_m3_matches_flagembedding(tmp_path, tiny_bge_m3):
+@pytest.mark.parametrize("backend", ["torch", "openvino"])
+def test_bge_m3_matches_flagembedding(tmp_path, tiny_bge_m3, backend):
     from FlagEmbedding import BGEM3FlagModel
 
     texts = mixed_texts()
     assert len(texts) >= 30
-    table, out = _embed(tmp_path, tiny_bge_m3, texts, "--max-length", "64")
+    table, out = _embed(tmp_path, tiny_bge_m3, texts, "--max-length", "64", "--backend", backend)
     reference = BGEM3FlagModel(str(tiny_bge_m3), use_fp16=False, devices="cpu").encode(
         texts,
         batch_size=8,
@@ -123,11 +124,12 @@ def test_the_bge_m3_recipe_writes_multivectors_only_when_asked(tmp_path, tiny_bg
     assert table.schema.names == ["id", "dense", "sparse", "multivector", "content_hash"]
 
 
-def test_splade_matches_sentence_transformers_sparse_encoder(tmp_path, tiny_splade):
+@pytest.mark.parametrize("backend", ["torch", "openvino"])
+def test_splade_matches_sentence_transformers_sparse_encoder(tmp_path, tiny_splade, backend):
     from sentence_transformers import SparseEncoder
 
     texts = mixed_texts()
-    table, _ = _embed(tmp_path, tiny_splade, texts)
+    table, _ = _embed(tmp_path, tiny_splade, texts, "--backend", backend)
     assert table.schema.names == ["id", "sparse", "content_hash"]
     reference = SparseEncoder(str(tiny_splade), device="cpu").encode(texts, convert_to_tensor=True)
     reference = reference.to_dense().numpy()

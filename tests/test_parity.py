@@ -11,7 +11,8 @@ PARITY_DOCS = 300
 
 
 @pytest.mark.slow
-def test_minilm_matches_sentence_transformers_on_real_text(tmp_path, minilm):
+@pytest.mark.parametrize("backend", ["torch", "openvino"])
+def test_minilm_matches_sentence_transformers_on_real_text(tmp_path, minilm, backend):
     import json
 
     from sentence_transformers import SentenceTransformer
@@ -26,6 +27,7 @@ def test_minilm_matches_sentence_transformers_on_real_text(tmp_path, minilm):
             limit=PARITY_DOCS,
             tokenize_workers=1,
             dtype=DType.FLOAT32,
+            backend=backend,
             quiet=True,
         )
     )
@@ -37,6 +39,6 @@ def test_minilm_matches_sentence_transformers_on_real_text(tmp_path, minilm):
     ours = np.array([vectors[r["id"]] for r in records])
     np.testing.assert_allclose(np.linalg.norm(ours, axis=1), 1.0, rtol=1e-5)
     cosines = (ours * reference).sum(axis=1)
-    assert cosines.min() >= 0.9999, f"lowest cosine {cosines.min():.6f}"
+    assert cosines.min() >= 0.99999, f"lowest cosine {cosines.min():.7f}"
     assert summary.truncated > 0  # the sample holds documents past 256 tokens
     assert summary.docs == PARITY_DOCS

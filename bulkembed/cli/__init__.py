@@ -14,6 +14,7 @@ import typer
 
 from bulkembed.cli.embed import embed_command
 from bulkembed.cli.options import (
+    BackendOption,
     BreakLock,
     Compile,
     Devices,
@@ -59,6 +60,7 @@ from bulkembed.cli.options import (
 )
 from bulkembed.config import (
     DEFAULT_RECORDS_PER_UNIT,
+    Backend,
     DType,
     DTypeOut,
     Engine,
@@ -182,6 +184,7 @@ def run(
     devices: Devices = "auto",
     dtype: DTypeOption = DType.AUTO,
     compile_model: Compile = False,
+    backend: BackendOption = Backend.AUTO,
     pooling: PoolingOption = None,
     normalize: Normalize = None,
     prompt: Prompt = None,
@@ -235,6 +238,7 @@ def run(
             devices=devices,
             dtype=dtype,
             compile=compile_model,
+            backend=backend,
             pooling=pooling,
             normalize=normalize,
             prompt=prompt,

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from bulkembed.cli.options import (
+    BackendOption,
     Compile,
     Dim,
     DTypeOption,
@@ -29,7 +30,7 @@ from bulkembed.cli.options import (
     SparseTopK,
     batch_tokens,
 )
-from bulkembed.config import DType, DTypeOut
+from bulkembed.config import Backend, DType, DTypeOut
 from bulkembed.errors import OutputError, UsageError
 
 if TYPE_CHECKING:
@@ -101,6 +102,7 @@ def embed_command(guarded: Callable[[Callable[[], Any]], Any]) -> Callable[..., 
         devices: EmbedDevices = "auto",
         dtype: DTypeOption = DType.AUTO,
         compile_model: Compile = False,
+        backend: BackendOption = Backend.AUTO,
         pooling: PoolingOption = None,
         normalize: Normalize = None,
         prompt: Prompt = None,
@@ -136,6 +138,7 @@ def embed_command(guarded: Callable[[Callable[[], Any]], Any]) -> Callable[..., 
                 "devices": devices,
                 "dtype": dtype,
                 "compile": compile_model,
+                "backend": backend,
                 "pooling": pooling,
                 "normalize": normalize,
                 "prompt": prompt,

@@ -7,6 +7,7 @@ from typing import Annotated, Any
 import typer
 
 from bulkembed.config import (
+    Backend,
     DType,
     DTypeOut,
     Engine,
@@ -96,6 +97,16 @@ Compile = Annotated[
         help="Compile the model with torch.compile (any batch shape): slower start, "
         "often faster on GPUs; measure before keeping it.",
         **_from_env("COMPILE"),
+    ),
+]
+BackendOption = Annotated[
+    Backend,
+    typer.Option(
+        "--backend",
+        help="What runs the model. auto: OpenVINO on a CPU for BERT, RoBERTa and "
+        "XLM-RoBERTa models (converted once and cached), else PyTorch. openvino: CPU only, "
+        "float32 or bfloat16. torch: PyTorch eager (or --compile).",
+        **_from_env("BACKEND"),
     ),
 ]
 MaxLength = Annotated[

@@ -20,8 +20,9 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import numpy as np
 
+from bulkembed.config import Backend
 from bulkembed.contracts import Embeddings, SparseVector, TokenBatch
-from bulkembed.errors import ModelError
+from bulkembed.errors import ModelError, UsageError
 from bulkembed.wording import counted
 
 if TYPE_CHECKING:
@@ -136,6 +137,30 @@ def load_model(spec: ModelSpec, device: str, dtype: torch.dtype, masked_lm: bool
         # Batch sizes and lengths change from batch to batch: compile for any shape once.
         model = torch.compile(model, dynamic=True)
     return model
+
+
+def choose_backend(spec: ModelSpec, device: str, dtype: torch.dtype) -> Backend:
+    """What runs the transformer of `spec` on `device` in `dtype`: `--backend`, with `auto`
+    as OpenVINO on a CPU for an architecture whose conversion is tested, in float32 or
+    bfloat16, without `--compile`, when the `openvino` package is installed; else PyTorch.
+    An explicit `--backend openvino` that cannot run is a one-line usage error."""
+    from bulkembed.encoders.openvino import converts, openvino_installed
+
+    backend = Backend(spec.backend)
+    if backend is Backend.TORCH:
+        return backend
+    if backend is Backend.AUTO:
+        usable = device == "cpu" and not spec.compile and converts(spec.model_type, dtype)
+        return Backend.OPENVINO if usable and openvino_installed() else Backend.TORCH
+    if device != "cpu":
+        raise UsageError(f"--backend openvino runs on the CPU, not {device}: pass --devices cpu")
+    if str(dtype) not in ("torch.float32", "torch.bfloat16"):
+        raise UsageError(
+            "--backend openvino computes in float32 or bfloat16: pick one with --dtype"
+        )
+    if not openvino_installed():
+        raise UsageError("--backend openvino needs the openvino package: pip install openvino")
+    return backend
 
 
 class VectorSizes(Protocol):
@@ -275,6 +300,9 @@ class Encoder(ABC):
     batches to the device and outputs back, runs batches back to back, halves those that
     run out of memory and embeds again those whose values are not finite."""
 
+    # The transformer: a PyTorch module, or an `OpenVINOModel` called the same way.
+    model: Any
+
     def __init__(self, spec: ModelSpec, device: str, dtype: torch.dtype) -> None:
         import torch
 
@@ -285,8 +313,12 @@ class Encoder(ABC):
         # in the half dtype, layer norms, softmax and residual sums in float32. Casting the
         # weights instead ran no faster and lost parity (all-MiniLM-L6-v2 in bfloat16:
         # lowest cosine to float32 0.99988 cast, 0.99996 under autocast, on 1,000 documents).
-        self.autocast = device == "cpu" and dtype != torch.float32
-        self.weights_dtype = torch.float32 if self.autocast else dtype
+        # Warnings for the run's log, from loading the model.
+        self.notices: list[str] = []
+        self.backend = choose_backend(spec, device, dtype)
+        # OpenVINO takes the compute precision when it compiles the model.
+        self.autocast = self.backend is Backend.TORCH and device == "cpu" and dtype != torch.float32
+        self.weights_dtype = dtype if device != "cpu" else torch.float32
         self.multivector_dtype = getattr(torch, spec.multivector_dtype)
         # Padded tokens of the smallest batch that ran out of memory (see
         # `embed_within_memory`).
@@ -294,14 +326,48 @@ class Encoder(ABC):
         # Inputs are copied to a CUDA device on their own stream, while the last batch runs.
         self._copies = torch.cuda.Stream(device) if device.startswith("cuda") else None
 
+    def load_transformer(self, masked_lm: bool = False) -> Any:
+        """The transformer this encoder runs: compiled by OpenVINO or loaded in PyTorch
+        (`choose_backend`). With `--backend auto`, a model OpenVINO fails to convert runs
+        in PyTorch, with one warning."""
+        import torch
+
+        if self.backend is Backend.TORCH:
+            return load_model(self.spec, self.device, self.weights_dtype, masked_lm)
+        from bulkembed.encoders.openvino import load_openvino
+
+        def rebuilt(reason: str) -> None:
+            self.notices.append(
+                f"the cached OpenVINO conversion of {self.spec.source} is unusable ({reason}): "
+                "converting it again"
+            )
+
+        def load() -> Any:
+            return load_model(self.spec, "cpu", torch.float32, masked_lm)
+
+        threads = torch.get_num_threads()
+        try:
+            return load_openvino(self.spec, self.dtype, masked_lm, threads, load, rebuilt)
+        except ModelError as e:
+            if self.spec.backend != Backend.AUTO.value:
+                raise
+            self.notices.append(f"{e}; running it in PyTorch instead")
+        self.backend = Backend.TORCH
+        self.autocast = self.dtype != torch.float32
+        return load_model(self.spec, self.device, self.weights_dtype, masked_lm)
+
     def in_dtype(self, dtype: torch.dtype) -> Encoder:
         """This encoder computing in `dtype`: on a CPU the same float32 weights under
-        autocast (no second copy of the model in memory), elsewhere a new encoder."""
+        autocast, or the same OpenVINO graph compiled in `dtype` (no second load of the
+        model), elsewhere a new encoder."""
         if self.device != "cpu":
             return type(self)(self.spec, self.device, dtype)
         twin = copy.copy(self)
         twin.dtype = dtype
-        twin.autocast = str(dtype) != "torch.float32"
+        if self.backend is Backend.OPENVINO:
+            twin.model = self.model.in_dtype(dtype)
+        else:
+            twin.autocast = str(dtype) != "torch.float32"
         return twin
 
     def compute(self) -> contextlib.AbstractContextManager:

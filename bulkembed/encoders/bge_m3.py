@@ -19,7 +19,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from bulkembed.encoders.base import DeviceInputs, DeviceOutputs, Encoder, load_model, load_state
+from bulkembed.encoders.base import DeviceInputs, DeviceOutputs, Encoder, load_state
 from bulkembed.encoders.sparse import max_weight_per_id
 from bulkembed.errors import ModelError
 
@@ -47,7 +47,7 @@ class BGEM3Encoder(Encoder):
 
     def __init__(self, spec: ModelSpec, device: str, dtype: torch.dtype) -> None:
         super().__init__(spec, device, dtype)
-        self.model = model = load_model(spec, device, self.weights_dtype)
+        self.model = model = self.load_transformer()
         hidden = int(model.config.hidden_size)
         self.sparse_head = None
         self.colbert_head = None

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from bulkembed.encoders.base import DeviceInputs, DeviceOutputs, Encoder, load_model, load_state
+from bulkembed.encoders.base import DeviceInputs, DeviceOutputs, Encoder, load_state
 from bulkembed.errors import ModelError
 from bulkembed.model_files import model_file, read_json
 
@@ -55,7 +55,7 @@ class ColbertEncoder(Encoder):
 
     def __init__(self, spec: ModelSpec, device: str, dtype: torch.dtype) -> None:
         super().__init__(spec, device, dtype)
-        self.model = load_model(spec, device, self.weights_dtype)
+        self.model = self.load_transformer()
         self.projection = _load_projection(spec, self.weights_dtype).to(device)
         self.skipped = np.array(spec.skip_token_ids, dtype=np.int64)
 

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from bulkembed.config import Pooling
-from bulkembed.encoders.base import DeviceInputs, DeviceOutputs, Encoder, load_model
+from bulkembed.encoders.base import DeviceInputs, DeviceOutputs, Encoder
 from bulkembed.encoders.pooling import pool
 
 if TYPE_CHECKING:
@@ -20,7 +20,7 @@ class DenseEncoder(Encoder):
 
     def __init__(self, spec: ModelSpec, device: str, dtype: torch.dtype) -> None:
         super().__init__(spec, device, dtype)
-        self.model = load_model(spec, device, self.weights_dtype)
+        self.model = self.load_transformer()
 
     @property
     def dense_dim(self) -> int:

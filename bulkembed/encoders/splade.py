@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from bulkembed.encoders.base import DeviceInputs, DeviceOutputs, Encoder, load_model
+from bulkembed.encoders.base import DeviceInputs, DeviceOutputs, Encoder
 from bulkembed.encoders.sparse import keep_top_k, splade_pool
 
 if TYPE_CHECKING:
@@ -27,7 +27,7 @@ class SpladeEncoder(Encoder):
 
     def __init__(self, spec: ModelSpec, device: str, dtype: torch.dtype) -> None:
         super().__init__(spec, device, dtype)
-        self.model = model = load_model(spec, device, self.weights_dtype, masked_lm=True)
+        self.model = model = self.load_transformer(masked_lm=True)
         self.vocabulary = int(model.config.vocab_size)
 
     def embed(self, inputs: DeviceInputs) -> DeviceOutputs:

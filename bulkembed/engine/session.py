@@ -68,6 +68,8 @@ class DeviceSession:
             return
         start_dtype = torch.float32 if self.checking else self.candidate
         encoder, budget = start_encoder(spec, devices[0], start_dtype, threads, tune)
+        for notice in encoder.notices:
+            reporter.warn(notice)
         self.embedder = encoder
         self._use_budget(budget)
 

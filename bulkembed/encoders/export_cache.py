@@ -1,0 +1,170 @@
+"""A cache of converted models: each conversion in its own folder, found by a key.
+
+A folder is `ROOT/KIND/DIGEST`, where DIGEST hashes the key (the model, its exact weights,
+the converter's versions, bulkembed's version). It holds the converted files and a
+`manifest.json`, written last, with the key and each file's size and SHA-256. A folder is
+used only when its manifest names the same key and every file matches it: a corrupt file, a
+folder of another revision, or a conversion stopped halfway is rebuilt.
+
+A conversion is written into a temporary folder beside its place and renamed into it in one
+step, so a reader never sees half a folder. Two processes converting at once each write
+their own temporary folder; the first rename wins, and the other process checks and uses
+the winner's folder. Nothing outside `ROOT` is touched, and inside it only folders whose
+names this module gives.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import socket
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+MANIFEST = "manifest.json"
+# Temporary and stale folders carry these prefixes: nothing else in a kind's folder is
+# removed.
+_BUILDING = ".building-"
+_STALE = ".stale-"
+_HASH_BLOCK = 1 << 22
+
+
+def cache_root() -> Path:
+    """Where bulkembed caches what it converts: `BULKEMBED_CACHE_DIR`, else
+    `$XDG_CACHE_HOME/bulkembed`, else `~/.cache/bulkembed`."""
+    configured = os.environ.get("BULKEMBED_CACHE_DIR")
+    if configured:
+        return Path(configured)
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "bulkembed"
+
+
+def key_digest(key: dict[str, Any]) -> str:
+    """The folder name of `key`: a digest of its JSON, keys sorted."""
+    text = json.dumps(key, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
+def _file_digest(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while block := f.read(_HASH_BLOCK):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _write_manifest(folder: Path, key: dict[str, Any]) -> None:
+    files = {
+        p.name: {"bytes": p.stat().st_size, "sha256": _file_digest(p)}
+        for p in sorted(folder.iterdir())
+        if p.is_file() and p.name != MANIFEST
+    }
+    manifest = folder / MANIFEST
+    manifest.write_text(json.dumps({"key": key, "files": files}, indent=2), encoding="utf-8")
+    with manifest.open("rb") as f:
+        os.fsync(f.fileno())
+
+
+def problem(folder: Path, key: dict[str, Any]) -> str | None:
+    """Why `folder` cannot serve `key` (no manifest, another key, a file missing, cut short
+    or changed), or None when every file matches the manifest."""
+    try:
+        manifest = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
+        files = manifest["files"]
+        stored_key = manifest["key"]
+    except FileNotFoundError:
+        return "no manifest (a conversion that did not finish)"
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return f"unreadable manifest ({e})"
+    if stored_key != key:
+        changed = sorted(k for k in set(key) | set(stored_key) if key.get(k) != stored_key.get(k))
+        return f"made for another {', '.join(changed)}"
+    if not files:
+        return "no files"
+    for name, expected in files.items():
+        path = folder / name
+        try:
+            size = path.stat().st_size
+        except OSError:
+            return f"{name} is missing"
+        if size != expected.get("bytes"):
+            return f"{name} holds {size} bytes, not {expected.get('bytes')}"
+        if _file_digest(path) != expected.get("sha256"):
+            return f"{name} does not match its checksum"
+    return None
+
+
+def _remove(folder: Path) -> None:
+    """Take `folder` out of the way in one rename, then delete it; another process may have
+    done either first."""
+    stale = folder.with_name(f"{_STALE}{folder.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    try:
+        folder.rename(stale)
+    except FileNotFoundError:
+        return
+    shutil.rmtree(stale, ignore_errors=True)
+
+
+def _building_name(digest: str) -> str:
+    return f"{_BUILDING}{digest}-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _clear_abandoned(parent: Path, digest: str) -> None:
+    """Remove the temporary folders of `digest` left by processes of this host that died
+    while converting."""
+    prefix = f"{_BUILDING}{digest}-{socket.gethostname()}-"
+    for leftover in parent.glob(f"{_BUILDING}{digest}-*"):
+        pid = leftover.name.removeprefix(prefix).split("-")[0]
+        if leftover.name.startswith(prefix) and pid.isdigit() and not _pid_alive(int(pid)):
+            shutil.rmtree(leftover, ignore_errors=True)
+
+
+def cached(
+    kind: str,
+    key: dict[str, Any],
+    build: Callable[[Path], None],
+    rebuilt: Callable[[str], None] | None = None,
+) -> Path:
+    """The folder of `key` under `kind`, built by `build(folder)` (which writes the files
+    into an empty folder) unless a valid one is there. `rebuilt(reason)` is told when a
+    folder there was unusable and is replaced."""
+    parent = cache_root() / kind
+    folder = parent / key_digest(key)
+    if folder.exists():
+        reason = problem(folder, key)
+        if reason is None:
+            return folder
+        if rebuilt is not None:
+            rebuilt(reason)
+        _remove(folder)
+    parent.mkdir(parents=True, exist_ok=True)
+    _clear_abandoned(parent, folder.name)
+    building = parent / _building_name(folder.name)
+    building.mkdir()
+    try:
+        build(building)
+        _write_manifest(building, key)
+        try:
+            building.rename(folder)
+        except OSError:
+            # Another process renamed its conversion into place first.
+            if problem(folder, key) is not None:
+                raise
+    finally:
+        if building.exists():
+            shutil.rmtree(building, ignore_errors=True)
+    return folder

@@ -1,0 +1,306 @@
+"""The OpenVINO backend: the same vectors as PyTorch for every family, when it is chosen, and
+its export cache (corrupt, other weights, cut short, two processes at once)."""
+
+import json
+import multiprocessing
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from helpers import cosines, embed_texts, mixed_texts, records, run_cli, sample_texts, write_jsonl
+
+from bulkembed.config import Backend, RunConfig
+from bulkembed.encoders import TokenBatch, build_encoder
+from bulkembed.encoders import openvino as ov_backend
+from bulkembed.encoders.base import choose_backend
+from bulkembed.encoders.export_cache import MANIFEST, cached, key_digest, problem
+from bulkembed.errors import ModelError, UsageError
+from bulkembed.model_spec import resolve_model
+from bulkembed.tokenize import TextTokenizer, TokenizerSettings
+
+
+def _spec(folder: Path, **options):
+    return resolve_model(RunConfig(inputs=("x",), output="out", model=str(folder), **options))
+
+
+def _encode(spec, texts: list[str], dtype: torch.dtype = torch.float32):
+    """The encoder of `spec` on the CPU, and its embeddings of `texts` in one batch."""
+    encoder = build_encoder(spec, "cpu", dtype)
+    tokenizer = TextTokenizer(TokenizerSettings(spec.tokenizer_json, spec.max_length, spec.prompt))
+    flat, lengths, _ = tokenizer(texts)
+    return encoder, encoder.embed_batch(TokenBatch(flat, lengths))
+
+
+def _by_backend(folder: Path, texts: list[str], **options):
+    """Embeddings of `texts` from PyTorch and from OpenVINO, in float32."""
+    found = {}
+    for backend in ("torch", "openvino"):
+        encoder, found[backend] = _encode(_spec(folder, backend=backend, **options), texts)
+        assert encoder.backend is Backend(backend)
+    return found["torch"], found["openvino"]
+
+
+def _lengths_texts() -> list[str]:
+    """One-token, typical and past-the-maximum documents in one batch."""
+    return ["", "a", *sample_texts(12), "word " * 400, "x " * 62]
+
+
+@pytest.mark.parametrize("mode", ["cls", "mean"])
+def test_openvino_dense_equals_pytorch(tiny_st, mode):
+    torch_vectors, ov_vectors = _by_backend(tiny_st(mode), _lengths_texts())
+    assert ov_vectors.dense.shape == torch_vectors.dense.shape == (16, 32)
+    assert cosines(ov_vectors.dense, torch_vectors.dense).min() >= 0.99999
+
+
+def test_openvino_bge_m3_equals_pytorch_in_every_output(tiny_bge_m3):
+    texts = mixed_texts()
+    expected, found = _by_backend(
+        tiny_bge_m3, texts, outputs=("dense", "sparse", "multivector"), max_length=64
+    )
+    assert cosines(found.dense, expected.dense).min() >= 0.99999
+    assert sum(len(s.indices) for s in expected.sparse) > 100
+    for ours, theirs in zip(found.sparse, expected.sparse, strict=True):
+        assert ours.indices.tolist() == theirs.indices.tolist()
+        np.testing.assert_allclose(ours.values, theirs.values, atol=1e-5, rtol=0)
+    for ours, theirs in zip(found.multivector, expected.multivector, strict=True):
+        assert ours.shape == theirs.shape
+        if len(ours):
+            assert cosines(ours, theirs).min() >= 0.99999
+
+
+def test_openvino_splade_equals_pytorch(tiny_splade):
+    expected, found = _by_backend(tiny_splade, mixed_texts())
+    assert sum(len(s.indices) for s in expected.sparse) > 100
+    for ours, theirs in zip(found.sparse, expected.sparse, strict=True):
+        assert ours.indices.tolist() == theirs.indices.tolist()
+        np.testing.assert_allclose(ours.values, theirs.values, atol=1e-5, rtol=0)
+
+
+@pytest.mark.slow
+def test_openvino_in_bfloat16_keeps_parity_with_sentence_transformers(tmp_path, minilm):
+    from sentence_transformers import SentenceTransformer
+
+    texts = sample_texts(300)
+    table, _ = embed_texts(tmp_path, minilm, texts, "--dtype", "bfloat16", "--backend", "openvino")
+    ours = np.array(table.column("dense").to_pylist())
+    reference = SentenceTransformer(str(minilm), device="cpu").encode(
+        texts, batch_size=32, normalize_embeddings=True
+    )
+    assert cosines(ours, reference).min() >= 0.9999
+
+
+def test_auto_takes_openvino_on_a_cpu_for_the_converted_architectures(tiny_st, tiny_bge_m3):
+    bert, xlm_roberta = _spec(tiny_st("cls")), _spec(tiny_bge_m3)
+    assert bert.model_type == "bert" and xlm_roberta.model_type == "xlm-roberta"
+    for spec in (bert, xlm_roberta):
+        assert choose_backend(spec, "cpu", torch.float32) is Backend.OPENVINO
+        assert choose_backend(spec, "cpu", torch.bfloat16) is Backend.OPENVINO
+        assert choose_backend(spec, "cpu", torch.float16) is Backend.TORCH
+        assert choose_backend(spec, "cuda:0", torch.float16) is Backend.TORCH
+    compiled = _spec(tiny_st("cls"), compile=True)
+    assert choose_backend(compiled, "cpu", torch.float32) is Backend.TORCH
+    other = _spec(tiny_st("cls"))
+    object.__setattr__(other, "model_type", "modernbert")
+    assert choose_backend(other, "cpu", torch.float32) is Backend.TORCH
+    forced = _spec(tiny_st("cls"), backend="torch")
+    assert choose_backend(forced, "cpu", torch.float32) is Backend.TORCH
+
+
+def test_an_openvino_backend_that_cannot_run_is_a_usage_error(tiny_st):
+    spec = _spec(tiny_st("cls"), backend="openvino")
+    with pytest.raises(UsageError, match=r"^--backend openvino runs on the CPU, not cuda:0"):
+        choose_backend(spec, "cuda:0", torch.float16)
+    with pytest.raises(UsageError, match=r"computes in float32 or bfloat16"):
+        choose_backend(spec, "cpu", torch.float16)
+    with pytest.raises(UsageError, match=r"^--compile and --backend openvino conflict"):
+        _spec(tiny_st("cls"), backend="openvino", compile=True)
+
+
+def test_a_model_openvino_cannot_convert_runs_in_pytorch_with_one_warning(
+    tmp_path, tiny_st, monkeypatch
+):
+    def refuse(load, source, masked_lm, folder):
+        raise ModelError(f"OpenVINO cannot convert {source}: unsupported operation")
+
+    monkeypatch.setenv("BULKEMBED_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(ov_backend, "convert", refuse)
+    spec = _spec(tiny_st("mean"))
+    encoder, found = _encode(spec, sample_texts(5))
+    assert encoder.backend is Backend.TORCH and not encoder.autocast
+    assert encoder.notices == [
+        f"OpenVINO cannot convert {spec.source}: unsupported operation; "
+        "running it in PyTorch instead"
+    ]
+    _, expected = _encode(_spec(tiny_st("mean"), backend="torch"), sample_texts(5))
+    np.testing.assert_array_equal(found.dense, expected.dense)
+    with pytest.raises(ModelError, match="unsupported operation"):
+        _encode(_spec(tiny_st("mean"), backend="openvino"), sample_texts(5))
+
+
+def test_the_run_warns_when_it_falls_back(tmp_path, tiny_st, monkeypatch):
+    def refuse(load, source, masked_lm, folder):
+        raise ModelError("OpenVINO cannot convert it: unsupported operation")
+
+    monkeypatch.setenv("BULKEMBED_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(ov_backend, "convert", refuse)
+    corpus = write_jsonl(tmp_path / "c.jsonl", records(4))
+    result = run_cli(corpus, tiny_st("cls"), tmp_path / "out", "--dtype", "float32")
+    assert result.exit_code == 0, result.output
+    assert result.output.count("OpenVINO cannot convert") == 1
+    assert (
+        "warning: OpenVINO cannot convert it: unsupported operation; running it in PyTorch "
+        "instead" in result.output
+    )
+
+
+# The export cache.
+
+
+def _cache_folder(spec, masked_lm: bool = False) -> Path:
+    key = ov_backend.conversion_key(spec, masked_lm)
+    return Path(os.environ["BULKEMBED_CACHE_DIR"]) / "openvino" / key_digest(key)
+
+
+def _count_conversions(monkeypatch) -> list[str]:
+    made: list[str] = []
+    convert = ov_backend.convert
+
+    def counted(load, source, masked_lm, folder):
+        made.append(source)
+        convert(load, source, masked_lm, folder)
+
+    monkeypatch.setattr(ov_backend, "convert", counted)
+    return made
+
+
+def test_a_conversion_is_made_once_then_read_from_the_cache(tiny_st, monkeypatch):
+    spec = _spec(tiny_st("lasttoken"))
+    made = _count_conversions(monkeypatch)
+    _, first = _encode(spec, sample_texts(6))
+    folder = _cache_folder(spec)
+    manifest = json.loads((folder / MANIFEST).read_text())
+    assert manifest["key"]["weights"] == spec.version
+    assert sorted(manifest["files"]) == ["model.bin", "model.xml"]
+    _, second = _encode(spec, sample_texts(6))
+    assert made == [spec.source]
+    np.testing.assert_array_equal(first.dense, second.dense)
+
+
+@pytest.mark.parametrize(
+    ("damage", "reason"),
+    [
+        ("flip", "model.bin does not match its checksum"),
+        ("truncate", "model.bin holds"),
+        ("no-manifest", "no manifest (a conversion that did not finish)"),
+        ("other-weights", "made for another weights"),
+    ],
+)
+def test_a_damaged_cache_is_detected_and_rebuilt(tiny_bge_m3, monkeypatch, damage, reason):
+    spec = _spec(tiny_bge_m3, outputs=("dense",))
+    texts = sample_texts(6)
+    _, expected = _encode(spec, texts)
+    folder = _cache_folder(spec)
+    weights = folder / "model.bin"
+    if damage == "flip":
+        data = bytearray(weights.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        weights.write_bytes(bytes(data))
+    elif damage == "truncate":
+        weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    elif damage == "no-manifest":
+        (folder / MANIFEST).unlink()
+    else:
+        manifest = json.loads((folder / MANIFEST).read_text())
+        manifest["key"]["weights"] = "sha256:0000000000000000"
+        (folder / MANIFEST).write_text(json.dumps(manifest))
+    made = _count_conversions(monkeypatch)
+    encoder, found = _encode(spec, texts)
+    assert made == [spec.source]
+    assert len(encoder.notices) == 1 and reason in encoder.notices[0]
+    assert problem(folder, ov_backend.conversion_key(spec, False)) is None
+    np.testing.assert_array_equal(found.dense, expected.dense)
+    assert sorted(p.name for p in folder.parent.iterdir() if p.name.startswith(".")) == []
+
+
+def test_a_build_left_by_a_dead_process_is_cleared(tmp_path, monkeypatch):
+    monkeypatch.setenv("BULKEMBED_CACHE_DIR", str(tmp_path))
+    key = {"weights": "w"}
+    dead = multiprocessing.get_context("spawn").Process(target=time.sleep, args=(0,))
+    dead.start()
+    dead.join()
+    import socket
+
+    parent = tmp_path / "kind"
+    left = parent / f".building-{key_digest(key)}-{socket.gethostname()}-{dead.pid}-0abc"
+    left.mkdir(parents=True)
+    (left / "model.bin").write_bytes(b"half")
+    alive = parent / f".building-{key_digest(key)}-{socket.gethostname()}-{os.getpid()}-0abd"
+    alive.mkdir()
+    folder = cached("kind", key, lambda into: (into / "f").write_text("x"))
+    assert (folder / "f").read_text() == "x"
+    assert not left.exists() and alive.exists()
+
+
+def _build_slowly(into: Path) -> None:
+    """A conversion that takes a while and writes 4 MB: long enough for two to overlap."""
+    rng = np.random.default_rng(0)
+    (into / "model.bin").write_bytes(rng.bytes(1 << 22))
+    time.sleep(0.5)
+    (into / "model.xml").write_text(f"<net pid='{os.getpid()}'/>")
+
+
+def _convert_at(cache: str, start: float, key: dict) -> str:
+    os.environ["BULKEMBED_CACHE_DIR"] = cache
+    time.sleep(max(0.0, start - time.time()))
+    folder = cached("kind", key, _build_slowly)
+    return (folder / "model.xml").read_text()
+
+
+def test_two_processes_converting_at_once_leave_one_valid_folder(tmp_path):
+    key = {"weights": "sha256:1234", "bulkembed": "test"}
+    start = time.time() + 3
+    context = multiprocessing.get_context("spawn")
+    with context.Pool(2) as pool:
+        found = pool.starmap(_convert_at, [(str(tmp_path), start, key)] * 2)
+    # Both built (neither saw the other's folder at the start), one rename won, and both
+    # use the winner's files.
+    assert found[0] == found[1]
+    folder = tmp_path / "kind" / key_digest(key)
+    assert problem(folder, key) is None
+    assert [p.name for p in (tmp_path / "kind").iterdir()] == [folder.name]
+
+
+def test_two_runs_converting_the_same_model_at_once_both_embed(tmp_path, tiny_st):
+    import subprocess
+    import sys
+
+    folder = tiny_st("mean")
+    script = (
+        "import sys, time, json, numpy as np\n"
+        "from bulkembed.config import RunConfig\n"
+        "from bulkembed.model_spec import resolve_model\n"
+        "from bulkembed.encoders import build_encoder, TokenBatch\n"
+        "import torch\n"
+        f"spec = resolve_model(RunConfig(inputs=('x',), output='o', model={str(folder)!r}))\n"
+        "time.sleep(max(0.0, float(sys.argv[1]) - time.time()))\n"
+        "encoder = build_encoder(spec, 'cpu', torch.float32)\n"
+        "batch = TokenBatch(np.arange(1, 11, dtype=np.int32), np.array([4, 6], dtype=np.int32))\n"
+        "print(json.dumps(encoder.embed_batch(batch).dense.tolist()))\n"
+    )
+    env = {**os.environ, "BULKEMBED_CACHE_DIR": str(tmp_path)}
+    start = str(time.time() + 12)
+    runs = [
+        subprocess.Popen(
+            [sys.executable, "-c", script, start], env=env, stdout=subprocess.PIPE, text=True
+        )
+        for _ in range(2)
+    ]
+    outputs = [json.loads(run.communicate(timeout=240)[0]) for run in runs]
+    assert [run.returncode for run in runs] == [0, 0]
+    np.testing.assert_array_equal(outputs[0], outputs[1])
+    (converted,) = (tmp_path / "openvino").iterdir()
+    spec = _spec(folder)
+    assert problem(converted, ov_backend.conversion_key(spec, False)) is None
