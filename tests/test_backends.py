@@ -304,3 +304,26 @@ def test_two_runs_converting_the_same_model_at_once_both_embed(tmp_path, tiny_st
     (converted,) = (tmp_path / "openvino").iterdir()
     spec = _spec(folder)
     assert problem(converted, ov_backend.conversion_key(spec, False)) is None
+
+
+def test_a_batch_not_finite_in_bfloat16_runs_again_in_float32_through_openvino(
+    tiny_st, monkeypatch
+):
+    spec = _spec(tiny_st("cls"), backend="openvino")
+    _, expected = _encode(spec, sample_texts(5))
+    call = ov_backend.OpenVINOModel.__call__
+
+    def overflow_in_bfloat16(self, input_ids, attention_mask):
+        out = call(self, input_ids, attention_mask)
+        if self.dtype == torch.bfloat16:
+            out.last_hidden_state[0, 0, 0] = float("inf")
+        return out
+
+    monkeypatch.setattr(ov_backend.OpenVINOModel, "__call__", overflow_in_bfloat16)
+    encoder, _ = _encode(spec, sample_texts(5), torch.bfloat16)
+    assert encoder.backend is Backend.OPENVINO
+    tokenizer = TextTokenizer(TokenizerSettings(spec.tokenizer_json, spec.max_length, spec.prompt))
+    flat, lengths, _ = tokenizer(sample_texts(5))
+    again = encoder.embed_within_memory(TokenBatch(flat, lengths))
+    assert np.isfinite(again.dense).all()
+    assert cosines(again.dense, expected.dense).min() >= 0.99999

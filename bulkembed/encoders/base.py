@@ -315,10 +315,10 @@ class Encoder(ABC):
         # lowest cosine to float32 0.99988 cast, 0.99996 under autocast, on 1,000 documents).
         # Warnings for the run's log, from loading the model.
         self.notices: list[str] = []
-        self.backend = choose_backend(spec, device, dtype)
-        # OpenVINO takes the compute precision when it compiles the model.
-        self.autocast = self.backend is Backend.TORCH and device == "cpu" and dtype != torch.float32
-        self.weights_dtype = dtype if device != "cpu" else torch.float32
+        # PyTorch until `load_transformer` finds that OpenVINO runs the model.
+        self.backend = Backend.TORCH
+        self.autocast = device == "cpu" and dtype != torch.float32
+        self.weights_dtype = torch.float32 if self.autocast else dtype
         self.multivector_dtype = getattr(torch, spec.multivector_dtype)
         # Padded tokens of the smallest batch that ran out of memory (see
         # `embed_within_memory`).
@@ -327,33 +327,34 @@ class Encoder(ABC):
         self._copies = torch.cuda.Stream(device) if device.startswith("cuda") else None
 
     def load_transformer(self, masked_lm: bool = False) -> Any:
-        """The transformer this encoder runs: compiled by OpenVINO or loaded in PyTorch
-        (`choose_backend`). With `--backend auto`, a model OpenVINO fails to convert runs
-        in PyTorch, with one warning."""
+        """The transformer this encoder runs: compiled by OpenVINO (which then takes the
+        compute precision, without autocast) or loaded in PyTorch (`choose_backend`). With
+        `--backend auto`, a model OpenVINO fails to convert runs in PyTorch, with one
+        warning."""
         import torch
 
-        if self.backend is Backend.TORCH:
-            return load_model(self.spec, self.device, self.weights_dtype, masked_lm)
-        from bulkembed.encoders.openvino import load_openvino
+        if choose_backend(self.spec, self.device, self.dtype) is Backend.OPENVINO:
+            from bulkembed.encoders.openvino import load_openvino
 
-        def rebuilt(reason: str) -> None:
-            self.notices.append(
-                f"the cached OpenVINO conversion of {self.spec.source} is unusable ({reason}): "
-                "converting it again"
-            )
+            def load() -> Any:
+                return load_model(self.spec, "cpu", torch.float32, masked_lm)
 
-        def load() -> Any:
-            return load_model(self.spec, "cpu", torch.float32, masked_lm)
+            def rebuilt(reason: str) -> None:
+                self.notices.append(
+                    f"the cached OpenVINO conversion of {self.spec.source} is unusable "
+                    f"({reason}): converting it again"
+                )
 
-        threads = torch.get_num_threads()
-        try:
-            return load_openvino(self.spec, self.dtype, masked_lm, threads, load, rebuilt)
-        except ModelError as e:
-            if self.spec.backend != Backend.AUTO.value:
-                raise
-            self.notices.append(f"{e}; running it in PyTorch instead")
-        self.backend = Backend.TORCH
-        self.autocast = self.dtype != torch.float32
+            threads = torch.get_num_threads()
+            try:
+                model = load_openvino(self.spec, self.dtype, masked_lm, threads, load, rebuilt)
+            except ModelError as e:
+                if self.spec.backend != Backend.AUTO.value:
+                    raise
+                self.notices.append(f"{e}; running it in PyTorch instead")
+            else:
+                self.backend, self.autocast = Backend.OPENVINO, False
+                return model
         return load_model(self.spec, self.device, self.weights_dtype, masked_lm)
 
     def in_dtype(self, dtype: torch.dtype) -> Encoder:
@@ -492,11 +493,12 @@ class Encoder(ABC):
 
     def _finite(self, batch: TokenBatch) -> Embeddings:
         """The embeddings of a batch that gave NaN or infinite values: on a CPU computed
-        again in float32 (the same weights without autocast); elsewhere, or in float32
-        already, a one-line error, since no vector may be written that is not finite."""
+        again in float32 (the same weights without autocast, or the OpenVINO graph compiled
+        in float32); elsewhere, or in float32 already, a one-line error, since no vector may
+        be written that is not finite."""
         import torch
 
-        if not self.autocast:
+        if self.device != "cpu" or self.dtype == torch.float32:
             dtype = str(self.dtype).removeprefix("torch.")
             advice = "check the model's weights" if dtype == "float32" else "run --dtype float32"
             raise ModelError(
