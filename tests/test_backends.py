@@ -327,3 +327,11 @@ def test_a_batch_not_finite_in_bfloat16_runs_again_in_float32_through_openvino(
     again = encoder.embed_within_memory(TokenBatch(flat, lengths))
     assert np.isfinite(again.dense).all()
     assert cosines(again.dense, expected.dense).min() >= 0.99999
+
+
+@pytest.mark.parametrize(("option", "ran"), [(None, "openvino"), ("torch", "torch")])
+def test_the_summary_names_the_backend_that_ran(tmp_path, tiny_st, option, ran):
+    extra = () if option is None else ("--backend", option)
+    _, out = embed_texts(tmp_path, tiny_st("cls"), sample_texts(3), "--dtype", "float32", *extra)
+    summary = json.loads((out / "_bulkembed" / "summary.json").read_text())
+    assert summary["backend"] == ran

@@ -221,7 +221,9 @@ def embed_locally(
                 reporter.close()
         finally:
             session.close()
-    return RunOutcome(stats, ",".join(devices), session.dtype, session.budget, session.precision)
+    return RunOutcome(
+        stats, ",".join(devices), session.dtype, session.budget, session.precision, session.backend
+    )
 
 
 def _unit_groups(gathered: Iterator[list[TokenizedChunk]]) -> Iterator[list[list[TokenizedChunk]]]:

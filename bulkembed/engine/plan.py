@@ -66,6 +66,11 @@ class RunPlan:
             "recipe": spec.recipe,
             "device": ",".join(self.devices) if outcome is None else outcome.devices,
             "dtype": self.dtype if outcome is None else outcome.dtype,
+            "backend": (
+                outcome.backend
+                if outcome is not None and outcome.backend is not None
+                else config.backend.value
+            ),
             "outputs": ",".join(spec.outputs),
             "pooling": spec.pooling.value if spec.pooling else None,
             "normalize": spec.normalize,
@@ -87,14 +92,16 @@ class RunPlan:
 @dataclass(frozen=True, slots=True)
 class RunOutcome:
     """What an engine did: its counters, the devices and dtype(s) it computed on, the token
-    budget it batched by, and the `--dtype auto` check it made (the worst, over Ray
-    actors)."""
+    budget it batched by, the `--dtype auto` check it made (the worst, over Ray actors), and
+    the backend that ran the model."""
 
     stats: RunStats
     devices: str
     dtype: str
     max_batch_tokens: int
     precision: PrecisionCheck | None = None
+    # What ran the model (`torch`, `openvino`), where one process knows it.
+    backend: str | None = None
 
 
 def plan_run(config: RunConfig, reporter: Reporter) -> RunPlan:

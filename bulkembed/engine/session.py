@@ -80,6 +80,14 @@ class DeviceSession:
             return "float32"
         return dtype_name(self.candidate)
 
+    @property
+    def backend(self) -> str | None:
+        """What runs the model in this process (None: device processes run it)."""
+        from bulkembed.encoders import Encoder
+
+        embedder = self.embedder
+        return embedder.backend.value if isinstance(embedder, Encoder) else None
+
     def _start_pool(self) -> Embedder:
         """One encoder process per device, in the run's dtype."""
         from bulkembed.devices import cpu_threads_per_worker
