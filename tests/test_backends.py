@@ -13,6 +13,7 @@ import torch
 from helpers import cosines, embed_texts, mixed_texts, records, run_cli, sample_texts, write_jsonl
 
 from bulkembed.config import Backend, RunConfig
+from bulkembed.devices import cpu_accelerates_bfloat16
 from bulkembed.encoders import TokenBatch, build_encoder
 from bulkembed.encoders import openvino as ov_backend
 from bulkembed.encoders.base import choose_backend
@@ -335,3 +336,20 @@ def test_the_summary_names_the_backend_that_ran(tmp_path, tiny_st, option, ran):
     _, out = embed_texts(tmp_path, tiny_st("cls"), sample_texts(3), "--dtype", "float32", *extra)
     summary = json.loads((out / "_bulkembed" / "summary.json").read_text())
     assert summary["backend"] == ran
+
+
+def test_the_bfloat16_twin_of_the_check_compiles_the_same_graph(tiny_st):
+    spec = _spec(tiny_st("mean"))
+    texts = sample_texts(20)
+    full, a = _encode(spec, texts)
+    half, b = _encode(spec, texts, torch.bfloat16)
+    assert full.backend is half.backend is Backend.OPENVINO
+    assert not full.autocast and not half.autocast
+    if cpu_accelerates_bfloat16():
+        assert not np.array_equal(a.dense, b.dense)  # the multiplies ran in bfloat16
+    assert cosines(a.dense, b.dense).min() >= 0.999
+    twin = full.in_dtype(torch.bfloat16)
+    assert twin.model.graph is full.model.graph and twin.model.dtype == torch.bfloat16
+    tokenizer = TextTokenizer(TokenizerSettings(spec.tokenizer_json, spec.max_length, spec.prompt))
+    flat, lengths, _ = tokenizer(texts)
+    np.testing.assert_array_equal(twin.embed_batch(TokenBatch(flat, lengths)).dense, b.dense)

@@ -199,7 +199,9 @@ def test_cuda_run_with_tuned_budget_and_auto_dtype_matches_cpu(tmp_path, tiny_st
 
 
 def test_cpu_half_precision_is_autocast_over_float32_weights(tiny_st):
-    spec = resolve_model(RunConfig(inputs=("x",), output="o", model=str(tiny_st("mean"))))
+    spec = resolve_model(
+        RunConfig(inputs=("x",), output="o", model=str(tiny_st("mean")), backend="torch")
+    )
     full = build_encoder(spec, "cpu", torch.float32)
     half = build_encoder(spec, "cpu", torch.bfloat16)
     assert {p.dtype for p in half.model.parameters()} == {torch.float32}
