@@ -221,7 +221,9 @@ def embed_packed(
     embedded, in order, as one stream of batches: the next window is gathered and packed
     while the last batches of this one run (see `Encoder.embed_stream`). `head` holds the
     first window's first documents, embedded already: they count into `stats` as the
-    batches they ran in, and go into that window's output in their place."""
+    batches they ran in, and go into that window's output in their place.
+
+    Embedding begins (`RunStats.begin_embedding`) as the first window goes to the encoder."""
     pending: deque[PackedWindow] = deque()
 
     def batches() -> Iterator[tuple[tuple[PackedWindow, int], TokenBatch | None]]:
@@ -229,6 +231,7 @@ def embed_packed(
         for window in windows:
             with stats.timed("pack"):
                 packed = pack_window(window, max_batch_tokens(), ahead)
+            stats.begin_embedding()
             if ahead is not None:
                 _count_head(stats, ahead)
                 reporter.update(stats)
