@@ -262,7 +262,8 @@ def embed_packed(
 
 
 def _count_head(stats: RunStats, head: EmbeddedHead) -> None:
-    stats.encode_seconds += head.seconds
+    # Its seconds went by in start-up: the model's busy seconds, not the device's time
+    # after start-up (`RunStats.device_idle_fraction`).
     stats.stages["model"] += head.seconds
     for batch in head.batches:
         _count(stats, batch)
