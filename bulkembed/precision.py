@@ -5,11 +5,14 @@ in the fast dtype. The fast dtype is kept only if every dense vector stays at co
 `PARITY_THRESHOLD` or more to its float32 twin, and so do `100 - PERCENTILE` % of the
 multi-vector token vectors and sparse vectors (one stray token among thousands, a weight
 that crosses zero, does not decide the run's dtype; a shifted model does). Otherwise the
-run goes on in float32, and says so in a warning, the log and the summary.
+run goes on in float32, and says so in a warning, the log and the summary. The sample's
+vectors in the dtype kept are the run's own for those documents: they are not embedded
+again.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -17,6 +20,7 @@ import numpy as np
 
 from bulkembed.batching import input_order, pack_batches
 from bulkembed.encoders import Embeddings, Encoder, TokenBatch
+from bulkembed.windows import EmbeddedHead
 from bulkembed.wording import counted
 
 if TYPE_CHECKING:
@@ -130,24 +134,38 @@ def _percentile(cosines: list[np.ndarray]) -> float | None:
     return float(np.percentile(joined, PERCENTILE)) if len(joined) else None
 
 
-def embed_sample(encoder: Encoder, sequences: list[np.ndarray], budget: int) -> Embeddings:
-    """Embeddings of a few token sequences, in their order, in token-budget batches."""
+def embed_sample(encoder: Encoder, sequences: list[np.ndarray], budget: int) -> EmbeddedHead:
+    """A few token sequences embedded in token-budget batches, packed as a window's are;
+    their vectors in the sequences' order."""
     lengths = np.array([len(s) for s in sequences], dtype=np.int32)
     batches = pack_batches(lengths, budget)
+    started = time.perf_counter()
     outputs = [
         encoder.embed_within_memory(TokenBatch.from_sequences([sequences[i] for i in b.indices]))
         for b in batches
     ]
-    return Embeddings.concatenate(outputs).take(input_order(batches))
+    vectors = Embeddings.concatenate(outputs).take(input_order(batches))
+    return EmbeddedHead(vectors, batches, time.perf_counter() - started)
+
+
+@dataclass(frozen=True, slots=True)
+class CheckedWindow:
+    """The check made on a window: the encoder to go on with, what was found, and the
+    window's first documents as that encoder embedded them (`sample`)."""
+
+    encoder: Encoder
+    check: PrecisionCheck
+    sample: EmbeddedHead
 
 
 def check_on_window(
     reference: Encoder, window: list[TokenizedChunk], dtype: torch.dtype, budget: int
-) -> tuple[Encoder, PrecisionCheck] | None:
+) -> CheckedWindow | None:
     """Embed the window's first documents with `reference` (float32) and with it in
-    `dtype` (`Encoder.in_dtype`); return the encoder to go on with (the new one
-    if every vector agrees, else `reference`) and what was found. None when the window
-    holds no document to embed: the next one decides."""
+    `dtype` (`Encoder.in_dtype`), in batches of `budget` tokens; go on with the new
+    encoder if every vector agrees, else with `reference`, and keep the sample as the
+    encoder gone on with embedded it. None when the window holds no document to embed:
+    the next one decides."""
     sequences = sample_sequences(window)
     if not sequences:
         return None
@@ -155,5 +173,7 @@ def check_on_window(
     expected = embed_sample(reference, sequences, budget)
     found = embed_sample(fast, sequences, budget)
     tried = str(dtype).removeprefix("torch.")
-    check = PrecisionCheck(tried, agreement(expected, found), len(sequences))
-    return (fast if check.passed else reference), check
+    check = PrecisionCheck(tried, agreement(expected.vectors, found.vectors), len(sequences))
+    if check.passed:
+        return CheckedWindow(fast, check, found)
+    return CheckedWindow(reference, check, expected)

@@ -38,7 +38,12 @@ class RunStats:
     `carried` were copied from a previous output (`--since`); `encode_seconds` is the time
     the model was busy (batches in, vectors back on the host). `stages` holds the busy
     seconds of each of `STAGES` (tokenize summed over the tokenizer processes): where a
-    run's time goes, for the benchmarks and `summary.json`."""
+    run's time goes, for the benchmarks and `summary.json`.
+
+    Times are on the monotonic clock: `started` when the command started, `embedding`
+    when its first batch went to the model (None before). The time between is the
+    start-up (imports, listing the inputs, loading the model, the `--dtype auto` check);
+    the rates and the device's idle share are over the time since."""
 
     docs: int = 0
     carried: int = 0
@@ -47,7 +52,13 @@ class RunStats:
     padded_tokens: int = 0
     batches: int = 0
     started: float = field(default_factory=time.monotonic)
+    embedding: float | None = None
     stages: dict[str, float] = field(default_factory=lambda: dict.fromkeys(STAGES, 0.0))
+
+    def begin_embedding(self) -> None:
+        """The first batch goes to the model now, unless one went before."""
+        if self.embedding is None:
+            self.embedding = time.monotonic()
 
     @contextlib.contextmanager
     def timed(self, stage: str) -> Iterator[None]:
@@ -87,17 +98,26 @@ class RunStats:
         return time.monotonic() - self.started
 
     @property
+    def startup_seconds(self) -> float | None:
+        return None if self.embedding is None else self.embedding - self.started
+
+    @property
+    def embedding_seconds(self) -> float:
+        return 0.0 if self.embedding is None else time.monotonic() - self.embedding
+
+    @property
     def docs_per_s(self) -> float:
-        return self.docs / max(self.seconds, 1e-9)
+        return self.docs / max(self.embedding_seconds, 1e-9) if self.embedding else 0.0
 
     @property
     def tokens_per_s(self) -> float:
-        return self.tokens / max(self.seconds, 1e-9)
+        return self.tokens / max(self.embedding_seconds, 1e-9) if self.embedding else 0.0
 
     @property
     def device_idle_fraction(self) -> float:
-        """The share of the run's time the model waited for input or for writing."""
-        return max(0.0, 1.0 - self.encode_seconds / max(self.seconds, 1e-9))
+        """The share of the time since the first batch that the model waited for input or
+        for writing."""
+        return max(0.0, 1.0 - self.encode_seconds / max(self.embedding_seconds, 1e-9))
 
     @property
     def padding_efficiency(self) -> float:

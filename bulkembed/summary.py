@@ -33,7 +33,10 @@ class Changes:
 class Summary:
     """What the output holds, over every run that wrote it (`docs` ... `parts`), this run's
     figures (`docs_this_run` ... `stage_seconds`, the busy seconds of each stage) and
-    settings (`run`: model, device, dtype, ...). Written as `summary.json` (`as_dict`)."""
+    settings (`run`: model, device, dtype, ...). Written as `summary.json` (`as_dict`).
+
+    `seconds` runs from the command's start, `startup_seconds` from there to the first
+    batch (None if none ran); the rates and `device_idle_fraction` are over the rest."""
 
     docs: int
     changes: Changes | None
@@ -46,6 +49,7 @@ class Summary:
     docs_this_run: int
     batches_this_run: int
     seconds: float
+    startup_seconds: float | None
     docs_per_s: float
     tokens_per_s: float
     encode_seconds: float
@@ -86,6 +90,7 @@ def summarize(
     the previous output and what was embedded."""
     tokens = sum(r.tokens for r in done.values())
     padded = sum(r.padded_tokens for r in done.values())
+    startup = stats.startup_seconds
     return Summary(
         docs=sum(r.rows for r in done.values()),
         changes=None if previous_rows is None else _changes(done, previous_rows, limited),
@@ -98,6 +103,7 @@ def summarize(
         docs_this_run=stats.docs,
         batches_this_run=stats.batches,
         seconds=round(stats.seconds, 3),
+        startup_seconds=None if startup is None else round(startup, 3),
         docs_per_s=round(stats.docs_per_s, 2),
         tokens_per_s=round(stats.tokens_per_s, 1),
         encode_seconds=round(stats.encode_seconds, 3),

@@ -3,7 +3,8 @@
 A window holds about `WINDOW_BATCHES` batches' worth of tokens. It is sorted by length and
 packed into token-budget batches (`pack_batches`); the batches of window after window run
 on the encoder back to back (`embed_packed`), and each window's outputs are put back in
-input order.
+input order. The first documents of the first window may come embedded already
+(`EmbeddedHead`: the sample of the `--dtype auto` check): they are not embedded again.
 """
 
 from __future__ import annotations
@@ -131,15 +132,41 @@ def windows(chunks: Iterator[TokenizedChunk], max_tokens: int) -> Iterator[list[
         yield window
 
 
+def padded_lengths(batches: list[Batch]) -> np.ndarray:
+    """The length each document of `batches` was padded to (its batch's longest), in the
+    order of the documents' positions."""
+    if not batches:
+        return np.empty(0, dtype=np.int64)
+    padded = np.concatenate([np.full(b.size, b.lengths[0], np.int64) for b in batches])
+    return padded[input_order(batches)]
+
+
+@dataclass(frozen=True, slots=True)
+class EmbeddedHead:
+    """The first documents of a window, embedded before the window is packed (the sample
+    of the `--dtype auto` check, in the dtype it kept): their vectors in input order, the
+    token-budget batches they ran in (positions within the head), and the seconds the
+    model took for them."""
+
+    vectors: Embeddings
+    batches: list[Batch]
+    seconds: float
+
+    def __len__(self) -> int:
+        return sum(b.size for b in self.batches)
+
+
 @dataclass(slots=True)
 class PackedWindow:
     """A window's chunks packed into token-budget batches, and the batches' embeddings as
-    they land."""
+    they land; with `head`, the window's first documents, embedded already, are left out
+    of the batches."""
 
     chunks: list[TokenizedChunk]
     batches: list[Batch]
     token_batches: list[TokenBatch]
     outputs: list[Embeddings] = field(default_factory=list)
+    head: EmbeddedHead | None = None
 
     @property
     def complete(self) -> bool:
@@ -148,20 +175,30 @@ class PackedWindow:
     def embedded(self) -> tuple[Embeddings, np.ndarray]:
         """Embeddings of every document of the window and the length each was padded to,
         both in input order."""
-        if not self.batches:
+        vectors, padded = [], []
+        if self.head is not None:
+            vectors.append(self.head.vectors)
+            padded.append(padded_lengths(self.head.batches))
+        if self.batches:
+            vectors.append(Embeddings.concatenate(self.outputs).take(input_order(self.batches)))
+            padded.append(padded_lengths(self.batches))
+        if not vectors:
             return Embeddings(), np.empty(0, dtype=np.int64)
-        order = input_order(self.batches)
-        padded = np.concatenate([np.full(b.size, b.lengths[0], np.int64) for b in self.batches])
-        return Embeddings.concatenate(self.outputs).take(order), padded[order]
+        return Embeddings.concatenate(vectors), np.concatenate(padded)
 
 
-def pack_window(window: list[TokenizedChunk], max_batch_tokens: int) -> PackedWindow:
-    """The window's documents sorted by length and packed into batches (`pack_batches`)."""
+def pack_window(
+    window: list[TokenizedChunk], max_batch_tokens: int, head: EmbeddedHead | None = None
+) -> PackedWindow:
+    """The window's documents sorted by length and packed into batches (`pack_batches`);
+    those of `head`, the first ones, embedded already, left out."""
+    skip = 0 if head is None else len(head)
     lengths = np.concatenate([c.lengths for c in window]) if window else np.empty(0, np.int32)
-    if len(lengths) == 0:
-        return PackedWindow(window, [], [])
+    if len(lengths) <= skip:
+        return PackedWindow(window, [], [], head=head)
     token_ids = np.concatenate([c.token_ids for c in window])
-    starts = np.cumsum(lengths) - lengths
+    starts = (np.cumsum(lengths) - lengths)[skip:]
+    lengths = lengths[skip:]
     batches = pack_batches(lengths, max_batch_tokens)
     token_batches = [
         TokenBatch.from_sequences(
@@ -169,7 +206,7 @@ def pack_window(window: list[TokenizedChunk], max_batch_tokens: int) -> PackedWi
         )
         for b in batches
     ]
-    return PackedWindow(window, batches, token_batches)
+    return PackedWindow(window, batches, token_batches, head=head)
 
 
 def embed_packed(
@@ -178,16 +215,27 @@ def embed_packed(
     max_batch_tokens: Callable[[], int],
     stats: RunStats,
     reporter: Reporter,
+    head: EmbeddedHead | None = None,
 ) -> Iterator[PackedWindow]:
     """Each window packed (by the budget `max_batch_tokens()` gives at the time) and
     embedded, in order, as one stream of batches: the next window is gathered and packed
-    while the last batches of this one run (see `Encoder.embed_stream`)."""
+    while the last batches of this one run (see `Encoder.embed_stream`). `head` holds the
+    first window's first documents, embedded already: they count into `stats` as the
+    batches they ran in, and go into that window's output in their place.
+
+    Embedding begins (`RunStats.begin_embedding`) as the first window goes to the encoder."""
     pending: deque[PackedWindow] = deque()
 
     def batches() -> Iterator[tuple[tuple[PackedWindow, int], TokenBatch | None]]:
+        ahead = head
         for window in windows:
             with stats.timed("pack"):
-                packed = pack_window(window, max_batch_tokens())
+                packed = pack_window(window, max_batch_tokens(), ahead)
+            stats.begin_embedding()
+            if ahead is not None:
+                _count_head(stats, ahead)
+                reporter.update(stats)
+                ahead = None
             pending.append(packed)
             for number, batch in enumerate(packed.token_batches):
                 yield (packed, number), batch
@@ -211,6 +259,14 @@ def embed_packed(
             yield pending.popleft()
     while pending:
         yield pending.popleft()
+
+
+def _count_head(stats: RunStats, head: EmbeddedHead) -> None:
+    # Its seconds went by in start-up: the model's busy seconds, not the device's time
+    # after start-up (`RunStats.device_idle_fraction`).
+    stats.stages["model"] += head.seconds
+    for batch in head.batches:
+        _count(stats, batch)
 
 
 def _count(stats: RunStats, batch: Batch) -> None:

@@ -146,11 +146,16 @@ def test_carried_records_go_with_the_piece_they_precede():
     assert [p.chunk.carried.embeddings.num_rows for p in pieces if p.chunk.carried] == [3, 1]
 
 
-def test_device_idle_fraction_is_the_time_outside_the_model():
+def test_device_idle_fraction_is_the_time_outside_the_model_after_start_up():
     import time
 
     from bulkembed.progress import RunStats
 
-    stats = RunStats(started=time.monotonic() - 10.0, encode_seconds=7.5)
+    now = time.monotonic()
+    stats = RunStats(started=now - 30.0, embedding=now - 10.0, encode_seconds=7.5)
     assert abs(stats.device_idle_fraction - 0.25) < 0.01
-    assert RunStats(started=time.monotonic() - 1.0, encode_seconds=5.0).device_idle_fraction == 0
+    assert abs(stats.startup_seconds - 20.0) < 1e-9 and stats.seconds >= 30.0
+    stats = RunStats(started=now - 1.0, embedding=now - 1.0, encode_seconds=5.0)
+    assert stats.device_idle_fraction == 0
+    # Before the first batch: no start-up measured yet, and no rate.
+    assert (RunStats().startup_seconds, RunStats(docs=5).docs_per_s) == (None, 0.0)

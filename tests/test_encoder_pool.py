@@ -9,6 +9,7 @@ import os
 import re
 import shutil
 import signal
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +23,8 @@ import pytest
 import torch
 from helpers import records, run_cli, write_corpus
 
-from bulkembed import devices, precision, windows
+from bulkembed import devices, embed_corpus, precision, windows
+from bulkembed.config import RunConfig
 from bulkembed.engine import pool, unit_pool
 from bulkembed.errors import BulkembedError
 from bulkembed.sinks import ParquetSink
@@ -298,3 +300,51 @@ def test_auto_dtype_with_nothing_to_embed_in_the_first_window_takes_float32(
         .sort_by("id")
         .equals(pq.read_table(tmp_path / "old").sort_by("id"))
     )
+
+
+@pytest.mark.slow
+def test_auto_dtype_on_devices_fed_from_here_writes_the_check_s_sample_as_it_is(
+    tmp_path, tiny_st, monkeypatch
+):
+    """To stdout the devices embed the batches this process sends (`EncoderPool`): the
+    check's sample, embedded here in the dtype kept, goes out as the check made it, and the
+    devices get the other documents only."""
+    monkeypatch.setattr(devices, "cpu_accelerates_bfloat16", lambda: True)
+    monkeypatch.setattr(precision, "PARITY_THRESHOLD", 0.9)
+    monkeypatch.setattr(windows, "WINDOW_BATCHES", 32)
+    checks, sent = [], []
+    check_on_window = precision.check_on_window
+
+    def kept_check(*arguments: Any) -> Any:
+        checks.append(check_on_window(*arguments))
+        return checks[-1]
+
+    def counted(batches: Any) -> Any:
+        for key, batch in batches:
+            sent.append(0 if batch is None else len(batch))
+            yield key, batch
+
+    embed_stream = pool.EncoderPool.embed_stream
+    monkeypatch.setattr(precision, "check_on_window", kept_check)
+    monkeypatch.setattr(
+        pool.EncoderPool, "embed_stream", lambda self, b, f: embed_stream(self, counted(b), f)
+    )
+    config = RunConfig(
+        inputs=(str(_corpus(tmp_path)),),
+        output="-",
+        model=str(tiny_st("mean")),
+        devices="cpu,cpu",
+        max_batch_tokens=BATCHES[1],
+        records_per_unit=BATCHES[3],
+    )
+    # A stream of the run's own, with a descriptor, for the device processes to inherit.
+    with open(tmp_path / "stdout.jsonl", "w") as stdout:
+        monkeypatch.setattr(sys, "stdout", stdout)
+        embed_corpus(config)
+    rows = [json.loads(line) for line in (tmp_path / "stdout.jsonl").read_text().splitlines()]
+    assert len({r["id"] for r in rows}) == len(rows) == 400
+    [checked] = checks
+    assert str(checked.encoder.dtype) == "torch.bfloat16" and len(checked.sample) == 64
+    assert sum(sent) == 400 - 64
+    written = np.array([r["dense"] for r in rows[:64]], dtype=np.float32)
+    assert np.array_equal(written, checked.sample.vectors.dense)

@@ -6,10 +6,10 @@ import re
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from helpers import records, run_cli, write_jsonl
+from helpers import read_output, records, run_cli, write_jsonl
 
 from bulkembed import devices, precision
-from bulkembed.encoders import Embeddings, SparseVector
+from bulkembed.encoders import Embeddings, Encoder, SparseVector
 
 
 def _embed(tmp_path, model, out, *extra, shown=None):
@@ -99,3 +99,44 @@ def test_dense_vectors_must_all_agree_and_the_others_at_the_first_percentile():
         Embeddings(multivector=[np.eye(3)]), Embeddings(multivector=[np.eye(2)])
     )
     assert found.others == 0.0
+
+
+@pytest.mark.parametrize(("threshold", "kept"), [(0.9, "bfloat16"), (1.5, "float32")])
+@pytest.mark.parametrize("documents", [100, 40])
+def test_the_check_s_sample_is_not_embedded_again(
+    tmp_path, tiny_st, monkeypatch, threshold, kept, documents
+):
+    monkeypatch.setattr(devices, "cpu_accelerates_bfloat16", lambda: True)
+    monkeypatch.setattr(precision, "PARITY_THRESHOLD", threshold)
+    asked = {"float32": 0, "bfloat16": 0}
+    upload = Encoder.upload
+
+    def counted_upload(encoder, batch):
+        asked[str(encoder.dtype).removeprefix("torch.")] += len(batch)
+        return upload(encoder, batch)
+
+    monkeypatch.setattr(Encoder, "upload", counted_upload)
+    checks = []
+    check_on_window = precision.check_on_window
+
+    def kept_check(*arguments):
+        checks.append(check_on_window(*arguments))
+        return checks[-1]
+
+    monkeypatch.setattr(precision, "check_on_window", kept_check)
+    corpus = write_jsonl(tmp_path / "c.jsonl", records(documents, prefix="d"))
+    result = run_cli(corpus, tiny_st("mean"), tmp_path / "out")
+    assert result.exit_code == 0, result.output
+    summary = json.loads((tmp_path / "out" / "_bulkembed" / "summary.json").read_text())
+    assert (summary["dtype"], summary["docs_this_run"]) == (kept, documents)
+    # Each document once in the dtype kept; the sample once more, in the other dtype.
+    sample = min(documents, precision.SAMPLE_DOCUMENTS)
+    other = "float32" if kept == "bfloat16" else "bfloat16"
+    assert asked == {kept: documents, other: sample}
+    # The sample's rows are the vectors the check computed in the dtype kept.
+    [checked] = checks
+    assert str(checked.encoder.dtype) == f"torch.{kept}" and len(checked.sample) == sample
+    rows = read_output(tmp_path / "out")
+    assert len(rows) == documents
+    written = np.array([rows[f"d{i}"] for i in range(sample)], dtype=np.float32)
+    assert np.array_equal(written, checked.sample.vectors.dense)

@@ -2,10 +2,13 @@
 
 import calendar
 import json
+import os
 import re
+import subprocess
+import sys
 
 import pytest
-from helpers import records, write_jsonl
+from helpers import ROOT, records, write_jsonl
 from typer.testing import CliRunner
 
 from bulkembed.cli import app
@@ -138,6 +141,21 @@ def test_a_run_names_its_start_up_phases_and_ends_with_a_short_summary(tmp_path,
     summary = json.loads((out / "_bulkembed" / "summary.json").read_text())
     assert closing == summary_lines(summary)
     assert closing[1].startswith("this run: 40 docs embedded in ")
+    assert 0 < summary["startup_seconds"] < summary["seconds"]
+
+
+def test_the_command_s_start_up_counts_from_the_process_s_start(tmp_path, tiny_st):
+    corpus = write_jsonl(tmp_path / "c.jsonl", records(40))
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "bulkembed", "run", str(corpus), "--output", str(out)]
+    options = ["--model", str(tiny_st("mean")), "--tokenize-workers", "0", "--quiet"]
+    environment = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
+    subprocess.run([*command, *options], check=True, env=environment, timeout=300)
+    summary = json.loads((out / "_bulkembed" / "summary.json").read_text())
+    # The keys in this order, beside each other.
+    keys = list(summary)
+    assert keys[keys.index("seconds") + 1] == "startup_seconds"
+    assert 0 < summary["startup_seconds"] < summary["seconds"]
 
 
 def test_index_builds_are_named_while_they_run(tmp_path, tiny_st):

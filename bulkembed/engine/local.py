@@ -13,7 +13,6 @@ that embed and commit them themselves (`UnitPool`), and this process marks their
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from itertools import chain
@@ -166,7 +165,7 @@ def embed_locally(
     is tokenized while the model loads."""
     config = plan.config
     devices = list(plan.devices)
-    stats = RunStats()
+    stats = RunStats(started=plan.started)
     chunks = stats.timed_iterator("read", _pending_chunks(plan, sink, done, previous))
     budget = plan.spec.max_batch_tokens
     output_format = _output_format(plan, run, done)
@@ -202,7 +201,6 @@ def embed_locally(
                 run.lock.check,
                 None if upserts is None else upserts(),
             )
-            stats.started = time.monotonic()
             reporter.start(stats)
             if plan.my_units is None:
                 _start_counting(plan, reporter)
@@ -273,7 +271,8 @@ def _embed_on_devices(
     stopped = True
     try:
         reporter.info(_describe(plan, pool, pool.budget, len(done), previous))
-        stats.started = time.monotonic()
+        # The device processes have loaded the model: the first group goes out now.
+        stats.begin_embedding()
         reporter.start(stats)
         if plan.my_units is None:
             _start_counting(plan, reporter)

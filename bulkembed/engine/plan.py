@@ -35,7 +35,8 @@ class RunPlan:
     `devices` are this machine's, resolved, for the local engine; for the Ray engine the
     `--devices` text, resolved on the cluster. `dtype` is the dtype the run starts in as
     far as this process can tell. `all_units` is every unit of the inputs, counted up front
-    for `--shard` and `--engine ray`; `my_units` the share of `--shard`."""
+    for `--shard` and `--engine ray`; `my_units` the share of `--shard`. `started` is when
+    the command started, on the monotonic clock (see `RunStats`)."""
 
     config: RunConfig
     spec: ModelSpec
@@ -49,6 +50,7 @@ class RunPlan:
     all_units: tuple[str, ...] | None
     my_units: frozenset[str] | None
     storage_options: StorageOptions = StorageOptions()
+    started: float = 0.0
 
     @property
     def tokenizer_settings(self) -> TokenizerSettings:
@@ -104,8 +106,9 @@ class RunOutcome:
     backend: str | None = None
 
 
-def plan_run(config: RunConfig, reporter: Reporter) -> RunPlan:
-    """Find the inputs and check their columns, resolve the model and the devices."""
+def plan_run(config: RunConfig, reporter: Reporter, started: float) -> RunPlan:
+    """Find the inputs and check their columns, resolve the model and the devices, for a
+    command that `started` at that time (monotonic clock)."""
     from bulkembed.devices import resolve_devices, resolve_dtype
     from bulkembed.engine.session import dtype_name
     from bulkembed.model_spec import resolve_model
@@ -179,4 +182,5 @@ def plan_run(config: RunConfig, reporter: Reporter) -> RunPlan:
         if units is None or config.shard is None
         else shard_parts(units, config.shard),
         storage_options=options,
+        started=started,
     )

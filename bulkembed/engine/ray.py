@@ -262,7 +262,10 @@ def embed_on_ray(
             + (f", {len(done)} done before" if done else "")
         )
         outcome = RunOutcome(
-            RunStats(), f"{device} x{actors} on Ray", plan.dtype, plan.spec.max_batch_tokens
+            RunStats(started=plan.started),
+            f"{device} x{actors} on Ray",
+            plan.dtype,
+            plan.spec.max_batch_tokens,
         )
         if pending:
             work = _Work(
@@ -335,6 +338,8 @@ def _run_dataset(
         **resources,
     )
     stats = outcome.stats
+    # The actors load the model as the units come to them: start-up ends here.
+    stats.begin_embedding()
     reporter.start(stats)
     dtypes: set[str] = set()
     budgets: set[int] = set()

@@ -10,9 +10,12 @@ complete once every unit is done, and the summary written.
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import signal
+import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from pathlib import Path
@@ -66,15 +69,34 @@ def _stop_on_signals() -> Iterator[None]:
             signal.signal(number, handler)
 
 
+def _command_start() -> float:
+    """When the command started, on the monotonic clock: when this process started, if it
+    is the `bulkembed` command (its imports count; Linux tells, from /proc); else now, the
+    call of the Python API."""
+    now = time.monotonic()
+    main = Path(sys.argv[0]) if sys.argv else Path()
+    if main.name != "bulkembed" and (main.name, main.parent.name) != ("__main__.py", "bulkembed"):
+        return now
+    try:
+        with open("/proc/self/stat", encoding="ascii") as stat:
+            # Field 22, after the command's name in parentheses: clock ticks since boot.
+            ticks = int(stat.read().rsplit(")", 1)[1].split()[19])
+        age = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, AttributeError):
+        return now
+    return now - max(0.0, age)
+
+
 def embed_corpus(config: RunConfig, reporter: Reporter | None = None) -> Summary:
     """Embed every document of `config.inputs` into `config.output`; return the summary.
 
     An output that holds an unfinished run with the same settings is resumed; a finished
     one is left as it is."""
+    started = _command_start()
     reporter = reporter or QuietReporter()
     with _stop_on_signals(), contextlib.closing(reporter):
         # Closed on the way out: a phase may hold the terminal (listing inputs, an index).
-        plan = plan_run(config, reporter)
+        plan = plan_run(config, reporter, started)
         if syncs_in_place(plan):
             summary, precision = _sync(plan, reporter)
         else:
@@ -168,7 +190,8 @@ def _run(
         limited = config.limit is not None
         if complete:
             reporter.info(f"nothing to do: {plan.target.label} already holds every document")
-            return summarize(done, RunStats(), plan.run_info(), previous_rows, limited), None
+            stats = RunStats(started=plan.started)
+            return summarize(done, stats, plan.run_info(), previous_rows, limited), None
         if changes is not None:
             upserts = changes.upserts
         outcome = _dispatch(plan, run, sink, done, previous, upserts, reporter)

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from bulkembed.model_spec import ModelSpec
     from bulkembed.precision import PrecisionCheck
     from bulkembed.tokenize import TokenizedChunk
+    from bulkembed.windows import EmbeddedHead
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -35,7 +36,8 @@ class DeviceSession:
     With several devices one worker process per device (`EncoderPool`) starts once the dtype
     is known. `budget` is the token budget of a batch; `--max-batch-tokens auto` probes it
     at start, again in the dtype the check keeps (before the first batch), and the pool's
-    workers only ever lower it, so that batches packed before still fit."""
+    workers only ever lower it, so that batches packed before still fit. The check's
+    sample, embedded in the dtype kept, waits in `sample` for its window's output."""
 
     def __init__(
         self,
@@ -61,6 +63,7 @@ class DeviceSession:
         self.budget = spec.max_batch_tokens
         self.tuned = False
         self.precision: PrecisionCheck | None = None
+        self.sample: EmbeddedHead | None = None
         self.embedder: Embedder
         reporter.phase(f"loading the model on {', '.join(devices)}")
         if len(devices) > 1 and not self.checking:
@@ -112,9 +115,9 @@ class DeviceSession:
         self.reporter.info(f"--max-batch-tokens auto: {budget} tokens per batch")
 
     def settle(self, window: list[TokenizedChunk]) -> bool:
-        """While `--dtype auto` awaits its check, make it on `window`'s first documents; a
-        window with no document to embed leaves it to the next one. Whether the dtype is
-        settled now."""
+        """While `--dtype auto` awaits its check, make it on `window`'s first documents
+        (their vectors in the dtype kept go to `sample`); a window with no document to
+        embed leaves it to the next one. Whether the dtype is settled now."""
         import torch
 
         from bulkembed.encoders import Encoder
@@ -127,7 +130,7 @@ class DeviceSession:
         checked = check_on_window(self.embedder, window, self.candidate, self.budget)
         if checked is None:
             return False
-        encoder, self.precision = checked
+        encoder, self.precision, self.sample = checked.encoder, checked.check, checked.sample
         self.checking = False
         if self.precision.passed:
             self.reporter.info(f"--dtype auto: {self.precision.describe()}")
@@ -146,6 +149,11 @@ class DeviceSession:
         self.embedder = self._start_pool()
         return True
 
+    def take_sample(self) -> EmbeddedHead | None:
+        """The check's sample, embedded (once: the caller writes it)."""
+        sample, self.sample = self.sample, None
+        return sample
+
     def close(self) -> None:
         """Stop the device workers, if any."""
         self.embedder.close()
@@ -162,7 +170,8 @@ def settle_dtype(
     with a half-precision candidate is checked here on `device` (`DeviceSession.settle`)
     on the first documents of `tokenized` (float32 when the first window's worth holds
     none), and the model is let go again. Returns the dtype, the check, and the chunks read
-    for it (still to embed)."""
+    for it (still to embed: the device processes embed and commit whole units, the
+    sample's documents included)."""
     import torch
 
     from bulkembed.devices import resolve_dtype

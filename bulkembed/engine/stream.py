@@ -148,7 +148,7 @@ def embed_windows(
 
     # The dtype is settled on the first window with a document, before any batch runs (the
     # check may change the embedder and its budget); windows before it have nothing to
-    # embed and are written as they come.
+    # embed and are written as they come. The check's sample is that window's head.
     first = []
     while session.checking and (window := next(gathered, None)) is not None:
         if session.settle(window):
@@ -157,7 +157,12 @@ def embed_windows(
             emit(window, Embeddings(), np.empty(0, dtype=np.int64))
     # The budget is read as each window is packed.
     packed_windows = embed_packed(
-        chain(first, gathered), session.embedder, lambda: session.budget, stats, reporter
+        chain(first, gathered),
+        session.embedder,
+        lambda: session.budget,
+        stats,
+        reporter,
+        session.take_sample(),
     )
     for packed in packed_windows:
         with stats.timed("post-process"):
