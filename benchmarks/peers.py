@@ -126,7 +126,9 @@ def _fastembed(folder: Path) -> Encode:
         dim=json.loads((folder / "config.json").read_text())["hidden_size"],
         model_file="model.onnx",
     )
-    model = TextEmbedding(model_name=FASTEMBED_NAME, specific_model_path=str(folder))
+    # Its cache (unused with a model path, created all the same) stays beside the export.
+    cache = str(folder.parent / "fastembed-cache")
+    model = TextEmbedding(FASTEMBED_NAME, cache_dir=cache, specific_model_path=str(folder))
 
     def encode(texts: list[str]) -> np.ndarray:
         return np.stack(list(model.embed(texts, batch_size=FASTEMBED_BATCH)))
