@@ -7,6 +7,12 @@ BIN := $(VENV)/bin
 TORCH_CPU ?= torch==2.13.0
 HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo yes)
 DEMO_OUT ?= demo-out
+# The embedders benchmarks/throughput.py compares with run from environments of their own:
+# the `bench` extra needs an older transformers than the tests, and Infinity numpy below 2.
+BENCH_VENV ?= .venv-bench
+INFINITY_VENV ?= .venv-infinity
+INFINITY ?= 'infinity-emb[optimum]==0.0.78' 'optimum-onnx[onnxruntime]>=0.1' \
+	'transformers>=4.56,<4.58' 'huggingface-hub<1.0'
 
 .PHONY: install demo test test-fast lint format bench docs clean
 
@@ -43,12 +49,31 @@ format: install
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
-bench: install
+$(BENCH_VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(BENCH_VENV)
+	$(BENCH_VENV)/bin/pip install --quiet --upgrade pip
+ifneq ($(HAS_GPU),yes)
+	$(BENCH_VENV)/bin/pip install --quiet $(TORCH_CPU)
+endif
+	$(BENCH_VENV)/bin/pip install --quiet -e '.[bench]'
+	touch $@
+
+$(INFINITY_VENV)/.installed:
+	$(PYTHON) -m venv $(INFINITY_VENV)
+	$(INFINITY_VENV)/bin/pip install --quiet --upgrade pip
+ifneq ($(HAS_GPU),yes)
+	$(INFINITY_VENV)/bin/pip install --quiet $(TORCH_CPU)
+endif
+	$(INFINITY_VENV)/bin/pip install --quiet $(INFINITY)
+	touch $@
+
+bench: install $(BENCH_VENV)/.installed $(INFINITY_VENV)/.installed
 	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/parity.py
 	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/memory.py
 	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/outputs.py
 	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/json_stream.py
-	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/throughput.py
+	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/throughput.py \
+		--peers-python $(BENCH_VENV)/bin/python --infinity-python $(INFINITY_VENV)/bin/python
 	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/host_ceiling.py
 	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/object_storage.py
 
@@ -56,4 +81,4 @@ docs: install
 	$(BIN)/python scripts/cli_reference.py
 
 clean:
-	rm -rf $(VENV) $(DEMO_OUT) .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(BENCH_VENV) $(INFINITY_VENV) $(DEMO_OUT) .pytest_cache .ruff_cache
