@@ -74,6 +74,7 @@ bench: install $(BENCH_VENV)/.installed $(INFINITY_VENV)/.installed
 	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/json_stream.py
 	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/throughput.py \
 		--peers-python $(BENCH_VENV)/bin/python --infinity-python $(INFINITY_VENV)/bin/python
+	HF_HUB_OFFLINE=1 $(BENCH_VENV)/bin/python benchmarks/cpu_backends.py --onnxruntime
 	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/host_ceiling.py
 	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/object_storage.py
 

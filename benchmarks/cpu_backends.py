@@ -22,6 +22,7 @@ lowest cosine is taken against torch float32. Prints one JSON object.
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import statistics
 import tempfile
@@ -32,7 +33,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from corpus import build
-from machine import describe
+from throughput import machine
 
 from bulkembed.batching import input_order, pack_batches
 from bulkembed.config import RunConfig
@@ -41,6 +42,16 @@ from bulkembed.encoders import build_encoder
 from bulkembed.encoders.base import Encoder
 from bulkembed.model_spec import resolve_model
 from bulkembed.tokenize import TextTokenizer, TokenizerSettings
+
+
+def _versions() -> dict[str, str]:
+    found = {}
+    for library in ("torch", "transformers", "openvino", "onnxruntime"):
+        try:
+            found[library] = importlib.metadata.version(library)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return found
 
 
 def _encoder(model: str, backend: str, dtype: torch.dtype, compile_model: bool = False) -> Encoder:
@@ -186,7 +197,7 @@ def main() -> None:
     print(
         json.dumps(
             {
-                "machine": describe(),
+                "machine": {**machine(), "versions": _versions()},
                 "docs": len(texts),
                 "tokens": tokens,
                 "batches": len(batches),
