@@ -52,10 +52,13 @@ format: install
 $(BENCH_VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(BENCH_VENV)
 	$(BENCH_VENV)/bin/pip install --quiet --upgrade pip
+# The CPU torch is named again with the extra, or pip upgrades it to a CUDA build.
 ifneq ($(HAS_GPU),yes)
 	$(BENCH_VENV)/bin/pip install --quiet $(TORCH_CPU)
-endif
+	$(BENCH_VENV)/bin/pip install --quiet -e '.[bench]' $(TORCH_CPU)
+else
 	$(BENCH_VENV)/bin/pip install --quiet -e '.[bench]'
+endif
 	touch $@
 
 $(INFINITY_VENV)/.installed:
