@@ -25,6 +25,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bulkembed.storage import process_alive
+
 MANIFEST = "manifest.json"
 # Temporary and stale folders carry these prefixes: nothing else in a kind's folder is
 # removed.
@@ -113,23 +115,13 @@ def _building_name(digest: str) -> str:
     return f"{_BUILDING}{digest}-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _clear_abandoned(parent: Path, digest: str) -> None:
     """Remove the temporary folders of `digest` left by processes of this host that died
     while converting."""
     prefix = f"{_BUILDING}{digest}-{socket.gethostname()}-"
     for leftover in parent.glob(f"{_BUILDING}{digest}-*"):
         pid = leftover.name.removeprefix(prefix).split("-")[0]
-        if leftover.name.startswith(prefix) and pid.isdigit() and not _pid_alive(int(pid)):
+        if leftover.name.startswith(prefix) and pid.isdigit() and not process_alive(int(pid)):
             shutil.rmtree(leftover, ignore_errors=True)
 
 
