@@ -22,6 +22,7 @@ from typer.testing import CliRunner
 from bulkembed import storage
 from bulkembed.cli import app
 from bulkembed.config import ShardSpec
+from bulkembed.errors import OutputError
 from bulkembed.run_dir import LockedError, RunDirectory
 from bulkembed.run_dir.lease import LeaseLost, ObjectLease
 from bulkembed.storage import location
@@ -326,3 +327,28 @@ def test_shards_on_a_store_without_conditional_writes_are_refused(tmp_path, tiny
     result = run_cli(corpus, tiny_st("mean"), "gs://bucket/out", "--shard", "0/2")
     assert result.exit_code == 2
     assert "--shard writing to gs:// needs conditional writes" in result.output
+
+
+def test_a_run_file_replaced_while_it_is_read_is_read_again(s3, monkeypatch):
+    from bulkembed.run_dir.files import read_json
+    from bulkembed.storage import ObjectPath
+
+    path = location(s3.uri("replaced/config.json"))
+    assert isinstance(path, ObjectPath)
+    path.write_text(json.dumps({"run": "abc", "shard": "1/3"}))
+    read_text = ObjectPath.read_text
+    reads = []
+
+    def cut_once(self, encoding="utf-8"):
+        text = read_text(self, encoding)
+        reads.append(text)
+        return text[:10] if len(reads) == 1 else text
+
+    monkeypatch.setattr(ObjectPath, "read_text", cut_once)
+    assert read_json(path) == {"run": "abc", "shard": "1/3"}
+    assert len(reads) == 2
+    path.write_text('{"run": "ab')
+    reads.clear()
+    with pytest.raises(OutputError, match=r"^cannot read s3://.*the output is damaged"):
+        read_json(path)
+    assert len(reads) == 3

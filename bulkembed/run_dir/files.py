@@ -6,10 +6,14 @@ import json
 import os
 import re
 import secrets
+import time
 from typing import Any
 
 from bulkembed.errors import OutputError
 from bulkembed.storage import AnyPath, ObjectPath
+
+# Reads of a run-directory JSON object before it counts as damaged (see `read_json`).
+_OBJECT_READS = 3
 
 CONFIG_FILE = "config.json"
 # What bulkembed writes in a run directory besides the configuration and the ledger: all
@@ -64,8 +68,26 @@ def write_json_atomically(path: AnyPath, data: Any, exclusive: bool = False) -> 
 
 
 def read_json(path: AnyPath) -> Any:
-    """A run-directory file's JSON; one that cannot be read is a damaged output."""
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as e:
-        raise OutputError(f"cannot read {path}: {e}; the output is damaged, use --overwrite") from e
+    """A run-directory file's JSON; one that cannot be read is a damaged output.
+
+    An object that another writer (a `--shard` beside this one) replaces while it is read
+    can come back cut: the object store gives the size of one version and the bytes of the
+    next. Such a read is made again, up to `_OBJECT_READS` times, before the file counts as
+    damaged."""
+    reads = _OBJECT_READS if isinstance(path, ObjectPath) else 1
+    attempt = 1
+    while True:
+        try:
+            return json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as e:
+            if attempt < reads:
+                time.sleep(0.2 * attempt)
+                attempt += 1
+                continue
+            raise OutputError(
+                f"cannot read {path}: {e}; the output is damaged, use --overwrite"
+            ) from e
+        except OSError as e:
+            raise OutputError(
+                f"cannot read {path}: {e}; the output is damaged, use --overwrite"
+            ) from e
