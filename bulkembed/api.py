@@ -42,6 +42,7 @@ MODEL_SETTINGS = (
     "dtype",
     "compile",
     "backend",
+    "attention",
     "pooling",
     "normalize",
     "prompt",

@@ -20,10 +20,12 @@ import numpy as np
 
 @dataclass(frozen=True, slots=True)
 class Batch:
-    """Documents of a window (by position), longest first, and what they cost."""
+    """Documents of a window (by position), longest first, and what they cost: padded to
+    the longest, or (`unpadded`) their own tokens only."""
 
     indices: np.ndarray
     lengths: np.ndarray
+    unpadded: bool = False
 
     @property
     def size(self) -> int:
@@ -36,8 +38,17 @@ class Batch:
 
     @property
     def padded_tokens(self) -> int:
-        """Tokens computed when every sequence is padded to the longest."""
+        """Tokens computed: every sequence padded to the longest, or the real tokens of an
+        unpadded batch."""
+        if self.unpadded:
+            return self.tokens
         return int(self.lengths[0]) * self.size if self.size else 0
+
+    def padded_lengths(self) -> np.ndarray:
+        """The length each document was computed at: the longest, or its own (unpadded)."""
+        if self.unpadded:
+            return self.lengths.astype(np.int64)
+        return np.full(self.size, self.lengths[0] if self.size else 0, np.int64)
 
 
 def pack_batches(
@@ -55,10 +66,13 @@ def pack_batches(
     Padded batches are cut where they cost least in total: the tokens computed, padding
     included, plus `batch_overhead_tokens` per batch for the fixed cost of a forward pass
     (default: 1/64 of the budget). So 300 documents of 40 tokens and 300 of 5 become two
-    batches, not one batch that is mostly padding. Unpadded batches are filled greedily.
+    batches, not one batch that is mostly padding. Unpadded batches (`padded=False`) cost
+    their real tokens and are filled greedily.
 
     >>> [b.size for b in pack_batches([128] * 256 + [512] * 32, 16384)]
     [32, 128, 128]
+    >>> [b.size for b in pack_batches([500] * 40 + [20] * 60, 16384, padded=False)]
+    [32, 68]
     """
     if max_batch_tokens < 1:
         raise ValueError(f"max_batch_tokens must be positive, got {max_batch_tokens}")
@@ -72,7 +86,7 @@ def pack_batches(
         ends = _cheapest_cuts(sorted_lengths, max_batch_tokens, overhead)
     else:
         ends = _greedy_cuts(sorted_lengths, max_batch_tokens)
-    return [Batch(order[a:b], sorted_lengths[a:b]) for a, b in pairwise([0, *ends])]
+    return [Batch(order[a:b], sorted_lengths[a:b], not padded) for a, b in pairwise([0, *ends])]
 
 
 def _cheapest_cuts(sorted_lengths: np.ndarray, budget: int, overhead: int) -> list[int]:

@@ -51,6 +51,18 @@ class Backend(str, Enum):
     OPENVINO = "openvino"
 
 
+class Attention(str, Enum):
+    """How a batch runs through the transformer. `padded`: every document padded to the
+    batch's longest, with an attention mask. `flat`: the documents' tokens laid end to end,
+    attention within each document (variable-length attention). `auto` is flat on CUDA for
+    BERT, RoBERTa and XLM-RoBERTa models where a variable-length kernel runs the dtype, else
+    padded (see `bulkembed.encoders.base.choose_attention`)."""
+
+    AUTO = "auto"
+    PADDED = "padded"
+    FLAT = "flat"
+
+
 class DTypeOut(str, Enum):
     """Float type of the written dense and multi-vector columns."""
 
@@ -161,6 +173,7 @@ class RunConfig:
     dtype: DType = DType.AUTO
     compile: bool = False
     backend: Backend = Backend.AUTO
+    attention: Attention = Attention.AUTO
     pooling: Pooling | None = None
     normalize: bool | None = None
     prompt: str | None = None
@@ -205,6 +218,10 @@ class RunConfig:
         if self.compile and self.backend is Backend.OPENVINO:
             raise UsageError(
                 "--compile and --backend openvino conflict: --compile applies to --backend torch"
+            )
+        if self.attention is Attention.FLAT and self.backend is Backend.OPENVINO:
+            raise UsageError(
+                "--attention flat and --backend openvino conflict: flat batches run in PyTorch"
             )
         unknown = sorted(set(self.outputs or ()) - set(OUTPUTS))
         if unknown:
@@ -331,6 +348,7 @@ class RunConfig:
 _ENUM_FIELDS: dict[str, type[Enum]] = {
     "dtype": DType,
     "backend": Backend,
+    "attention": Attention,
     "pooling": Pooling,
     "dtype_out": DTypeOut,
     "quantize": Quantize,

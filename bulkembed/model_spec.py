@@ -71,8 +71,10 @@ class ModelSpec:
     sparse_top_k: int | None
     tokenizer_json: str
     compile: bool = False
-    # `--backend`, and the architecture it depends on (config.json `model_type`).
+    # `--backend` and `--attention`, and the architecture they depend on (config.json
+    # `model_type`).
     backend: str = "auto"
+    attention: str = "auto"
     model_type: str | None = None
     # What multi-vector rows are stored as (`--dtype-out`): the cast happens on the device.
     multivector_dtype: str = "float32"
@@ -306,6 +308,7 @@ def resolve_model(config: RunConfig) -> ModelSpec:
         tokenizer_json=tokenizer.backend_tokenizer.to_str(),
         compile=config.compile,
         backend=config.backend.value,
+        attention=config.attention.value,
         model_type=model_config.get("model_type"),
         multivector_dtype=config.dtype_out.value,
         trained_dtype=model_config.get("torch_dtype") or model_config.get("dtype"),

@@ -138,7 +138,7 @@ def embed_sample(encoder: Encoder, sequences: list[np.ndarray], budget: int) -> 
     """A few token sequences embedded in token-budget batches, packed as a window's are;
     their vectors in the sequences' order."""
     lengths = np.array([len(s) for s in sequences], dtype=np.int32)
-    batches = pack_batches(lengths, budget)
+    batches = pack_batches(lengths, budget, padded=not encoder.unpadded)
     started = time.perf_counter()
     outputs = [
         encoder.embed_within_memory(TokenBatch.from_sequences([sequences[i] for i in b.indices]))

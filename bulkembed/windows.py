@@ -137,7 +137,7 @@ def padded_lengths(batches: list[Batch]) -> np.ndarray:
     order of the documents' positions."""
     if not batches:
         return np.empty(0, dtype=np.int64)
-    padded = np.concatenate([np.full(b.size, b.lengths[0], np.int64) for b in batches])
+    padded = np.concatenate([b.padded_lengths() for b in batches])
     return padded[input_order(batches)]
 
 
@@ -188,10 +188,13 @@ class PackedWindow:
 
 
 def pack_window(
-    window: list[TokenizedChunk], max_batch_tokens: int, head: EmbeddedHead | None = None
+    window: list[TokenizedChunk],
+    max_batch_tokens: int,
+    head: EmbeddedHead | None = None,
+    padded: bool = True,
 ) -> PackedWindow:
-    """The window's documents sorted by length and packed into batches (`pack_batches`);
-    those of `head`, the first ones, embedded already, left out."""
+    """The window's documents sorted by length and packed into batches (`pack_batches`,
+    `padded` or not); those of `head`, the first ones, embedded already, left out."""
     skip = 0 if head is None else len(head)
     lengths = np.concatenate([c.lengths for c in window]) if window else np.empty(0, np.int32)
     if len(lengths) <= skip:
@@ -199,7 +202,7 @@ def pack_window(
     token_ids = np.concatenate([c.token_ids for c in window])
     starts = (np.cumsum(lengths) - lengths)[skip:]
     lengths = lengths[skip:]
-    batches = pack_batches(lengths, max_batch_tokens)
+    batches = pack_batches(lengths, max_batch_tokens, padded=padded)
     token_batches = [
         TokenBatch.from_sequences(
             [token_ids[s : s + n] for s, n in zip(starts[b.indices], b.lengths, strict=True)]
@@ -230,7 +233,7 @@ def embed_packed(
         ahead = head
         for window in windows:
             with stats.timed("pack"):
-                packed = pack_window(window, max_batch_tokens(), ahead)
+                packed = pack_window(window, max_batch_tokens(), ahead, not encoder.unpadded)
             stats.begin_embedding()
             if ahead is not None:
                 _count_head(stats, ahead)

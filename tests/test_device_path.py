@@ -42,25 +42,34 @@ def _per_document(weights, token_ids, excluded, top_k=None) -> SparseVector:
 @pytest.mark.parametrize("seed", range(5))
 def test_sparse_weights_reduced_on_the_device_equal_the_per_document_result(seed, top_k):
     rng = np.random.default_rng(seed)
-    documents, longest = 7, 40
-    lengths = rng.integers(0, longest + 1, documents)
+    lengths = rng.integers(0, 41, 7)
+    tokens = int(lengths.sum())
     # Few distinct ids and weights rounded to tenths: many repeats and ties.
-    token_ids = rng.integers(0, 12, (documents, longest))
-    weights = np.round(rng.normal(0.2, 0.5, (documents, longest)), 1).astype(np.float32)
+    token_ids = rng.integers(0, 12, tokens)
+    weights = np.round(rng.normal(0.2, 0.5, tokens), 1).astype(np.float32)
     excluded = np.array([0, 2])
-    real = np.arange(longest) < lengths[:, None]
-    keep = real & ~np.isin(token_ids, excluded)
+    documents = np.repeat(np.arange(len(lengths)), lengths)
+    keep = ~np.isin(token_ids, excluded)
 
-    ids, reduced = max_weight_per_id(
-        torch.from_numpy(weights), torch.from_numpy(token_ids), torch.from_numpy(keep), top_k
+    found = max_weight_per_id(
+        torch.from_numpy(weights),
+        torch.from_numpy(token_ids),
+        torch.from_numpy(documents),
+        torch.from_numpy(keep),
+        top_k,
     )
-    ids, reduced = ids.numpy(), reduced.numpy()
-    for document in range(documents):
-        n = lengths[document]
-        expected = _per_document(weights[document, :n], token_ids[document, :n], excluded, top_k)
-        found = reduced[document] > 0
-        assert ids[document][found].tolist() == expected.indices.tolist()
-        assert reduced[document][found].tolist() == expected.values.tolist()
+    entries, ids, reduced = (t.numpy() for t in found)
+    present = reduced > 0
+    # Entries come by document, then by ascending id.
+    order = entries[present] * 100 + ids[present]
+    assert (np.diff(order) > 0).all()
+    ends = np.cumsum(lengths)
+    for document, n in enumerate(lengths):
+        span = slice(ends[document] - n, ends[document])
+        expected = _per_document(weights[span], token_ids[span], excluded, top_k)
+        mine = present & (entries == document)
+        assert ids[mine].tolist() == expected.indices.tolist()
+        assert reduced[mine].tolist() == expected.values.tolist()
 
 
 def test_keep_top_k_keeps_the_largest_and_the_lowest_id_among_equals():

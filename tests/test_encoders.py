@@ -13,6 +13,7 @@ from bulkembed.encoders import (
     register_encoder,
 )
 from bulkembed.encoders.pooling import cls_pool, last_token_pool, mean_pool
+from bulkembed.encoders.varlen import Sequences
 from bulkembed.errors import ModelError
 from bulkembed.model_spec import resolve_model
 from bulkembed.tokenize import TextTokenizer, TokenizerSettings
@@ -59,21 +60,20 @@ def test_padding_does_not_change_a_vector(tiny_st):
 
 
 def test_pooling_functions_against_hand_computed_values():
-    hidden = torch.tensor(
-        [[[1.0, 2.0], [3.0, 4.0], [100.0, 100.0]], [[5.0, 6.0], [7.0, 8.0], [9.0, 10.0]]]
-    )
-    mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
-    before = hidden.clone()
-    assert cls_pool(hidden).tolist() == [[1.0, 2.0], [5.0, 6.0]]
-    assert mean_pool(hidden, mask).tolist() == [[2.0, 3.0], [7.0, 8.0]]
-    assert last_token_pool(hidden, mask).tolist() == [[3.0, 4.0], [9.0, 10.0]]
-    assert torch.equal(hidden, before)
+    # Three documents end to end: two tokens, none, three tokens.
+    tokens = torch.tensor([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0], [7.0, 8.0], [9.0, 10.0]])
+    sequences = Sequences.on_host(np.array([2, 0, 3]))
+    before = tokens.clone()
+    assert cls_pool(tokens, sequences).tolist() == [[1.0, 2.0], [0.0, 0.0], [5.0, 6.0]]
+    assert mean_pool(tokens, sequences).tolist() == [[2.0, 3.0], [0.0, 0.0], [7.0, 8.0]]
+    assert last_token_pool(tokens, sequences).tolist() == [[3.0, 4.0], [0.0, 0.0], [9.0, 10.0]]
+    assert torch.equal(tokens, before)
 
 
 def test_pooling_accumulates_in_float32():
     # Four float16 values of 60000 sum past float16's largest value (65504).
-    hidden = torch.full((1, 4, 2), 60000.0, dtype=torch.float16)
-    pooled = mean_pool(hidden, torch.ones(1, 4, dtype=torch.long))
+    tokens = torch.full((4, 2), 60000.0, dtype=torch.float16)
+    pooled = mean_pool(tokens, Sequences.on_host(np.array([4])))
     assert pooled.dtype == torch.float32
     assert pooled.tolist() == [[60000.0, 60000.0]]
 
@@ -107,10 +107,15 @@ def test_registry_builds_registered_and_built_in_families(tiny_st):
         build_encoder(replace(spec, family="nope"), "cpu", torch.float32)
 
 
-def test_padded_tensors_use_the_pad_id_and_mask(tiny_st):
-    spec = resolve_model(RunConfig(inputs=("x",), output="o", model=str(tiny_st("mean"))))
-    encoder = _LengthEncoder(spec, "cpu", torch.float32)
-    ids, mask = encoder.padded(TokenBatch.from_sequences([np.array([5, 6, 7]), np.array([9])]))
-    pad = spec.pad_token_id
-    assert ids.tolist() == [[5, 6, 7], [9, pad, pad]]
-    assert mask.tolist() == [[1, 1, 1], [1, 0, 0]]
+def test_padded_tensors_use_the_pad_id_and_mask():
+    batch = TokenBatch.from_sequences([np.array([9]), np.array([5, 6, 7])])
+    inputs = DeviceInputs.padded(batch, pad_token_id=0)
+    assert inputs.input_ids.tolist() == [[9, 0, 0], [5, 6, 7]]
+    assert inputs.attention_mask.tolist() == [[1, 0, 0], [1, 1, 1]]
+    # Where each real token is in the padded ids, laid flat: they read back the batch.
+    assert inputs.token_index.tolist() == [0, 3, 4, 5]
+    assert inputs.token_ids.tolist() == [9, 5, 6, 7]
+    flat = DeviceInputs.flat(batch)
+    assert flat.input_ids.tolist() == [9, 5, 6, 7]
+    assert flat.attention_mask is None
+    assert flat.sequences.cu_seqlens.tolist() == [0, 1, 4]

@@ -14,6 +14,7 @@ import typer
 
 from bulkembed.cli.embed import embed_command
 from bulkembed.cli.options import (
+    AttentionOption,
     BackendOption,
     BreakLock,
     Compile,
@@ -60,6 +61,7 @@ from bulkembed.cli.options import (
 )
 from bulkembed.config import (
     DEFAULT_RECORDS_PER_UNIT,
+    Attention,
     Backend,
     DType,
     DTypeOut,
@@ -185,6 +187,7 @@ def run(
     dtype: DTypeOption = DType.AUTO,
     compile_model: Compile = False,
     backend: BackendOption = Backend.AUTO,
+    attention: AttentionOption = Attention.AUTO,
     pooling: PoolingOption = None,
     normalize: Normalize = None,
     prompt: Prompt = None,
@@ -239,6 +242,7 @@ def run(
             dtype=dtype,
             compile=compile_model,
             backend=backend,
+            attention=attention,
             pooling=pooling,
             normalize=normalize,
             prompt=prompt,

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from bulkembed.cli.options import (
+    AttentionOption,
     BackendOption,
     Compile,
     Dim,
@@ -30,7 +31,7 @@ from bulkembed.cli.options import (
     SparseTopK,
     batch_tokens,
 )
-from bulkembed.config import Backend, DType, DTypeOut
+from bulkembed.config import Attention, Backend, DType, DTypeOut
 from bulkembed.errors import OutputError, UsageError
 
 if TYPE_CHECKING:
@@ -103,6 +104,7 @@ def embed_command(guarded: Callable[[Callable[[], Any]], Any]) -> Callable[..., 
         dtype: DTypeOption = DType.AUTO,
         compile_model: Compile = False,
         backend: BackendOption = Backend.AUTO,
+        attention: AttentionOption = Attention.AUTO,
         pooling: PoolingOption = None,
         normalize: Normalize = None,
         prompt: Prompt = None,
@@ -139,6 +141,7 @@ def embed_command(guarded: Callable[[Callable[[], Any]], Any]) -> Callable[..., 
                 "dtype": dtype,
                 "compile": compile_model,
                 "backend": backend,
+                "attention": attention,
                 "pooling": pooling,
                 "normalize": normalize,
                 "prompt": prompt,

@@ -7,6 +7,7 @@ from typing import Annotated, Any
 import typer
 
 from bulkembed.config import (
+    Attention,
     Backend,
     DType,
     DTypeOut,
@@ -107,6 +108,16 @@ BackendOption = Annotated[
         "XLM-RoBERTa models (converted once and cached), else PyTorch. openvino: CPU only, "
         "float32 or bfloat16. torch: PyTorch eager (or --compile).",
         **_from_env("BACKEND"),
+    ),
+]
+AttentionOption = Annotated[
+    Attention,
+    typer.Option(
+        "--attention",
+        help="How batches run. flat: documents end to end, no padding, attention within "
+        "each (BERT, RoBERTa, XLM-RoBERTa; PyTorch). padded: padded to the longest, with a "
+        "mask. auto: flat on CUDA where a variable-length kernel runs the dtype, else padded.",
+        **_from_env("ATTENTION"),
     ),
 ]
 MaxLength = Annotated[

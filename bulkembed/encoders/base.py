@@ -1,9 +1,10 @@
 """The encoder interface: a flat batch of token ids in, embeddings out.
 
 An encoder implements one method, `embed(inputs) -> DeviceOutputs`: the batch's outputs,
-left on its device. The base class holds the shared plumbing: the device and dtype, padded
-tensors copied in ahead of time, outputs copied back and split by document, batches run back
-to back (`embed_stream`), out-of-memory halving and the non-finite check.
+left on its device. The base class holds the shared plumbing: the device and dtype, the
+backend and the batch layout (flat or padded), tensors copied in ahead of time, outputs
+copied back and split by document (`transfer`), batches run back to back (`embed_stream`),
+out-of-memory halving and the non-finite check.
 """
 
 from __future__ import annotations
@@ -14,20 +15,20 @@ import pickle
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
 import numpy as np
 
-from bulkembed.config import Backend
-from bulkembed.contracts import Embeddings, SparseVector, TokenBatch
+from bulkembed.config import Attention, Backend
+from bulkembed.contracts import Embeddings, TokenBatch
 from bulkembed.errors import ModelError, UsageError
 from bulkembed.wording import counted
 
 if TYPE_CHECKING:
     import torch
 
+    from bulkembed.encoders.transfer import DeviceInputs, DeviceOutputs, Landing
     from bulkembed.model_spec import ModelSpec
 
 # What a caller tags each batch of a stream with (`embed_stream`), to know it when it lands.
@@ -100,10 +101,8 @@ def attention_implementation(device: str, dtype: torch.dtype) -> str:
 
 
 def load_model(spec: ModelSpec, device: str, dtype: torch.dtype, masked_lm: bool = False) -> Any:
-    """The transformer of `spec` on `device` in eval mode, quietly, compiled with
-    `torch.compile` if `spec.compile`; an error if weights it needs are missing from the
-    checkpoint (they would otherwise be random)."""
-    import torch
+    """The transformer of `spec` on `device` in eval mode, quietly; an error if weights it
+    needs are missing from the checkpoint (they would otherwise be random)."""
     from transformers import AutoModel, AutoModelForMaskedLM
     from transformers.utils import logging as transformers_logging
 
@@ -132,25 +131,31 @@ def load_model(spec: ModelSpec, device: str, dtype: torch.dtype, masked_lm: bool
             f"{spec.source} lacks {what} ({len(missing)} missing, e.g. {shown}): "
             "is it the right kind of model for these outputs?"
         )
-    model = model.eval().to(device)
-    if spec.compile:
-        # Batch sizes and lengths change from batch to batch: compile for any shape once.
-        model = torch.compile(model, dynamic=True)
-    return model
+    return model.eval().to(device)
+
+
+def compiled(model: Any) -> Any:
+    """`model` compiled by `torch.compile` for any shape: batch sizes and lengths change
+    from batch to batch, so it compiles once rather than for each shape."""
+    import torch
+
+    return torch.compile(model, dynamic=True)
 
 
 def choose_backend(spec: ModelSpec, device: str, dtype: torch.dtype) -> Backend:
     """What runs the transformer of `spec` on `device` in `dtype`: `--backend`, with `auto`
     as OpenVINO on a CPU for an architecture whose conversion is tested, in float32 or
     bfloat16, without `--compile`, when the `openvino` package is installed; else PyTorch.
-    An explicit `--backend openvino` that cannot run is a one-line usage error."""
+    `--attention flat` runs in PyTorch. An explicit `--backend openvino` that cannot run is
+    a one-line usage error."""
     from bulkembed.encoders.openvino import converts, openvino_installed
 
     backend = Backend(spec.backend)
     if backend is Backend.TORCH:
         return backend
     if backend is Backend.AUTO:
-        usable = device == "cpu" and not spec.compile and converts(spec.model_type, dtype)
+        flat = Attention(spec.attention) is Attention.FLAT
+        usable = device == "cpu" and not (spec.compile or flat) and converts(spec.model_type, dtype)
         return Backend.OPENVINO if usable and openvino_installed() else Backend.TORCH
     if device != "cpu":
         raise UsageError(f"--backend openvino runs on the CPU, not {device}: pass --devices cpu")
@@ -161,6 +166,29 @@ def choose_backend(spec: ModelSpec, device: str, dtype: torch.dtype) -> Backend:
     if not openvino_installed():
         raise UsageError("--backend openvino needs the openvino package: pip install openvino")
     return backend
+
+
+def choose_attention(
+    spec: ModelSpec, device: str, dtype: torch.dtype
+) -> tuple[Attention, str | None]:
+    """The batch layout asked for, flat or padded (the model may still be unable to run
+    flat), and a line for the log when `auto` cannot take flat on CUDA: `--attention`, with
+    `auto` flat where a variable-length flash kernel runs attention (CUDA in half
+    precision), else padded (on a CPU the padded OpenVINO graph runs faster than the flat
+    PyTorch path; see the README)."""
+    from bulkembed.encoders.varlen import kernel_runs
+
+    attention = Attention(spec.attention)
+    if attention is not Attention.AUTO:
+        return attention, None
+    if kernel_runs(device, dtype):
+        return Attention.FLAT, None
+    if device.startswith("cuda") and str(dtype) != "torch.float32":
+        return Attention.PADDED, (
+            "no variable-length attention kernel is installed (PyTorch 2.10 or later, or "
+            "flash-attn): batches run padded"
+        )
+    return Attention.PADDED, None
 
 
 class VectorSizes(Protocol):
@@ -174,7 +202,11 @@ class VectorSizes(Protocol):
 
 
 class Embedder(VectorSizes, Protocol):
-    """What embeds a window's batches: one `Encoder`, or a pool of them on several devices."""
+    """What embeds a window's batches: one `Encoder`, or a pool of them on several devices.
+    `unpadded`: its batches run flat, so that a batch costs the sum of its lengths."""
+
+    @property
+    def unpadded(self) -> bool: ...
 
     def embed_stream(
         self,
@@ -185,123 +217,17 @@ class Embedder(VectorSizes, Protocol):
     def close(self) -> None: ...
 
 
-@dataclass(slots=True)
-class DeviceInputs:
-    """A batch on its way to the device: `input_ids` and `attention_mask` padded on the
-    right to the longest document, the padded ids on the host too, and on CUDA the event
-    that marks the end of their copy (made on a side stream, see `Encoder.upload`)."""
-
-    batch: TokenBatch
-    input_ids: torch.Tensor
-    attention_mask: torch.Tensor
-    host_ids: np.ndarray
-    copied: Any = None
-
-
-@dataclass(slots=True)
-class DeviceOutputs:
-    """What a forward pass leaves on the device for a batch, in shapes fixed by the batch
-    (nothing that would make the host wait for the device to learn a size):
-
-    - `dense`: [documents, D] float32;
-    - `sparse_weights`: [documents, K] float32, and `sparse_ids` [documents, K] (None: the
-      column is the id). A document's entries are those with a weight > 0, ascending by id;
-    - `multivector`: [documents, L, d] in the stored dtype, one row per padded position;
-      the document's rows are the first `multivector_lengths[i]` of its own, or where
-      `multivector_keep` [documents, L] (host, bool) is true."""
-
-    dense: torch.Tensor | None = None
-    sparse_weights: torch.Tensor | None = None
-    sparse_ids: torch.Tensor | None = None
-    multivector: torch.Tensor | None = None
-    multivector_lengths: np.ndarray | None = None
-    multivector_keep: np.ndarray | None = None
-    # What the sparse weights were reduced from (a NaN there may vanish from them): checked
-    # to be finite with the outputs.
-    reduced_from: tuple[torch.Tensor, ...] = ()
-
-
-class _Landing:
-    """A batch's outputs on their way back to the host: copied into pinned memory without
-    waiting (CUDA), with a flag saying whether every value is finite; `embeddings()`
-    waits for the copies (one synchronisation per batch) and splits them by document."""
-
-    def __init__(self, outputs: DeviceOutputs) -> None:
-        import torch
-
-        self.outputs = outputs
-        written = (outputs.dense, outputs.sparse_weights, outputs.multivector)
-        floats = [t for t in written if t is not None] + list(outputs.reduced_from)
-        # One pass over each output: a sum (in float64, which no sum of these outputs
-        # overflows) is finite exactly when every value is.
-        finite = [torch.isfinite(t.sum(dtype=torch.float64)) for t in floats]
-        tensors = {
-            "dense": outputs.dense,
-            "sparse_weights": outputs.sparse_weights,
-            "sparse_ids": outputs.sparse_ids,
-            "multivector": outputs.multivector,
-            "finite": torch.stack(finite).all() if finite else None,
-        }
-        self.event = None
-        cuda = [t.device for t in tensors.values() if t is not None and t.is_cuda]
-        self.host = {name: None if t is None else _to_host(t) for name, t in tensors.items()}
-        if cuda:
-            # Recorded on the stream of the outputs' device, whichever device is current.
-            self.event = torch.cuda.Event()
-            self.event.record(torch.cuda.current_stream(cuda[0]))
-
-    def embeddings(self) -> tuple[Embeddings, bool]:
-        """The batch's embeddings, and whether every value is finite."""
-        if self.event is not None:
-            self.event.synchronize()
-        host = {name: None if t is None else t.numpy() for name, t in self.host.items()}
-        outputs, dense = self.outputs, host["dense"]
-        sparse = multivector = None
-        if host["sparse_weights"] is not None:
-            sparse = _sparse_rows(host["sparse_weights"], host["sparse_ids"])
-        if host["multivector"] is not None:
-            vectors = host["multivector"]
-            if outputs.multivector_keep is not None:
-                keep = outputs.multivector_keep[:, : vectors.shape[1]]
-                ends = np.cumsum(keep.sum(axis=1))
-                multivector = np.split(vectors[keep], ends[:-1])
-            else:
-                assert outputs.multivector_lengths is not None
-                multivector = [vectors[i, :n] for i, n in enumerate(outputs.multivector_lengths)]
-        finite = host["finite"] is None or bool(host["finite"])
-        return Embeddings(dense, sparse, multivector), finite
-
-
-def _to_host(tensor: torch.Tensor) -> torch.Tensor:
-    """`tensor` on the host: from CUDA into pinned memory, queued without waiting."""
-    import torch
-
-    if not tensor.is_cuda:
-        return tensor.detach()
-    host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
-    return host.copy_(tensor, non_blocking=True)
-
-
-def _sparse_rows(weights: np.ndarray, ids: np.ndarray | None) -> list[SparseVector]:
-    """Each document's entries of weight > 0, in the order they come (ascending id)."""
-    keep = weights > 0
-    rows, columns = np.nonzero(keep)
-    found = (columns if ids is None else ids[keep]).astype(np.int32)
-    values = weights[keep].astype(np.float32, copy=False)
-    ends = np.cumsum(np.bincount(rows, minlength=len(weights)))[:-1]
-    return [
-        SparseVector(i, v)
-        for i, v in zip(np.split(found, ends), np.split(values, ends), strict=True)
-    ]
-
-
 class Encoder(ABC):
     """Embeds token batches on one device. A family implements `embed`; the base moves
     batches to the device and outputs back, runs batches back to back, halves those that
     run out of memory and embeds again those whose values are not finite."""
 
-    # The transformer: a PyTorch module, or an `OpenVINOModel` called the same way.
+    # The transformer: a PyTorch module (a `FlatTransformer` when batches run flat), or an
+    # `OpenVINOModel` called as the padded PyTorch one is.
     model: Any
+    # Whether the family's heads read flat hidden states (`--attention flat`); SPLADE's
+    # masked-LM head runs on padded batches.
+    runs_flat: ClassVar[bool] = True
 
     def __init__(self, spec: ModelSpec, device: str, dtype: torch.dtype) -> None:
         import torch
@@ -315,12 +241,14 @@ class Encoder(ABC):
         # lowest cosine to float32 0.99988 cast, 0.99996 under autocast, on 1,000 documents).
         # Warnings for the run's log, from loading the model.
         self.notices: list[str] = []
-        # PyTorch until `load_transformer` finds that OpenVINO runs the model.
+        # PyTorch until `load_transformer` finds that OpenVINO runs the model; padded
+        # batches until it finds that they run flat.
         self.backend = Backend.TORCH
+        self.unpadded = False
         self.autocast = device == "cpu" and dtype != torch.float32
         self.weights_dtype = torch.float32 if self.autocast else dtype
         self.multivector_dtype = getattr(torch, spec.multivector_dtype)
-        # Padded tokens of the smallest batch that ran out of memory (see
+        # Tokens (`cost`) of the smallest batch that ran out of memory (see
         # `embed_within_memory`).
         self.memory_limit: int | None = None
         # Inputs are copied to a CUDA device on their own stream, while the last batch runs.
@@ -328,11 +256,15 @@ class Encoder(ABC):
 
     def load_transformer(self, masked_lm: bool = False) -> Any:
         """The transformer this encoder runs: compiled by OpenVINO (which then takes the
-        compute precision, without autocast) or loaded in PyTorch (`choose_backend`). With
-        `--backend auto`, a model OpenVINO fails to convert runs in PyTorch, with one
-        warning."""
+        compute precision, without autocast) or loaded in PyTorch (`choose_backend`), and
+        in PyTorch for flat batches where asked and the model can (`choose_attention`).
+        With `--backend auto`, a model OpenVINO fails to convert runs in PyTorch; a model
+        that cannot run flat runs padded; each with one warning."""
         import torch
 
+        attention, notice = choose_attention(self.spec, self.device, self.dtype)
+        if notice is not None:
+            self.notices.append(notice)
         if choose_backend(self.spec, self.device, self.dtype) is Backend.OPENVINO:
             from bulkembed.encoders.openvino import load_openvino
 
@@ -355,7 +287,22 @@ class Encoder(ABC):
             else:
                 self.backend, self.autocast = Backend.OPENVINO, False
                 return model
-        return load_model(self.spec, self.device, self.weights_dtype, masked_lm)
+        model = load_model(self.spec, self.device, self.weights_dtype, masked_lm)
+        if attention is Attention.FLAT:
+            model = self._flat(model)
+        return compiled(model) if self.spec.compile else model
+
+    def _flat(self, model: Any) -> Any:
+        """`model` running flat batches (`FlatTransformer`), or `model` itself with a
+        warning saying why it cannot."""
+        from bulkembed.encoders.flat import FlatTransformer, flat_support
+
+        reason = flat_support(model) if self.runs_flat else "its outputs need padded batches"
+        if reason is not None:
+            self.notices.append(f"{self.spec.source} runs padded batches: {reason}")
+            return model
+        self.unpadded = True
+        return FlatTransformer(model)
 
     def in_dtype(self, dtype: torch.dtype) -> Encoder:
         """This encoder computing in `dtype`: on a CPU the same float32 weights under
@@ -398,47 +345,44 @@ class Encoder(ABC):
     def embed(self, inputs: DeviceInputs) -> DeviceOutputs:
         """The outputs of a batch, left on the device (see `DeviceOutputs`)."""
 
-    def padded(self, batch: TokenBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        """`input_ids` and `attention_mask` on the host, padded on the right to the longest."""
-        import torch
-
-        lengths = torch.from_numpy(batch.lengths.astype(np.int64))
-        longest = int(lengths.max()) if len(lengths) else 0
-        positions = torch.arange(longest)
-        mask = positions.unsqueeze(0) < lengths.unsqueeze(1)
-        input_ids = torch.full((len(lengths), longest), self.spec.pad_token_id, dtype=torch.long)
-        input_ids[mask] = torch.from_numpy(batch.token_ids.astype(np.int64))
-        return input_ids, mask.long()
+    def cost(self, batch: TokenBatch) -> int:
+        """The tokens `batch` computes: its own, or with padding."""
+        return int(batch.lengths.sum()) if self.unpadded else batch.padded_tokens
 
     def upload(self, batch: TokenBatch) -> DeviceInputs:
-        """`batch` padded and on its way to the device: on CUDA copied from pinned memory on
-        the copy stream, without waiting; on a CPU the tensors themselves."""
+        """`batch` laid out (flat or padded) and on its way to the device: on CUDA copied
+        from pinned memory on the copy stream, without waiting; on a CPU the tensors
+        themselves."""
         import torch
 
-        input_ids, mask = self.padded(batch)
-        host_ids = input_ids.numpy()
-        if self._copies is None:
-            return DeviceInputs(batch, input_ids, mask, host_ids)
-        input_ids, mask = input_ids.pin_memory(), mask.pin_memory()
-        with torch.cuda.stream(self._copies):
-            on_device = input_ids.to(self.device, non_blocking=True)
-            mask_on_device = mask.to(self.device, non_blocking=True)
-            copied = torch.cuda.Event()
-            copied.record()
-        return DeviceInputs(batch, on_device, mask_on_device, host_ids, copied)
+        from bulkembed.encoders.transfer import DeviceInputs
 
-    def launch(self, inputs: DeviceInputs) -> _Landing:
+        if self.unpadded:
+            inputs = DeviceInputs.flat(batch)
+        else:
+            inputs = DeviceInputs.padded(batch, self.spec.pad_token_id)
+        if self._copies is None:
+            return inputs
+        with torch.cuda.stream(self._copies):
+            inputs = inputs.moved(self.device)
+            inputs.copied = torch.cuda.Event()
+            inputs.copied.record()
+        return inputs
+
+    def launch(self, inputs: DeviceInputs) -> Landing:
         """Run `inputs` and start copying their outputs back; on CUDA nothing waits here."""
         import torch
+
+        from bulkembed.encoders.transfer import Landing
 
         if inputs.copied is not None:
             compute = torch.cuda.current_stream(self.device)
             compute.wait_event(inputs.copied)
             # The inputs were made on the copy stream and are used on this one.
-            inputs.input_ids.record_stream(compute)
-            inputs.attention_mask.record_stream(compute)
+            for tensor in inputs.tensors():
+                tensor.record_stream(compute)
         with torch.inference_mode(), self.compute():
-            return _Landing(self.embed(inputs))
+            return Landing(self.embed(inputs), inputs.batch.lengths)
 
     def embed_batch(self, batch: TokenBatch) -> Embeddings:
         """Embeddings for every document of `batch`, in batch order; checked by
@@ -452,7 +396,7 @@ class Encoder(ABC):
 
         Only CUDA's out-of-memory error is caught, and a single document that does not fit
         is an error: the budget and max length are then too large for this device. The
-        smallest batch that ran out of memory (in padded tokens) is remembered for the rest
+        smallest batch that ran out of memory (in tokens computed) is remembered for the rest
         of the run: a batch as large is halved before it runs, not after it fails again."""
         if self._must_halve(batch):
             return self._in_halves(batch)
@@ -468,7 +412,7 @@ class Encoder(ABC):
 
     def _must_halve(self, batch: TokenBatch) -> bool:
         limit = self.memory_limit
-        return len(batch) > 1 and limit is not None and batch.padded_tokens >= limit
+        return len(batch) > 1 and limit is not None and self.cost(batch) >= limit
 
     def _after_out_of_memory(self, batch: TokenBatch, message: str) -> Embeddings:
         """Remember the batch's size and embed it in halves; one document is an error."""
@@ -480,7 +424,8 @@ class Encoder(ABC):
                 f"memory ({message}): lower --max-length"
             )
         limit = self.memory_limit
-        self.memory_limit = min(limit or batch.padded_tokens, batch.padded_tokens)
+        cost = self.cost(batch)
+        self.memory_limit = min(limit or cost, cost)
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
         return self._in_halves(batch)
@@ -523,7 +468,7 @@ class Encoder(ABC):
         other. A batch that runs out of memory, or must be halved, or gives values that are
         not finite, goes through `embed_within_memory` on its own."""
         pending = iter(batches)
-        landing: tuple[Key, TokenBatch | None, _Landing | Embeddings | None, float] | None = None
+        landing: tuple[Key, TokenBatch | None, Landing | Embeddings | None, float] | None = None
         upcoming = self._upload_next(pending)
         while upcoming is not None:
             key, batch, inputs = upcoming
@@ -560,7 +505,7 @@ class Encoder(ABC):
 
     def _launch_within_memory(
         self, batch: TokenBatch, inputs: DeviceInputs | None
-    ) -> _Landing | Embeddings:
+    ) -> Landing | Embeddings:
         """`launch`, or the embeddings themselves where the batch went the careful way
         (its inputs could not be copied in ahead: None)."""
         if inputs is None or self._must_halve(batch):
@@ -575,7 +520,7 @@ class Encoder(ABC):
         self,
         key: Key,
         batch: TokenBatch | None,
-        launched: _Landing | Embeddings | None,
+        launched: Landing | Embeddings | None,
         seconds: float,
         finished: Callable[[Key, float, float], None],
     ) -> Embeddings | None:
@@ -627,4 +572,4 @@ class Encoder(ABC):
         peak = torch.cuda.max_memory_allocated(self.device) - before
         torch.cuda.empty_cache()
         free, _ = torch.cuda.mem_get_info(self.device)
-        return tuned_batch_tokens(free, peak / probe.padded_tokens, length)
+        return tuned_batch_tokens(free, peak / self.cost(probe), length)

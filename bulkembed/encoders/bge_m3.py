@@ -19,8 +19,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from bulkembed.encoders.base import DeviceInputs, DeviceOutputs, Encoder, load_state
+from bulkembed.encoders.base import Encoder, load_state
+from bulkembed.encoders.pooling import cls_pool
 from bulkembed.encoders.sparse import max_weight_per_id
+from bulkembed.encoders.transfer import DeviceInputs, DeviceOutputs
 from bulkembed.errors import ModelError
 
 if TYPE_CHECKING:
@@ -70,19 +72,26 @@ class BGEM3Encoder(Encoder):
         return None if self.colbert_head is None else self.colbert_head.out_features
 
     def embed(self, inputs: DeviceInputs) -> DeviceOutputs:
-        input_ids, mask = inputs.input_ids, inputs.attention_mask
-        hidden = self.model(input_ids=input_ids, attention_mask=mask).last_hidden_state
+        tokens = inputs.hidden_states(self.model)
+        sequences = inputs.sequences
         outputs = DeviceOutputs()
         if "dense" in self.outputs:
-            outputs.dense = F.normalize(hidden[:, 0].float(), dim=-1)
+            outputs.dense = F.normalize(cls_pool(tokens, sequences), dim=-1)
         if self.sparse_head is not None:
-            weights = torch.relu(self.sparse_head(hidden)).squeeze(-1)
-            keep = mask.bool() & ~torch.isin(input_ids, self.excluded)
-            ids, reduced = max_weight_per_id(weights, input_ids, keep, self.spec.sparse_top_k)
-            outputs.sparse_ids, outputs.sparse_weights = ids, reduced
-            outputs.reduced_from = (torch.where(keep, weights, 0.0),)
+            weights = torch.relu(self.sparse_head(tokens)).squeeze(-1)
+            token_ids = inputs.token_ids
+            counted = ~torch.isin(token_ids, self.excluded)
+            documents = sequences.token_documents
+            top_k = self.spec.sparse_top_k
+            found = max_weight_per_id(weights, token_ids, documents, counted, top_k)
+            outputs.sparse_documents, outputs.sparse_ids, outputs.sparse_weights = found
+            outputs.reduced_from = (torch.where(counted, weights, 0.0),)
         if self.colbert_head is not None:
-            vectors = F.normalize(self.colbert_head(hidden[:, 1:]).float(), dim=-1)
+            vectors = F.normalize(self.colbert_head(tokens).float(), dim=-1)
             outputs.multivector = vectors.to(self.multivector_dtype)
-            outputs.multivector_lengths = np.maximum(inputs.batch.lengths.astype(np.int64) - 1, 0)
+            # Every token but each document's first.
+            keep = np.ones(len(inputs.batch.token_ids), dtype=bool)
+            lengths = inputs.batch.lengths
+            keep[(np.cumsum(lengths) - lengths)[lengths > 0]] = False
+            outputs.multivector_keep = keep
         return outputs

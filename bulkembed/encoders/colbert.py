@@ -14,7 +14,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from bulkembed.encoders.base import DeviceInputs, DeviceOutputs, Encoder, load_state
+from bulkembed.encoders.base import Encoder, load_state
+from bulkembed.encoders.transfer import DeviceInputs, DeviceOutputs
 from bulkembed.errors import ModelError
 from bulkembed.model_files import model_file, read_json
 
@@ -64,10 +65,8 @@ class ColbertEncoder(Encoder):
         return self.projection.out_features
 
     def embed(self, inputs: DeviceInputs) -> DeviceOutputs:
-        mask = inputs.attention_mask
-        hidden = self.model(input_ids=inputs.input_ids, attention_mask=mask).last_hidden_state
-        vectors = F.normalize(self.projection(hidden).float(), dim=-1)
+        tokens = inputs.hidden_states(self.model)
+        vectors = F.normalize(self.projection(tokens).float(), dim=-1)
         # Which rows are kept is known from the ids the host holds: no wait for the device.
-        real = np.arange(inputs.host_ids.shape[1]) < inputs.batch.lengths[:, None]
-        keep = real & ~np.isin(inputs.host_ids, self.skipped)
+        keep = ~np.isin(inputs.batch.token_ids, self.skipped)
         return DeviceOutputs(multivector=vectors.to(self.multivector_dtype), multivector_keep=keep)

@@ -8,8 +8,9 @@ import torch
 import torch.nn.functional as F
 
 from bulkembed.config import Pooling
-from bulkembed.encoders.base import DeviceInputs, DeviceOutputs, Encoder
+from bulkembed.encoders.base import Encoder
 from bulkembed.encoders.pooling import pool
+from bulkembed.encoders.transfer import DeviceInputs, DeviceOutputs
 
 if TYPE_CHECKING:
     from bulkembed.model_spec import ModelSpec
@@ -27,9 +28,8 @@ class DenseEncoder(Encoder):
         return int(self.model.config.hidden_size)
 
     def embed(self, inputs: DeviceInputs) -> DeviceOutputs:
-        mask = inputs.attention_mask
-        hidden = self.model(input_ids=inputs.input_ids, attention_mask=mask).last_hidden_state
-        vectors = pool(hidden, mask, self.spec.pooling or Pooling.CLS)
+        tokens = inputs.hidden_states(self.model)
+        vectors = pool(tokens, inputs.sequences, self.spec.pooling or Pooling.CLS)
         if self.spec.normalize:
             vectors = F.normalize(vectors, p=2, dim=1)
         return DeviceOutputs(dense=vectors)

@@ -1,36 +1,52 @@
-"""Pooling of token vectors into one vector per sequence. Pure: inputs are never modified,
-and sums are taken in float32 whatever the model's dtype."""
+"""Pooling of token vectors into one vector per document, over the real tokens of a batch
+laid end to end ([tokens, hidden], `Sequences` saying where each document is). Pure: inputs
+are never modified, and sums are taken in float32 whatever the model's dtype. A document of
+no tokens pools to zeros."""
 
 from __future__ import annotations
 
 import torch
 
 from bulkembed.config import Pooling
+from bulkembed.encoders.varlen import Sequences
 
 
-def cls_pool(hidden: torch.Tensor) -> torch.Tensor:
-    """The first token's vector (sequences padded on the right)."""
-    return hidden[:, 0].float()
+def _rows(tokens: torch.Tensor, index: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
+    """The token vectors at `index` (one per document) in float32; zeros for empty ones."""
+    empty = cu_seqlens[1:] == cu_seqlens[:-1]
+    if not len(tokens):
+        return torch.zeros(len(empty), tokens.shape[-1], device=tokens.device)
+    rows = tokens.index_select(0, index.long().clamp(0, len(tokens) - 1)).float()
+    return torch.where(empty.unsqueeze(-1), 0.0, rows)
 
 
-def mean_pool(hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """Mean of the vectors of real tokens; the divisor is clamped so empty rows give zeros."""
-    mask = attention_mask.unsqueeze(-1).to(torch.float32)
-    summed = (hidden.float() * mask).sum(dim=1)
-    return summed / mask.sum(dim=1).clamp(min=1e-9)
+def cls_pool(tokens: torch.Tensor, sequences: Sequences) -> torch.Tensor:
+    """Each document's first token vector."""
+    cu = sequences.cu_seqlens
+    return _rows(tokens, cu[:-1], cu)
 
 
-def last_token_pool(hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """The vector of each sequence's last real token (sequences padded on the right)."""
-    last = attention_mask.sum(dim=1).clamp(min=1) - 1
-    rows = torch.arange(hidden.shape[0], device=hidden.device)
-    return hidden[rows, last].float()
+def last_token_pool(tokens: torch.Tensor, sequences: Sequences) -> torch.Tensor:
+    """Each document's last token vector."""
+    cu = sequences.cu_seqlens
+    return _rows(tokens, cu[1:] - 1, cu)
 
 
-def pool(hidden: torch.Tensor, attention_mask: torch.Tensor, mode: Pooling) -> torch.Tensor:
-    """One float32 vector per sequence, by `mode`."""
+def mean_pool(tokens: torch.Tensor, sequences: Sequences) -> torch.Tensor:
+    """The mean of each document's token vectors; the divisor is clamped so that an empty
+    document gives zeros."""
+    cu = sequences.cu_seqlens
+    documents = len(cu) - 1
+    summed = torch.zeros(documents, tokens.shape[-1], device=tokens.device)
+    summed.index_add_(0, sequences.token_documents, tokens.float())
+    counts = (cu[1:] - cu[:-1]).unsqueeze(-1).to(torch.float32)
+    return summed / counts.clamp(min=1.0)
+
+
+def pool(tokens: torch.Tensor, sequences: Sequences, mode: Pooling) -> torch.Tensor:
+    """One float32 vector per document, by `mode`."""
     if mode is Pooling.CLS:
-        return cls_pool(hidden)
+        return cls_pool(tokens, sequences)
     if mode is Pooling.MEAN:
-        return mean_pool(hidden, attention_mask)
-    return last_token_pool(hidden, attention_mask)
+        return mean_pool(tokens, sequences)
+    return last_token_pool(tokens, sequences)

@@ -1,6 +1,7 @@
 """Sparse vectors from token weights, on the device, in shapes fixed by the batch: the
-host gets each document's entries as the weights > 0 of a [documents, K] matrix, in
-ascending id order (see `DeviceOutputs`), with no per-document loop on either side."""
+host gets each document's entries as the weights > 0 of a [documents, vocabulary] matrix
+(SPLADE) or of a list of (document, id, weight) entries (BGE-M3), in ascending id order (see
+`DeviceOutputs`), with no per-document loop on either side."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import torch
 
 # An id no vocabulary reaches: marks positions that hold no entry, and sorts last.
 _NO_ID = torch.iinfo(torch.int64).max
+# Keys of (document, id) pairs are document × _ID_SPAN + id: vocabulary ids are int32.
+_ID_SPAN = 1 << 32
 
 
 def keep_top_k(weights: torch.Tensor, top_k: int | None) -> torch.Tensor:
@@ -25,34 +28,61 @@ def keep_top_k(weights: torch.Tensor, top_k: int | None) -> torch.Tensor:
 
 
 def max_weight_per_id(
-    weights: torch.Tensor, token_ids: torch.Tensor, keep: torch.Tensor, top_k: int | None = None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Lexical weights of each document: for each vocabulary id among its tokens where
-    `keep` [documents, L] is true, the largest of its weights [documents, L]; weights <= 0
-    dropped; only the `top_k` largest kept if given. Returns (ids, weights), both
-    [documents, L]: a document's entries are where the weight is > 0, by ascending id.
+    weights: torch.Tensor,
+    token_ids: torch.Tensor,
+    documents: torch.Tensor,
+    keep: torch.Tensor,
+    top_k: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Lexical weights of each document, from the tokens of a batch laid end to end (all
+    [tokens]: a weight, a vocabulary id and a document each): for each id among a
+    document's tokens where `keep` is true, the largest of its weights; weights <= 0
+    dropped; only each document's `top_k` largest kept if given.
 
-    >>> ids, weights = max_weight_per_id(
-    ...     torch.tensor([[0.5, 0.2, 0.9, 0.0, 0.3]]),
-    ...     torch.tensor([[7, 3, 7, 4, 2]]),
-    ...     torch.tensor([[True, True, True, True, False]]),
+    Returns (documents, ids, weights), each [tokens]: the entries are where the weight is
+    > 0, ordered by document, then by ascending id.
+
+    >>> documents, ids, weights = max_weight_per_id(
+    ...     torch.tensor([0.5, 0.2, 0.9, 0.0, 0.3, 0.4]),
+    ...     torch.tensor([7, 3, 7, 4, 2, 5]),
+    ...     torch.tensor([0, 0, 0, 0, 0, 1]),
+    ...     torch.tensor([True, True, True, True, False, True]),
     ... )
-    >>> [(int(i), round(float(w), 2)) for i, w in zip(ids[0], weights[0]) if w > 0]
-    [(3, 0.2), (7, 0.9)]
+    >>> [(int(d), int(i), round(float(w), 2)) for d, i, w in zip(documents, ids, weights) if w > 0]
+    [(0, 3, 0.2), (0, 7, 0.9), (1, 5, 0.4)]
     """
     weights = weights.float()
     present = keep & (weights > 0)
-    ids = torch.where(present, token_ids.long(), _NO_ID)
-    ids, order = torch.sort(ids, dim=1, stable=True)
-    weights = torch.where(present, weights, 0.0).gather(1, order)
-    # Runs of one id: the position of each token's run, and the run's largest weight.
-    starts = torch.ones_like(ids, dtype=torch.bool)
-    starts[:, 1:] = ids[:, 1:] != ids[:, :-1]
-    run = starts.cumsum(dim=1) - 1
-    best = torch.zeros_like(weights).scatter_reduce_(1, run, weights, "amax")
-    run_ids = torch.full_like(ids, _NO_ID).scatter_(1, run, ids)
-    best = torch.where(run_ids != _NO_ID, best, 0.0)
-    return run_ids, keep_top_k(best, top_k)
+    keys = torch.where(present, documents.long() * _ID_SPAN + token_ids.long(), _NO_ID)
+    keys, order = torch.sort(keys, stable=True)
+    weights = torch.where(present, weights, 0.0)[order]
+    # Runs of one (document, id): the position of each token's run, and its largest weight.
+    starts = torch.ones_like(keys, dtype=torch.bool)
+    starts[1:] = keys[1:] != keys[:-1]
+    run = starts.cumsum(0) - 1
+    best = torch.zeros_like(weights).scatter_reduce_(0, run, weights, "amax")
+    run_keys = torch.full_like(keys, _NO_ID).scatter_(0, run, keys)
+    found = run_keys != _NO_ID
+    best = torch.where(found, best, 0.0)
+    run_documents = torch.where(found, run_keys // _ID_SPAN, 0)
+    if top_k is not None:
+        best = _top_k_per_document(best, run_documents, top_k)
+    return run_documents, run_keys % _ID_SPAN, best
+
+
+def _top_k_per_document(weights: torch.Tensor, documents: torch.Tensor, top_k: int) -> torch.Tensor:
+    """`weights` with all but each document's `top_k` largest set to 0; of equal weights
+    the first is kept (entries come by ascending id, so the lowest id)."""
+    by_weight = torch.sort(-weights, stable=True).indices
+    order = by_weight[torch.sort(documents[by_weight], stable=True).indices]
+    grouped = documents[order]
+    positions = torch.arange(len(order), device=weights.device)
+    first = torch.ones_like(grouped, dtype=torch.bool)
+    first[1:] = grouped[1:] != grouped[:-1]
+    group_start = torch.where(first, positions, 0).cummax(0).values
+    chosen = torch.zeros_like(weights, dtype=torch.bool)
+    chosen[order] = positions - group_start < top_k
+    return torch.where(chosen, weights, 0.0)
 
 
 def splade_pool(logits: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:

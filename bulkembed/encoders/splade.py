@@ -13,8 +13,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from bulkembed.encoders.base import DeviceInputs, DeviceOutputs, Encoder
+from bulkembed.encoders.base import Encoder
 from bulkembed.encoders.sparse import keep_top_k, splade_pool
+from bulkembed.encoders.transfer import DeviceInputs, DeviceOutputs
 
 if TYPE_CHECKING:
     from bulkembed.model_spec import ModelSpec
@@ -23,7 +24,9 @@ LOGITS_BYTES = 512 * 1024 * 1024
 
 
 class SpladeEncoder(Encoder):
-    """Sparse vectors from an `AutoModelForMaskedLM` checkpoint."""
+    """Sparse vectors from an `AutoModelForMaskedLM` checkpoint, on padded batches."""
+
+    runs_flat = False
 
     def __init__(self, spec: ModelSpec, device: str, dtype: torch.dtype) -> None:
         super().__init__(spec, device, dtype)
@@ -32,6 +35,7 @@ class SpladeEncoder(Encoder):
 
     def embed(self, inputs: DeviceInputs) -> DeviceOutputs:
         input_ids, attention_mask = inputs.input_ids, inputs.attention_mask
+        assert attention_mask is not None
         per_document = input_ids.shape[1] * self.vocabulary * 4
         step = max(1, LOGITS_BYTES // max(per_document, 1))
         pooled = []

@@ -29,8 +29,9 @@ if TYPE_CHECKING:
 Key = TypeVar("Key")
 Task = TypeVar("Task")
 Setting = TypeVar("Setting", bound="_OnDevice")
-# What a device process tells as it starts: dense size, multi-vector size, token budget.
-Sizes = tuple[int | None, int | None, int | None]
+# What a device process tells as it starts: dense size, multi-vector size, token budget,
+# and whether its batches run unpadded.
+Sizes = tuple[int | None, int | None, int | None, bool]
 
 
 class _OnDevice(Protocol):
@@ -69,12 +70,12 @@ def start_device_workers(
     settings: list[Setting],
     task: str,
     warn: Callable[[str], None] | None,
-) -> tuple[WorkerPool[Task, Any], int | None, int | None, list[int]]:
+) -> tuple[WorkerPool[Task, Any], int | None, int | None, bool, list[int]]:
     """One encoder process per device (`settings[i].device`), each started by `start`,
-    which tells its vector sizes and token budget; a process that dies has its `task`s run
-    again by the others, and one that finishes no batch in `batch_timeout()` fails the run.
-    Returns the pool, the dense and multi-vector sizes (the same on every device, or an
-    error) and the budgets found."""
+    which tells its vector sizes, token budget and batch layout; a process that dies has its
+    `task`s run again by the others, and one that finishes no batch in `batch_timeout()`
+    fails the run. Returns the pool, the dense and multi-vector sizes and whether batches
+    run unpadded (the same on every device, or an error) and the budgets found."""
     devices = [setting.device for setting in settings]
     pool: WorkerPool[Task, Any] = WorkerPool(
         start,
@@ -88,12 +89,15 @@ def start_device_workers(
         requeue=True,
         warn=warn,
     )
-    sizes = {(dense, multivector) for dense, multivector, _ in pool.ready}
+    sizes = {(dense, multivector, unpadded) for dense, multivector, _, unpadded in pool.ready}
     if len(sizes) != 1:
         pool.close(failed=True)
-        raise WorkerError(f"the encoders on {', '.join(devices)} disagree on vector sizes")
-    dense, multivector = sizes.pop()
-    return pool, dense, multivector, [budget for _, _, budget in pool.ready if budget is not None]
+        raise WorkerError(
+            f"the encoders on {', '.join(devices)} disagree on vector sizes or batch layout"
+        )
+    dense, multivector, unpadded = sizes.pop()
+    budgets = [budget for _, _, budget, _ in pool.ready if budget is not None]
+    return pool, dense, multivector, unpadded, budgets
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,15 +125,15 @@ class _Timed:
         return embeddings, time.perf_counter() - started
 
 
-def _start(device: _Device) -> tuple[_Timed, tuple[int | None, int | None, int | None]]:
-    """A worker's encoder, and its vector sizes and probed token budget."""
+def _start(device: _Device) -> tuple[_Timed, Sizes]:
+    """A worker's encoder, and its vector sizes, probed token budget and batch layout."""
     import torch
 
     from bulkembed.encoders import start_encoder
 
     dtype = getattr(torch, device.dtype)
     encoder, budget = start_encoder(device.spec, device.device, dtype, device.threads, device.tune)
-    return _Timed(encoder), (encoder.dense_dim, encoder.multivector_dim, budget)
+    return _Timed(encoder), (encoder.dense_dim, encoder.multivector_dim, budget, encoder.unpadded)
 
 
 class EncoderPool:
@@ -149,8 +153,13 @@ class EncoderPool:
     ) -> None:
         self.devices = devices
         self._pool: WorkerPool[TokenBatch | None, tuple[Embeddings | None, float]]
-        self._pool, self.dense_dim, self.multivector_dim, budgets = start_device_workers(
-            _start, [_Device(spec, d, dtype_name, threads, tune) for d in devices], "batch", warn
+        self._pool, self.dense_dim, self.multivector_dim, self.unpadded, budgets = (
+            start_device_workers(
+                _start,
+                [_Device(spec, d, dtype_name, threads, tune) for d in devices],
+                "batch",
+                warn,
+            )
         )
         self.batch_tokens = min(budgets) if budgets else None
 

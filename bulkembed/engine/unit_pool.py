@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from bulkembed.config import DType
-from bulkembed.engine.pool import BATCHES_PER_WORKER, start_device_workers
+from bulkembed.engine.pool import BATCHES_PER_WORKER, Sizes, start_device_workers
 from bulkembed.engine.session import DeviceSession
 from bulkembed.engine.stream import EmbeddedWindow, embed_windows, part_schema
 from bulkembed.progress import QuietReporter, RunStats
@@ -150,11 +150,12 @@ class _UnitWorker:
         return self.writes.submit(self._done, stats)
 
 
-def _start(work: UnitWork) -> tuple[_UnitWorker, tuple[int | None, int | None, int]]:
-    """A device process's worker, and its vector sizes and token budget."""
+def _start(work: UnitWork) -> tuple[_UnitWorker, Sizes]:
+    """A device process's worker, and its vector sizes, token budget and batch layout."""
     worker = _UnitWorker(work)
     embedder = worker.session.embedder
-    return worker, (embedder.dense_dim, embedder.multivector_dim, worker.session.budget)
+    budget = worker.session.budget
+    return worker, (embedder.dense_dim, embedder.multivector_dim, budget, embedder.unpadded)
 
 
 class UnitPool:
@@ -167,8 +168,10 @@ class UnitPool:
     ) -> None:
         self.devices = devices
         self._pool: WorkerPool[UnitGroup, UnitDone]
-        self._pool, self.dense_dim, self.multivector_dim, budgets = start_device_workers(
-            _start, [replace(work, device=device) for device in devices], "unit group", warn
+        self._pool, self.dense_dim, self.multivector_dim, self.unpadded, budgets = (
+            start_device_workers(
+                _start, [replace(work, device=device) for device in devices], "unit group", warn
+            )
         )
         self.budget = min(budgets)
 

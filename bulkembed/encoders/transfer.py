@@ -1,0 +1,206 @@
+"""A batch's way to the device and its outputs' way back.
+
+`DeviceInputs` is a batch as tensors, in one of two layouts: flat (the documents' tokens end
+to end) or padded (each document padded on the right to the longest). Either way the
+encoders read the model's hidden states as [tokens, hidden], real tokens only, documents end
+to end (`DeviceInputs.hidden_states`), so pooling and the heads are one code for both.
+
+`DeviceOutputs` is what a forward pass leaves on the device; `Landing` copies it back without
+waiting (CUDA) and splits it by document on the host.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from bulkembed.contracts import Embeddings, SparseVector, TokenBatch
+from bulkembed.encoders.varlen import Sequences
+
+
+@dataclass(slots=True)
+class DeviceInputs:
+    """A batch on its way to the device (or there), in one of two layouts:
+
+    - flat: `input_ids` [tokens], the documents end to end; no `attention_mask`;
+    - padded: `input_ids` and `attention_mask` [documents, longest], padded on the right,
+      and `token_index` [tokens]: where each real token is in `input_ids` flattened.
+
+    `sequences` says where each document's tokens are in the flat order, in both layouts;
+    `copied` is, on CUDA, the event that marks the end of the copy (see `Encoder.upload`)."""
+
+    batch: TokenBatch
+    input_ids: torch.Tensor
+    sequences: Sequences
+    attention_mask: torch.Tensor | None = None
+    token_index: torch.Tensor | None = None
+    copied: Any = None
+
+    @classmethod
+    def flat(cls, batch: TokenBatch) -> DeviceInputs:
+        """`batch` laid out flat, on the host."""
+        input_ids = torch.from_numpy(batch.token_ids.astype(np.int64))
+        return cls(batch, input_ids, Sequences.on_host(batch.lengths))
+
+    @classmethod
+    def padded(cls, batch: TokenBatch, pad_token_id: int) -> DeviceInputs:
+        """`batch` padded on the right with `pad_token_id`, on the host."""
+        sequences = Sequences.on_host(batch.lengths)
+        lengths = torch.from_numpy(batch.lengths.astype(np.int64))
+        longest = sequences.longest
+        mask = torch.arange(longest).unsqueeze(0) < lengths.unsqueeze(1)
+        input_ids = torch.full((len(lengths), longest), pad_token_id, dtype=torch.long)
+        input_ids[mask] = torch.from_numpy(batch.token_ids.astype(np.int64))
+        documents = sequences.token_documents
+        within = torch.arange(len(documents)) - sequences.cu_seqlens[:-1].long()[documents]
+        index = documents * longest + within
+        return cls(batch, input_ids, sequences, mask.long(), index)
+
+    @property
+    def is_flat(self) -> bool:
+        return self.attention_mask is None
+
+    def tensors(self) -> list[torch.Tensor]:
+        """Every tensor of the batch."""
+        found = [self.input_ids, self.sequences.cu_seqlens, self.sequences.token_documents]
+        return found + [t for t in (self.attention_mask, self.token_index) if t is not None]
+
+    def moved(self, device: str) -> DeviceInputs:
+        """These inputs copied to CUDA `device` from pinned memory, without waiting: call
+        on the stream that should make the copies."""
+
+        def move(tensor: torch.Tensor | None) -> torch.Tensor | None:
+            return None if tensor is None else tensor.pin_memory().to(device, non_blocking=True)
+
+        sequences = Sequences(
+            move(self.sequences.cu_seqlens),  # type: ignore[arg-type]
+            move(self.sequences.token_documents),  # type: ignore[arg-type]
+            self.sequences.lengths,
+        )
+        return DeviceInputs(
+            self.batch,
+            move(self.input_ids),  # type: ignore[arg-type]
+            sequences,
+            move(self.attention_mask),
+            move(self.token_index),
+        )
+
+    @property
+    def token_ids(self) -> torch.Tensor:
+        """The ids of the real tokens [tokens], documents end to end."""
+        if self.token_index is None:
+            return self.input_ids
+        return self.input_ids.reshape(-1).index_select(0, self.token_index)
+
+    def hidden_states(self, model: Any) -> torch.Tensor:
+        """`model`'s last hidden state of each real token [tokens, hidden], documents end
+        to end: a flat model's own output, or a padded model's with the padding left out."""
+        if self.attention_mask is None:
+            return model(self.input_ids, self.sequences)
+        output = model(input_ids=self.input_ids, attention_mask=self.attention_mask)
+        hidden = output.last_hidden_state
+        assert self.token_index is not None
+        return hidden.reshape(-1, hidden.shape[-1]).index_select(0, self.token_index)
+
+
+@dataclass(slots=True)
+class DeviceOutputs:
+    """What a forward pass leaves on the device for a batch, in shapes fixed by the batch
+    (nothing that would make the host wait for the device to learn a size):
+
+    - `dense`: [documents, D] float32;
+    - `sparse_weights` with `sparse_ids` and `sparse_documents`: [entries] each, a
+      document's entries those with a weight > 0, by document then ascending id; or
+      `sparse_weights` alone, [documents, vocabulary] (the column is the id);
+    - `multivector`: [tokens, d] in the stored dtype, a row per real token of the batch,
+      documents end to end; a document's rows are those where `multivector_keep` [tokens]
+      (host, bool) is true."""
+
+    dense: torch.Tensor | None = None
+    sparse_weights: torch.Tensor | None = None
+    sparse_ids: torch.Tensor | None = None
+    sparse_documents: torch.Tensor | None = None
+    multivector: torch.Tensor | None = None
+    multivector_keep: np.ndarray | None = None
+    # What the sparse weights were reduced from (a NaN there may vanish from them): checked
+    # to be finite with the outputs.
+    reduced_from: tuple[torch.Tensor, ...] = ()
+
+
+_COPIED = ("dense", "sparse_weights", "sparse_ids", "sparse_documents", "multivector")
+
+
+class Landing:
+    """A batch's outputs on their way back to the host: copied into pinned memory without
+    waiting (CUDA), with a flag saying whether every value is finite; `embeddings()`
+    waits for the copies (one synchronisation per batch) and splits them by document."""
+
+    def __init__(self, outputs: DeviceOutputs, lengths: np.ndarray) -> None:
+        self.lengths = lengths
+        self.keep = outputs.multivector_keep
+        written = (outputs.dense, outputs.sparse_weights, outputs.multivector)
+        floats = [t for t in written if t is not None] + list(outputs.reduced_from)
+        # One pass over each output: a sum (in float64, which no sum of these outputs
+        # overflows) is finite exactly when every value is.
+        finite = [torch.isfinite(t.sum(dtype=torch.float64)) for t in floats]
+        tensors = {name: getattr(outputs, name) for name in _COPIED}
+        tensors["finite"] = torch.stack(finite).all() if finite else None
+        self.event = None
+        cuda = [t.device for t in tensors.values() if t is not None and t.is_cuda]
+        self.host = {name: None if t is None else _to_host(t) for name, t in tensors.items()}
+        if cuda:
+            # Recorded on the stream of the outputs' device, whichever device is current.
+            self.event = torch.cuda.Event()
+            self.event.record(torch.cuda.current_stream(cuda[0]))
+
+    def embeddings(self) -> tuple[Embeddings, bool]:
+        """The batch's embeddings, and whether every value is finite."""
+        if self.event is not None:
+            self.event.synchronize()
+        host = {name: None if t is None else t.numpy() for name, t in self.host.items()}
+        sparse = multivector = None
+        if host["sparse_weights"] is not None:
+            sparse = _sparse_rows(
+                host["sparse_weights"], host["sparse_ids"], host["sparse_documents"], self.lengths
+            )
+        if host["multivector"] is not None:
+            assert self.keep is not None
+            multivector = _kept_rows(host["multivector"], self.keep, self.lengths)
+        finite = host["finite"] is None or bool(host["finite"])
+        return Embeddings(host["dense"], sparse, multivector), finite
+
+
+def _to_host(tensor: torch.Tensor) -> torch.Tensor:
+    """`tensor` on the host: from CUDA into pinned memory, queued without waiting."""
+    if not tensor.is_cuda:
+        return tensor.detach()
+    host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+    return host.copy_(tensor, non_blocking=True)
+
+
+def _kept_rows(vectors: np.ndarray, keep: np.ndarray, lengths: np.ndarray) -> list[np.ndarray]:
+    """Each document's rows of `vectors` [tokens, d] where `keep` is true."""
+    kept_before = np.concatenate([[0], np.cumsum(keep)])
+    ends = np.cumsum(lengths.astype(np.int64))
+    return np.split(vectors[keep], kept_before[ends][:-1])
+
+
+def _sparse_rows(
+    weights: np.ndarray, ids: np.ndarray | None, documents: np.ndarray | None, lengths: np.ndarray
+) -> list[SparseVector]:
+    """Each document's entries of weight > 0, in the order they come (ascending id)."""
+    keep = weights > 0
+    if documents is None:
+        rows, found = np.nonzero(keep)
+    else:
+        assert ids is not None
+        rows, found = documents[keep], ids[keep]
+    values = weights[keep].astype(np.float32, copy=False)
+    ends = np.cumsum(np.bincount(rows, minlength=len(lengths)))[:-1]
+    return [
+        SparseVector(i, v)
+        for i, v in zip(np.split(found.astype(np.int32), ends), np.split(values, ends), strict=True)
+    ]

@@ -1,0 +1,136 @@
+"""Variable-length attention: the tokens of several documents laid end to end, each token
+attending to the tokens of its own document only.
+
+Queries, keys and values are [tokens, heads, head size]; `Sequences` says where each
+document starts (`cu_seqlens`, as flash-attention names it: 0, then the running total of the
+lengths). Nothing is padded and no [documents, length, length] mask exists.
+
+Two implementations give the same result:
+- `kernel_attention`: one call of a CUDA flash kernel over `cu_seqlens` (PyTorch's
+  `torch.nn.attention.varlen.varlen_attn`, else flash-attn's `flash_attn_varlen_func`), for
+  float16 and bfloat16 on CUDA;
+- `reference_attention`: PyTorch's scaled-dot-product attention on each run of documents of
+  one length, stacked without padding or mask. It runs on any device and dtype, and is
+  what the tests check the flat path with on the CPU.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+_HALF = (torch.float16, torch.bfloat16)
+
+
+@dataclass(frozen=True, slots=True)
+class Sequences:
+    """Where each document's tokens are in a flat batch of `tokens` tokens.
+
+    - `cu_seqlens`: [documents + 1] int32 on the device: where each document starts, then
+      the total;
+    - `token_documents`: [tokens] int64 on the device: the document of each token;
+    - `lengths`: the documents' lengths, on the host (what the host knows needs no wait).
+
+    >>> s = Sequences.on_host(np.array([3, 1, 2]))
+    >>> s.cu_seqlens.tolist(), s.token_documents.tolist(), s.longest
+    ([0, 3, 4, 6], [0, 0, 0, 1, 2, 2], 3)
+    """
+
+    cu_seqlens: torch.Tensor
+    token_documents: torch.Tensor
+    lengths: np.ndarray
+
+    @classmethod
+    def on_host(cls, lengths: np.ndarray) -> Sequences:
+        """The sequences of documents of `lengths`, as CPU tensors."""
+        lengths = np.asarray(lengths, dtype=np.int64)
+        cu_seqlens = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+        documents = np.repeat(np.arange(len(lengths), dtype=np.int64), lengths)
+        return cls(torch.from_numpy(cu_seqlens), torch.from_numpy(documents), lengths)
+
+    @property
+    def longest(self) -> int:
+        return int(self.lengths.max()) if len(self.lengths) else 0
+
+
+@functools.cache
+def _kernel() -> Callable[..., Any] | None:
+    """The installed varlen flash kernel: PyTorch's (2.10 and later), else flash-attn's."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        pass
+    else:
+        return varlen_attn
+    try:
+        from flash_attn import flash_attn_varlen_func  # type: ignore[import-not-found]
+    except ImportError:
+        return None
+    return flash_attn_varlen_func
+
+
+def kernel_runs(device: str, dtype: torch.dtype) -> bool:
+    """Whether a varlen flash kernel runs attention on `device` in `dtype`: CUDA, half
+    precision, and PyTorch's kernel or flash-attn installed."""
+    return device.startswith("cuda") and dtype in _HALF and _kernel() is not None
+
+
+def kernel_attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, sequences: Sequences
+) -> torch.Tensor:
+    """The CUDA kernel's attention: both kernels take (q, k, v, cu_seqlens_q,
+    cu_seqlens_k, max_q, max_k), scale by 1/sqrt(head size) and do not mask causally."""
+    kernel = _kernel()
+    assert kernel is not None
+    cu, longest = sequences.cu_seqlens, sequences.longest
+    attended: torch.Tensor = kernel(query, key, value, cu, cu, longest, longest)
+    return attended
+
+
+def reference_attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, sequences: Sequences
+) -> torch.Tensor:
+    """Attention within each document, one scaled-dot-product call per run of consecutive
+    documents of one length (a length-sorted batch has few): stacked as [documents, heads,
+    length, head size], with no mask and no padding."""
+    output = torch.empty_like(query)
+    tokens, heads, size = query.shape
+    start = 0
+    for length, count in _runs(sequences.lengths):
+        end = start + length * count
+        if length:
+            shape = (count, length, heads, size)
+            q, k, v = (t[start:end].view(shape).transpose(1, 2) for t in (query, key, value))
+            attended = F.scaled_dot_product_attention(q, k, v)
+            output[start:end] = attended.transpose(1, 2).reshape(end - start, heads, size)
+        start = end
+    return output
+
+
+def _runs(lengths: np.ndarray) -> list[tuple[int, int]]:
+    """(length, count) of each run of equal consecutive lengths.
+
+    >>> _runs(np.array([5, 5, 3, 3, 3, 5]))
+    [(5, 2), (3, 3), (5, 1)]
+    """
+    if not len(lengths):
+        return []
+    starts = np.flatnonzero(np.diff(lengths)) + 1
+    bounds = np.concatenate([[0], starts, [len(lengths)]])
+    return [(int(lengths[a]), int(b - a)) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+
+
+def varlen_attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, sequences: Sequences
+) -> torch.Tensor:
+    """Attention within each document of a flat batch: the flash kernel where it runs
+    (`kernel_runs`), else the reference."""
+    if kernel_runs(str(query.device), query.dtype):
+        return kernel_attention(query, key, value, sequences)
+    return reference_attention(query, key, value, sequences)
