@@ -361,7 +361,8 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
         f"{100 * (summary.get('device_idle_fraction') or 0):.0f}%, "
         f"{counted(summary.get('batches_this_run', 0), 'batch', 'batches')}",
         f"model {summary.get('model')} on {summary.get('device')} ({summary.get('dtype')}"
-        f"{', ' + summary['backend'] if summary.get('backend') else ''}): "
+        f"{', ' + summary['backend'] if summary.get('backend') else ''}"
+        f"{', flat' if summary.get('attention') == 'flat' else ''}): "
         f"{summary.get('outputs')}",
     ]
     if summary.get("new") is not None:

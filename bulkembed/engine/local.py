@@ -220,7 +220,13 @@ def embed_locally(
         finally:
             session.close()
     return RunOutcome(
-        stats, ",".join(devices), session.dtype, session.budget, session.precision, session.backend
+        stats,
+        ",".join(devices),
+        session.dtype,
+        session.budget,
+        session.precision,
+        session.backend,
+        session.attention,
     )
 
 
@@ -303,4 +309,7 @@ def _embed_on_devices(
         if isinstance(sink, ParquetSink):
             # What a device process that died (or was stopped) was writing.
             sink.remove_temporaries(pool.pids)
-    return RunOutcome(stats, ",".join(devices), dtype.value, pool.budget, precision)
+    attention = "flat" if pool.unpadded else "padded"
+    return RunOutcome(
+        stats, ",".join(devices), dtype.value, pool.budget, precision, None, attention
+    )

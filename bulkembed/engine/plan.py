@@ -73,6 +73,11 @@ class RunPlan:
                 if outcome is not None and outcome.backend is not None
                 else config.backend.value
             ),
+            "attention": (
+                outcome.attention
+                if outcome is not None and outcome.attention is not None
+                else config.attention.value
+            ),
             "outputs": ",".join(spec.outputs),
             "pooling": spec.pooling.value if spec.pooling else None,
             "normalize": spec.normalize,
@@ -94,16 +99,18 @@ class RunPlan:
 @dataclass(frozen=True, slots=True)
 class RunOutcome:
     """What an engine did: its counters, the devices and dtype(s) it computed on, the token
-    budget it batched by, the `--dtype auto` check it made (the worst, over Ray actors), and
-    the backend that ran the model."""
+    budget it batched by, the `--dtype auto` check it made (the worst, over Ray actors), the
+    backend that ran the model and the batch layout."""
 
     stats: RunStats
     devices: str
     dtype: str
     max_batch_tokens: int
     precision: PrecisionCheck | None = None
-    # What ran the model (`torch`, `openvino`), where one process knows it.
+    # What ran the model (`torch`, `openvino`), where one process knows it; and how its
+    # batches ran (`flat`, `padded`), where the engine knows it.
     backend: str | None = None
+    attention: str | None = None
 
 
 def plan_run(config: RunConfig, reporter: Reporter, started: float) -> RunPlan:

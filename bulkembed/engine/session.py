@@ -91,6 +91,11 @@ class DeviceSession:
         embedder = self.embedder
         return embedder.backend.value if isinstance(embedder, Encoder) else None
 
+    @property
+    def attention(self) -> str:
+        """How batches run: `flat` or `padded`."""
+        return "flat" if self.embedder.unpadded else "padded"
+
     def _start_pool(self) -> Embedder:
         """One encoder process per device, in the run's dtype."""
         from bulkembed.devices import cpu_threads_per_worker
