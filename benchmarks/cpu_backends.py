@@ -10,7 +10,10 @@ bulkembed's encoder (forward, pooling, normalisation; no reading, tokenizing or 
 - onnxruntime float32: the model exported with `torch.onnx.export` and optimised by ONNX
   Runtime's transformer optimizer (fused attention, layer norm, GELU), when `onnxruntime`
   is installed (`--onnxruntime`);
-- torch.compile float32 (`--compile`, dynamic shapes; minutes of compiling first).
+- torch.compile float32 (`--compile`, dynamic shapes; minutes of compiling first);
+- torch float32 / bfloat16 flat (`--attention flat`): the documents of a batch end to end,
+  attention within each by the reference (PyTorch attention per run of equal lengths), on
+  batches packed by real tokens (the same budget, no padding).
 
 Paths run in turn, `--rounds` times (interleaved); the figures are medians. Each path's
 lowest cosine is taken against torch float32. Prints one JSON object.
@@ -54,9 +57,20 @@ def _versions() -> dict[str, str]:
     return found
 
 
-def _encoder(model: str, backend: str, dtype: torch.dtype, compile_model: bool = False) -> Encoder:
+def _encoder(
+    model: str,
+    backend: str,
+    dtype: torch.dtype,
+    compile_model: bool = False,
+    attention: str = "auto",
+) -> Encoder:
     config = RunConfig(
-        inputs=("x",), output="o", model=model, backend=backend, compile=compile_model
+        inputs=("x",),
+        output="o",
+        model=model,
+        backend=backend,
+        compile=compile_model,
+        attention=attention,
     )
     return build_encoder(resolve_model(config), "cpu", dtype)
 
@@ -152,9 +166,12 @@ def main() -> None:
     tokenizer = TextTokenizer(TokenizerSettings(spec.tokenizer_json, spec.max_length, spec.prompt))
     flat, lengths, _ = tokenizer(texts)
     sequences = np.split(flat, np.cumsum(lengths)[:-1])
-    packed = pack_batches(lengths, args.budget)
-    batches = [TokenBatch.from_sequences([sequences[i] for i in b.indices]) for b in packed]
-    order = input_order(packed)
+    # The batches of each layout, and where each document's vector lands.
+    layouts = {}
+    for padded in (True, False):
+        packed = pack_batches(lengths, args.budget, padded=padded)
+        batches = [TokenBatch.from_sequences([sequences[i] for i in b.indices]) for b in packed]
+        layouts[padded] = (batches, input_order(packed))
     tokens = int(lengths.sum())
 
     paths: dict[str, Encoder] = {}
@@ -165,6 +182,11 @@ def main() -> None:
             ("torch bfloat16 (autocast)", lambda: _encoder(model, "torch", torch.bfloat16)),
             ("openvino float32", lambda: _encoder(model, "openvino", torch.float32)),
             ("openvino bfloat16", lambda: _encoder(model, "openvino", torch.bfloat16)),
+            ("torch float32 flat", lambda: _encoder(model, "torch", torch.float32, False, "flat")),
+            (
+                "torch bfloat16 flat (autocast)",
+                lambda: _encoder(model, "torch", torch.bfloat16, False, "flat"),
+            ),
         ]
         if args.onnxruntime:
             wanted.append(
@@ -182,13 +204,13 @@ def main() -> None:
             paths[name] = make()
             load_seconds[name] = round(time.perf_counter() - started, 2)
 
-        reference = _embed_all(paths["torch float32"], batches, order)
+        reference = _embed_all(paths["torch float32"], *layouts[True])
         rates: dict[str, list[float]] = {name: [] for name in paths}
         lowest: dict[str, float] = {}
         for _ in range(args.rounds):
             for name, encoder in paths.items():
                 started = time.perf_counter()
-                dense = _embed_all(encoder, batches, order)
+                dense = _embed_all(encoder, *layouts[not encoder.unpadded])
                 rates[name].append(tokens / (time.perf_counter() - started))
                 cosines = (dense.astype(np.float64) * reference).sum(axis=1)
                 lowest[name] = min(lowest.get(name, 1.0), float(cosines.min()))
@@ -200,8 +222,13 @@ def main() -> None:
                 "machine": {**machine(), "versions": _versions()},
                 "docs": len(texts),
                 "tokens": tokens,
-                "batches": len(batches),
-                "padding_efficiency": round(tokens / sum(b.padded_tokens for b in batches), 3),
+                "batches": {
+                    "padded": len(layouts[True][0]),
+                    "flat": len(layouts[False][0]),
+                },
+                "padding_efficiency": round(
+                    tokens / sum(b.padded_tokens for b in layouts[True][0]), 3
+                ),
                 "budget": args.budget,
                 "rounds": args.rounds,
                 "paths": {

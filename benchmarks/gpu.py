@@ -1,10 +1,13 @@
-"""GPU throughput of `bulkembed run`: tokens/s, model FLOP utilization, device busy time.
+"""GPU throughput of `bulkembed run`: tokens/s, model FLOP utilization, device busy time, for
+padded and flat batches.
 
 Runs the CLI end to end on a real-text corpus (`corpus.py`, `--copies` times with distinct
 ids) with a real model on every CUDA device, in bfloat16, the token budget tuned to the free
-memory, dense vectors only (`--outputs` for more): one warm-up run on the first
-`--warmup-docs` documents, then `--repeats` timed runs. Prints one JSON line on stdout, the
-median and each repeat of:
+memory, dense vectors only (`--outputs` for more), once per batch layout of `--attention`
+(padded, flat: documents end to end with variable-length attention): one warm-up run per
+layout on the first `--warmup-docs` documents, then `--repeats` rounds of timed runs, the
+layouts interleaved in each round. Prints one JSON line on stdout: per layout, the median
+and each repeat of:
 
 - tokens_per_s while embedding (the run's `summary.json`) and end to end (wall clock);
 - gpu_busy_fraction: NVML's utilization (the share of time a kernel ran, not how full the
@@ -12,10 +15,12 @@ median and each repeat of:
 - mfu: the corpus's forward FLOPs (`forward_flops`, over each document's own token count)
   per second over the devices' dense data-sheet peak (`PEAK_TFLOPS` or `--peak-tflops`).
 
-FLOPs count the transformer up to its last hidden state: with `--outputs` beyond dense, the
-time of the extra heads lowers the MFU.
+FLOPs count the transformer up to its last hidden state, over real tokens only (padding is
+work a padded batch does in vain): with `--outputs` beyond dense, the time of the extra
+heads lowers the MFU. `flat_over_padded` is the ratio of the medians of tokens/s.
 
     HF_HUB_OFFLINE=1 python benchmarks/gpu.py [--model BAAI/bge-m3] [--docs 5000 --copies 20]
+        [--attention padded,flat]
 """
 
 from __future__ import annotations
@@ -190,6 +195,9 @@ def main() -> None:
     parser.add_argument("--max-batch-tokens", default="auto")
     parser.add_argument("--outputs", default="dense", help="passed to bulkembed run")
     parser.add_argument("--compile", action="store_true")
+    parser.add_argument(
+        "--attention", default="padded,flat", help="batch layouts to compare, comma-separated"
+    )
     parser.add_argument("--warmup-docs", type=int, default=2000)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--peak-tflops", type=float, help="dense TFLOP/s of one device")
@@ -207,39 +215,70 @@ def main() -> None:
     devices = torch.cuda.device_count()
     name = torch.cuda.get_device_name(0)
     peak, peak_source = peak_tflops(name, args.peak_tflops)
+    layouts = [name.strip() for name in args.attention.split(",") if name.strip()]
+    runs: dict[str, list[dict[str, Any]]] = {layout: [] for layout in layouts}
     with tempfile.TemporaryDirectory() as tmp:
         corpus = write(records, Path(tmp) / "corpus", files=8, fmt="jsonl")
-        print(f"warm-up: {args.warmup_docs} documents", file=sys.stderr)
-        warmup = [*options, "--limit", str(args.warmup_docs)]
-        measure(corpus, Path(tmp) / "warmup", args.model, *warmup)
-        runs = []
+        for layout in layouts:
+            print(f"warm-up, {layout}: {args.warmup_docs} documents", file=sys.stderr)
+            warmup = [*options, "--attention", layout, "--limit", str(args.warmup_docs)]
+            measure(corpus, Path(tmp) / "warmup", args.model, *warmup)
+            shutil.rmtree(Path(tmp) / "warmup")
         for repeat in range(args.repeats):
-            print(f"run {repeat + 1}/{args.repeats}: {len(records)} documents", file=sys.stderr)
-            runs.append(timed_run(corpus, Path(tmp) / "out", args.model, options))
+            for layout in layouts:
+                print(
+                    f"run {repeat + 1}/{args.repeats}, {layout}: {len(records)} documents",
+                    file=sys.stderr,
+                )
+                layout_options = [*options, "--attention", layout]
+                runs[layout].append(
+                    timed_run(corpus, Path(tmp) / "out", args.model, layout_options)
+                )
     tokens = sum(lengths)
-    if runs[0]["tokens"] != tokens:
-        print(f"FLOPs counted {tokens} tokens, the run {runs[0]['tokens']}", file=sys.stderr)
-
-    def median(key: str) -> float | None:
-        values = [r[key] for r in runs if r[key] is not None]
-        return round(statistics.median(values), 3) if values else None
+    for layout, found in runs.items():
+        if found[0]["tokens"] != tokens:
+            print(
+                f"FLOPs counted {tokens} tokens, the {layout} run {found[0]['tokens']}",
+                file=sys.stderr,
+            )
 
     def mfu(tokens_per_s: float | None) -> float | None:
         if peak is None or tokens_per_s is None:
             return None
         return round(flops / tokens * tokens_per_s / (peak * 1e12 * devices), 3)
 
+    def figures(found: list[dict[str, Any]]) -> dict[str, Any]:
+        def median(key: str) -> float | None:
+            values = [r[key] for r in found if r[key] is not None]
+            return round(statistics.median(values), 3) if values else None
+
+        return {
+            "attention": found[0]["attention"],
+            "padding_efficiency": found[0]["padding_efficiency"],
+            **{k: median(k) for k in MEDIANS},
+            "mfu": mfu(median("tokens_per_s")),
+            "mfu_end_to_end": mfu(median("tokens_per_s_end_to_end")),
+            "repeats": [
+                {
+                    k: r[k]
+                    for k in (*MEDIANS, "gpu_busy_per_device", "max_batch_tokens", "peak_rss_mb")
+                }
+                for r in found
+            ],
+        }
+
+    by_layout = {layout: figures(found) for layout, found in runs.items()}
+    first = runs[layouts[0]][0]
     results = {
         "device": name,
         "devices": devices,
         "model": args.model,
         "outputs": args.outputs,
         "compile": args.compile,
-        **{k: runs[0][k] for k in ("dtype", "docs", "tokens", "padding_efficiency")},
+        **{k: first[k] for k in ("dtype", "docs", "tokens")},
         "max_length": max_length,
         "mean_tokens": round(tokens / len(lengths), 1),
         "warmup_docs": args.warmup_docs,
-        **{k: median(k) for k in MEDIANS},
         "gpu_busy_source": (
             f"NVML utilization.gpu, every {SAMPLE_SECONDS} s"
             if find_spec("pynvml")
@@ -249,13 +288,11 @@ def main() -> None:
         "gflops_per_token": round(flops / tokens / 1e9, 4),
         "peak_tflops_per_device": peak,
         "peak_source": peak_source,
-        "mfu": mfu(median("tokens_per_s")),
-        "mfu_end_to_end": mfu(median("tokens_per_s_end_to_end")),
-        "repeats": [
-            {k: r[k] for k in (*MEDIANS, "gpu_busy_per_device", "max_batch_tokens", "peak_rss_mb")}
-            for r in runs
-        ],
+        "layouts": by_layout,
     }
+    if {"padded", "flat"} <= by_layout.keys():
+        padded, flat = (by_layout[k]["tokens_per_s"] for k in ("padded", "flat"))
+        results["flat_over_padded"] = round(flat / padded, 3) if padded and flat else None
     print(json.dumps(results))
 
 

@@ -83,6 +83,7 @@ def measure(corpus: list[Path], out: Path, model: str, *options: str) -> dict:
         "padding_efficiency": summary["padding_efficiency"],
         "device_idle_fraction": summary["device_idle_fraction"],
         "dtype": summary["dtype"],
+        "attention": summary.get("attention"),
         "max_batch_tokens": summary["max_batch_tokens"],
     }
 

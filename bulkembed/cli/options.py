@@ -85,7 +85,7 @@ IdColumn = Annotated[
 MaxBatchTokens = Annotated[
     str | None,
     typer.Option(
-        help="Token budget per batch (longest × count), or auto: on CUDA, probe the free "
+        help="Token budget per batch (longest × count; the sum of lengths for flat batches), or auto: on CUDA, probe the free "
         "memory once at start and fill 70% of it (the default elsewhere). Default: the "
         "recipe's, else 16384.",
         **_from_env("MAX_BATCH_TOKENS"),
