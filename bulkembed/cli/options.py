@@ -85,9 +85,9 @@ IdColumn = Annotated[
 MaxBatchTokens = Annotated[
     str | None,
     typer.Option(
-        help="Token budget per batch (longest × count; the sum of lengths for flat batches), or auto: on CUDA, probe the free "
-        "memory once at start and fill 70% of it (the default elsewhere). Default: the "
-        "recipe's, else 16384.",
+        help="Token budget per batch (longest × count; the sum of lengths for flat "
+        "batches), or auto: on CUDA, probe the free memory once at start and fill 70% of it "
+        "(the default elsewhere). Default: the recipe's, else 16384.",
         **_from_env("MAX_BATCH_TOKENS"),
     ),
 ]
