@@ -17,6 +17,7 @@ from bulkembed.config import Attention, Backend, DType, RunConfig
 from bulkembed.contracts import RUN_DIRECTORY
 from bulkembed.encoders import TokenBatch, build_encoder, varlen
 from bulkembed.encoders.base import choose_attention, choose_backend
+from bulkembed.encoders.openvino import openvino_installed
 from bulkembed.encoders.varlen import Sequences, kernel_attention, reference_attention
 from bulkembed.errors import UsageError
 from bulkembed.model_spec import resolve_model
@@ -233,38 +234,105 @@ def test_the_kernel_gets_the_tokens_end_to_end_and_cu_seqlens(monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_flat_batches_equal_padded_ones(tiny_st, tiny_bge_m3):
+    outputs = ("dense", "sparse", "multivector")
+    for folder, options in ((tiny_st("mean"), {}), (tiny_bge_m3, {"outputs": outputs})):
+        found = {}
+        for attention in ("padded", "flat"):
+            spec = _spec(folder, attention=attention, max_length=64, **options)
+            encoder = build_encoder(spec, "cuda:0", torch.bfloat16)
+            assert encoder.unpadded is (attention == "flat")
+            found[attention] = encoder.embed_batch(_batch(spec, mixed_texts()))
+        padded, flat = found["padded"], found["flat"]
+        assert cosines(flat.dense, padded.dense).min() >= 0.999
+        for ours, theirs in zip(flat.multivector or (), padded.multivector or (), strict=True):
+            assert ours.shape == theirs.shape
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_cuda_kernel_equals_the_reference(dtype):
     assert varlen.kernel_runs("cuda", dtype)
     torch.manual_seed(0)
     lengths = np.array([512, 300, 1, 77, 77, 2])
-    query, key, value = torch.randn(3, int(lengths.sum()), 8, 64, device="cuda", dtype=dtype)
-    host = Sequences.on_host(lengths)
-    sequences = Sequences(host.cu_seqlens.cuda(), host.token_documents.cuda(), lengths)
+    # Strided as the fused projection's views are: [tokens, 3, heads, size], unbound.
+    fused = torch.randn(int(lengths.sum()), 3, 8, 64, device="cuda", dtype=dtype)
+    query, key, value = fused.unbind(1)
+    sequences = Sequences.on_host(lengths).to(lambda t: t.cuda())
     found = kernel_attention(query, key, value, sequences).float()
     expected = reference_attention(query, key, value, sequences).float()
-    assert torch.nn.functional.cosine_similarity(found, expected, dim=-1).min() >= 0.999
+    assert torch.nn.functional.cosine_similarity(found, expected, dim=-1).min() >= 0.9999
+
+
+def _torch_varlen(*arguments):
+    """Stands for PyTorch's varlen kernel in tests that only choose it."""
+
+
+def _flash_attn_varlen(*arguments):
+    """Stands for flash-attn's varlen kernel in tests that only choose it."""
+
+
+def _a_gpu(monkeypatch, capability, kernel="torch", flash_built=True):
+    """This machine as one with a CUDA device of `capability`, and the varlen kernel of
+    PyTorch (in a build with flash attention or not), of flash-attn, or none."""
+    kernels = {"torch": _torch_varlen, "flash-attn": _flash_attn_varlen, None: None}
+    torch_kernel = _torch_varlen if kernel == "torch" else None
+    monkeypatch.setattr(varlen, "_torch_kernel", lambda: torch_kernel)
+    monkeypatch.setattr(varlen, "_kernel", lambda: kernels[kernel])
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: capability)
+    monkeypatch.setattr(torch.backends.cuda, "is_flash_attention_available", lambda: flash_built)
 
 
 def test_auto_is_flat_where_a_kernel_runs_and_padded_elsewhere(tiny_st, monkeypatch):
     spec = _spec(tiny_st("cls"))
     assert choose_attention(spec, "cpu", torch.float32) == (Attention.PADDED, None)
     assert choose_attention(spec, "cpu", torch.bfloat16) == (Attention.PADDED, None)
-    # CUDA in float32: no flash kernel computes it, and nothing to say.
-    assert choose_attention(spec, "cuda:0", torch.float32) == (Attention.PADDED, None)
-    monkeypatch.setattr(varlen, "_kernel", lambda: None)
-    attention, notice = choose_attention(spec, "cuda:0", torch.float16)
-    assert attention is Attention.PADDED
-    assert notice.startswith("no variable-length attention kernel is installed")
-    monkeypatch.setattr(varlen, "_kernel", lambda: object())
-    assert choose_attention(spec, "cuda:1", torch.bfloat16) == (Attention.FLAT, None)
-    forced = _spec(tiny_st("cls"), attention="padded")
-    assert choose_attention(forced, "cuda:1", torch.bfloat16) == (Attention.PADDED, None)
     flat = _spec(tiny_st("cls"), attention="flat")
     assert choose_attention(flat, "cpu", torch.float32) == (Attention.FLAT, None)
-    # Flat batches run in PyTorch: auto does not take OpenVINO for them.
+    _a_gpu(monkeypatch, (9, 0))
+    assert choose_attention(spec, "cuda:1", torch.bfloat16) == (Attention.FLAT, None)
+    assert choose_attention(spec, "cuda:0", torch.float16) == (Attention.FLAT, None)
+    # CUDA in float32: no flash kernel computes it, and nothing to say.
+    assert choose_attention(spec, "cuda:0", torch.float32) == (Attention.PADDED, None)
+    forced = _spec(tiny_st("cls"), attention="padded")
+    assert choose_attention(forced, "cuda:1", torch.bfloat16) == (Attention.PADDED, None)
+    # No kernel, a GPU before Ampere, a PyTorch built without flash attention.
+    for gpu in ({"kernel": None}, {"capability": (7, 5)}, {"flash_built": False}):
+        _a_gpu(monkeypatch, **{"capability": (8, 0), **gpu})
+        attention, remark = choose_attention(spec, "cuda:0", torch.float16)
+        assert attention is Attention.PADDED
+        assert remark.startswith("no variable-length attention kernel runs here")
+    # flash-attn's kernel needs no flash attention in PyTorch's build.
+    _a_gpu(monkeypatch, (8, 6), kernel="flash-attn", flash_built=False)
+    assert choose_attention(spec, "cuda:0", torch.bfloat16) == (Attention.FLAT, None)
+
+
+@pytest.mark.skipif(not openvino_installed(), reason="needs the openvino package")
+def test_flat_batches_take_pytorch_where_auto_would_take_openvino(tiny_st):
+    flat = _spec(tiny_st("cls"), attention="flat")
     assert choose_backend(flat, "cpu", torch.float32) is Backend.TORCH
-    assert choose_backend(spec, "cpu", torch.float32) is Backend.OPENVINO
+    assert choose_backend(_spec(tiny_st("cls")), "cpu", torch.float32) is Backend.OPENVINO
+
+
+def test_varlen_attention_calls_the_kernel_where_it_runs(monkeypatch):
+    called = []
+
+    def stand_in(query, key, value, cu_q, cu_k, max_q, max_k):
+        called.append(max_q)
+        return reference_attention(query, key, value, Sequences.on_host(np.diff(cu_q.numpy())))
+
+    monkeypatch.setattr(varlen, "_kernel", lambda: stand_in)
+    query, key, value = torch.randn(3, 6, 2, 4).unbind(0)
+    sequences = Sequences.on_host(np.array([4, 2]))
+    monkeypatch.setattr(varlen, "kernel_runs", lambda device, dtype: False)
+    expected = varlen.varlen_attention(query, key, value, sequences)
+    assert called == []
+    monkeypatch.setattr(
+        varlen, "kernel_runs", lambda device, dtype: (device, dtype) == ("cpu", torch.float32)
+    )
+    torch.testing.assert_close(varlen.varlen_attention(query, key, value, sequences), expected)
+    assert called == [4]
 
 
 def test_a_model_that_cannot_run_flat_runs_padded_with_one_warning(
@@ -283,7 +351,7 @@ def test_a_model_that_cannot_run_flat_runs_padded_with_one_warning(
             {"pooling": "mean"},
             "flat execution covers bert, roberta, xlm-roberta, not distilbert",
         ),
-        (tiny_splade, {}, "its outputs need padded batches"),
+        (tiny_splade, {}, "the splade family reads padded batches"),
     ):
         spec = _spec(folder, attention="flat", **options)
         encoder = build_encoder(spec, "cpu", torch.float32)
@@ -314,6 +382,36 @@ def test_a_flat_run_packs_by_real_tokens_and_says_so(tmp_path, tiny_st):
     assert cosines(flat, padded).min() >= 0.99999
 
 
+@pytest.mark.slow
+def test_a_compiled_flat_model_gives_the_padded_vectors(tiny_st):
+    import bulkembed
+
+    texts = _lengths_texts(64)
+    found = {}
+    for attention, compile_model in (("padded", False), ("flat", True)):
+        encoder = bulkembed.load(
+            str(tiny_st("mean")),
+            dtype="float32",
+            backend="torch",
+            attention=attention,
+            compile=compile_model,
+            max_batch_tokens=128,
+        )
+        found[attention] = encoder.embed_documents(texts).dense
+    assert cosines(found["flat"], found["padded"]).min() >= 0.99999
+
+
+def test_the_fallback_is_said_once_in_the_run_log(tmp_path, tiny_splade):
+    corpus = write_jsonl(
+        tmp_path / "c.jsonl", [{"id": str(i), "text": t} for i, t in enumerate(sample_texts(5))]
+    )
+    result = run_cli(
+        corpus, tiny_splade, tmp_path / "out", "--attention", "flat", "--dtype", "auto"
+    )
+    assert result.exit_code == 0, result.output
+    assert result.output.count("runs padded batches: the splade family reads padded batches") == 1
+
+
 def test_flat_and_openvino_conflict(tiny_st, tmp_path):
     with pytest.raises(UsageError, match=r"^--attention flat and --backend openvino conflict"):
         _spec(tiny_st("cls"), attention="flat", backend="openvino")
@@ -323,3 +421,24 @@ def test_flat_and_openvino_conflict(tiny_st, tmp_path):
     )
     assert result.exit_code == 2
     assert "--attention flat and --backend openvino conflict" in result.output
+
+
+def test_the_in_process_encoder_runs_flat_batches_too(tiny_bge_m3):
+    import bulkembed
+
+    texts = mixed_texts()
+    found = {}
+    for attention in ("padded", "flat"):
+        encoder = bulkembed.load(
+            str(tiny_bge_m3),
+            dtype="float32",
+            attention=attention,
+            outputs=["dense", "sparse"],
+            max_batch_tokens=256,
+        )
+        found[attention] = encoder.embed_documents(texts)
+    padded, flat = found["padded"], found["flat"]
+    assert cosines(flat.dense, padded.dense).min() >= 0.99999
+    for ours, theirs in zip(flat.sparse, padded.sparse, strict=True):
+        assert ours.indices.tolist() == theirs.indices.tolist()
+        np.testing.assert_allclose(ours.values, theirs.values, atol=1e-5, rtol=0)

@@ -172,7 +172,7 @@ def choose_attention(
     spec: ModelSpec, device: str, dtype: torch.dtype
 ) -> tuple[Attention, str | None]:
     """The batch layout asked for, flat or padded (the model may still be unable to run
-    flat), and a line for the log when `auto` cannot take flat on CUDA: `--attention`, with
+    flat), and a remark for the log when `auto` cannot take flat on CUDA: `--attention`, with
     `auto` flat where a variable-length flash kernel runs attention (CUDA in half
     precision), else padded (on a CPU the padded OpenVINO graph runs faster than the flat
     PyTorch path; see the README)."""
@@ -185,8 +185,9 @@ def choose_attention(
         return Attention.FLAT, None
     if device.startswith("cuda") and str(dtype) != "torch.float32":
         return Attention.PADDED, (
-            "no variable-length attention kernel is installed (PyTorch 2.10 or later, or "
-            "flash-attn): batches run padded"
+            f"no variable-length attention kernel runs here (it needs a GPU of compute "
+            f"capability 8.0 or later and PyTorch 2.10 with flash attention, or flash-attn): "
+            f"batches run padded on {device}"
         )
     return Attention.PADDED, None
 
@@ -225,9 +226,9 @@ class Encoder(ABC):
     # The transformer: a PyTorch module (a `FlatTransformer` when batches run flat), or an
     # `OpenVINOModel` called as the padded PyTorch one is.
     model: Any
-    # Whether the family's heads read flat hidden states (`--attention flat`); SPLADE's
-    # masked-LM head runs on padded batches.
-    runs_flat: ClassVar[bool] = True
+    # Whether the family's `embed` reads hidden states through `DeviceInputs.hidden_states`
+    # (so that batches may run flat); a family that reads the padded tensors does not.
+    runs_flat: ClassVar[bool] = False
 
     def __init__(self, spec: ModelSpec, device: str, dtype: torch.dtype) -> None:
         import torch
@@ -239,8 +240,9 @@ class Encoder(ABC):
         # in the half dtype, layer norms, softmax and residual sums in float32. Casting the
         # weights instead ran no faster and lost parity (all-MiniLM-L6-v2 in bfloat16:
         # lowest cosine to float32 0.99988 cast, 0.99996 under autocast, on 1,000 documents).
-        # Warnings for the run's log, from loading the model.
+        # Warnings and remarks for the run's log, from loading the model.
         self.notices: list[str] = []
+        self.remarks: list[str] = []
         # PyTorch until `load_transformer` finds that OpenVINO runs the model; padded
         # batches until it finds that they run flat.
         self.backend = Backend.TORCH
@@ -258,13 +260,14 @@ class Encoder(ABC):
         """The transformer this encoder runs: compiled by OpenVINO (which then takes the
         compute precision, without autocast) or loaded in PyTorch (`choose_backend`), and
         in PyTorch for flat batches where asked and the model can (`choose_attention`).
-        With `--backend auto`, a model OpenVINO fails to convert runs in PyTorch; a model
-        that cannot run flat runs padded; each with one warning."""
+        With `--backend auto`, a model OpenVINO fails to convert runs in PyTorch, with one
+        warning; a model that cannot run flat runs padded, with one warning where flat was
+        asked for and one remark where `auto` would have taken it."""
         import torch
 
-        attention, notice = choose_attention(self.spec, self.device, self.dtype)
-        if notice is not None:
-            self.notices.append(notice)
+        from bulkembed.encoders.flat import FlatTransformer
+
+        attention, why_padded = choose_attention(self.spec, self.device, self.dtype)
         if choose_backend(self.spec, self.device, self.dtype) is Backend.OPENVINO:
             from bulkembed.encoders.openvino import load_openvino
 
@@ -279,30 +282,33 @@ class Encoder(ABC):
 
             threads = torch.get_num_threads()
             try:
-                model = load_openvino(self.spec, self.dtype, masked_lm, threads, load, rebuilt)
+                converted = load_openvino(self.spec, self.dtype, masked_lm, threads, load, rebuilt)
             except ModelError as e:
                 if self.spec.backend != Backend.AUTO.value:
                     raise
                 self.notices.append(f"{e}; running it in PyTorch instead")
             else:
                 self.backend, self.autocast = Backend.OPENVINO, False
-                return model
+                return converted
         model = load_model(self.spec, self.device, self.weights_dtype, masked_lm)
-        if attention is Attention.FLAT:
-            model = self._flat(model)
+        reason = self._flat_support(model)
+        if attention is Attention.FLAT and reason is None:
+            self.unpadded = True
+            model = FlatTransformer(model).eval()
+        elif attention is Attention.FLAT:
+            told = self.notices if self.spec.attention == Attention.FLAT.value else self.remarks
+            told.append(f"{self.spec.source} runs padded batches: {reason}")
+        elif why_padded is not None and reason is None:
+            self.remarks.append(why_padded)
         return compiled(model) if self.spec.compile else model
 
-    def _flat(self, model: Any) -> Any:
-        """`model` running flat batches (`FlatTransformer`), or `model` itself with a
-        warning saying why it cannot."""
-        from bulkembed.encoders.flat import FlatTransformer, flat_support
+    def _flat_support(self, model: Any) -> str | None:
+        """Why this encoder cannot run `model` on flat batches; None if it can."""
+        from bulkembed.encoders.flat import flat_support
 
-        reason = flat_support(model) if self.runs_flat else "its outputs need padded batches"
-        if reason is not None:
-            self.notices.append(f"{self.spec.source} runs padded batches: {reason}")
-            return model
-        self.unpadded = True
-        return FlatTransformer(model)
+        if not self.runs_flat:
+            return f"the {self.spec.family} family reads padded batches"
+        return flat_support(model)
 
     def in_dtype(self, dtype: torch.dtype) -> Encoder:
         """This encoder computing in `dtype`: on a CPU the same float32 weights under

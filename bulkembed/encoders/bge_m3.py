@@ -47,6 +47,8 @@ def _load_head(spec: ModelSpec, filename: str, hidden: int, dtype: torch.dtype) 
 class BGEM3Encoder(Encoder):
     """The three BGE-M3 outputs from one forward pass of the encoder."""
 
+    runs_flat = True
+
     def __init__(self, spec: ModelSpec, device: str, dtype: torch.dtype) -> None:
         super().__init__(spec, device, dtype)
         self.model = model = self.load_transformer()

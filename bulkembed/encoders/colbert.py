@@ -54,6 +54,8 @@ def _load_projection(spec: ModelSpec, dtype: torch.dtype) -> torch.nn.Linear:
 class ColbertEncoder(Encoder):
     """Multi-vector output: projected, L2-normalized token vectors, punctuation dropped."""
 
+    runs_flat = True
+
     def __init__(self, spec: ModelSpec, device: str, dtype: torch.dtype) -> None:
         super().__init__(spec, device, dtype)
         self.model = self.load_transformer()

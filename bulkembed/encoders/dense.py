@@ -19,6 +19,8 @@ if TYPE_CHECKING:
 class DenseEncoder(Encoder):
     """One vector per document: the encoder's last hidden state, pooled."""
 
+    runs_flat = True
+
     def __init__(self, spec: ModelSpec, device: str, dtype: torch.dtype) -> None:
         super().__init__(spec, device, dtype)
         self.model = self.load_transformer()

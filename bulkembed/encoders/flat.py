@@ -54,10 +54,11 @@ class FlatLayer(nn.Module):
         super().__init__()
         attention = layer.attention.self
         parts = (attention.query, attention.key, attention.value)
-        hidden = parts[0].in_features
-        self.heads = heads
+        width = parts[0].out_features
+        self.heads, self.head_size = heads, width // heads
+        weight = parts[0].weight
         self.qkv = nn.Linear(
-            hidden, 3 * hidden, device=parts[0].weight.device, dtype=parts[0].weight.dtype
+            parts[0].in_features, 3 * width, device=weight.device, dtype=weight.dtype
         )
         with torch.no_grad():
             self.qkv.weight.copy_(torch.cat([p.weight for p in parts]))
@@ -71,7 +72,8 @@ class FlatLayer(nn.Module):
 
     def forward(self, hidden: torch.Tensor, sequences: Sequences) -> torch.Tensor:
         tokens, width = hidden.shape
-        query, key, value = self.qkv(hidden).view(tokens, 3, self.heads, -1).unbind(1)
+        projected = self.qkv(hidden).view(tokens, 3, self.heads, self.head_size)
+        query, key, value = projected.unbind(1)
         context = varlen_attention(query, key, value, sequences).reshape(tokens, width)
         hidden = self.attention_norm(self.attention_output(context) + hidden)
         expanded = self.activation(self.intermediate(hidden))
@@ -110,10 +112,12 @@ class FlatTransformer(nn.Module):
             return every - starts[documents]
         counted = (input_ids != self.padding_id).long()
         running = counted.cumsum(0)
-        before = (running - counted)[starts.clamp(max=max(len(input_ids) - 1, 0))]
+        before = (running - counted)[starts.clamp(max=len(input_ids) - 1)]
         return (running - before[documents]) * counted + self.padding_id
 
     def forward(self, input_ids: torch.Tensor, sequences: Sequences) -> torch.Tensor:
+        if not len(input_ids):
+            return self.word_embeddings(input_ids)
         embedded = self.word_embeddings(input_ids) + self.token_type
         embedded = embedded + self.position_embeddings(self.positions(input_ids, sequences))
         hidden = self.embedding_norm(embedded)

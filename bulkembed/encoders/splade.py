@@ -26,8 +26,6 @@ LOGITS_BYTES = 512 * 1024 * 1024
 class SpladeEncoder(Encoder):
     """Sparse vectors from an `AutoModelForMaskedLM` checkpoint, on padded batches."""
 
-    runs_flat = False
-
     def __init__(self, spec: ModelSpec, device: str, dtype: torch.dtype) -> None:
         super().__init__(spec, device, dtype)
         self.model = model = self.load_transformer(masked_lm=True)

@@ -72,20 +72,16 @@ class DeviceInputs:
         """These inputs copied to CUDA `device` from pinned memory, without waiting: call
         on the stream that should make the copies."""
 
-        def move(tensor: torch.Tensor | None) -> torch.Tensor | None:
-            return None if tensor is None else tensor.pin_memory().to(device, non_blocking=True)
+        def move(tensor: torch.Tensor) -> torch.Tensor:
+            return tensor.pin_memory().to(device, non_blocking=True)
 
-        sequences = Sequences(
-            move(self.sequences.cu_seqlens),  # type: ignore[arg-type]
-            move(self.sequences.token_documents),  # type: ignore[arg-type]
-            self.sequences.lengths,
-        )
+        mask, index = self.attention_mask, self.token_index
         return DeviceInputs(
             self.batch,
-            move(self.input_ids),  # type: ignore[arg-type]
-            sequences,
-            move(self.attention_mask),
-            move(self.token_index),
+            move(self.input_ids),
+            self.sequences.to(move),
+            None if mask is None else move(mask),
+            None if index is None else move(index),
         )
 
     @property

@@ -30,21 +30,24 @@ _HALF = (torch.float16, torch.bfloat16)
 
 @dataclass(frozen=True, slots=True)
 class Sequences:
-    """Where each document's tokens are in a flat batch of `tokens` tokens.
+    """Where each document's tokens are in a flat batch.
 
     - `cu_seqlens`: [documents + 1] int32 on the device: where each document starts, then
       the total;
     - `token_documents`: [tokens] int64 on the device: the document of each token;
-    - `lengths`: the documents' lengths, on the host (what the host knows needs no wait).
+    - `longest`, `runs`: the longest document, and (length, count) of each run of equal
+      consecutive lengths; plain numbers the host knows, so that no kernel waits on the
+      device and a compiled model sees no array.
 
-    >>> s = Sequences.on_host(np.array([3, 1, 2]))
-    >>> s.cu_seqlens.tolist(), s.token_documents.tolist(), s.longest
-    ([0, 3, 4, 6], [0, 0, 0, 1, 2, 2], 3)
+    >>> s = Sequences.on_host(np.array([3, 1, 1, 2]))
+    >>> s.cu_seqlens.tolist(), s.token_documents.tolist(), s.longest, s.runs
+    ([0, 3, 4, 5, 7], [0, 0, 0, 1, 2, 3, 3], 3, ((3, 1), (1, 2), (2, 1)))
     """
 
     cu_seqlens: torch.Tensor
     token_documents: torch.Tensor
-    lengths: np.ndarray
+    longest: int
+    runs: tuple[tuple[int, int], ...]
 
     @classmethod
     def on_host(cls, lengths: np.ndarray) -> Sequences:
@@ -52,22 +55,31 @@ class Sequences:
         lengths = np.asarray(lengths, dtype=np.int64)
         cu_seqlens = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
         documents = np.repeat(np.arange(len(lengths), dtype=np.int64), lengths)
-        return cls(torch.from_numpy(cu_seqlens), torch.from_numpy(documents), lengths)
+        longest = int(lengths.max()) if len(lengths) else 0
+        return cls(
+            torch.from_numpy(cu_seqlens), torch.from_numpy(documents), longest, _runs(lengths)
+        )
 
-    @property
-    def longest(self) -> int:
-        return int(self.lengths.max()) if len(self.lengths) else 0
+    def to(self, move: Callable[[torch.Tensor], torch.Tensor]) -> Sequences:
+        """These sequences with their tensors moved by `move`."""
+        return Sequences(move(self.cu_seqlens), move(self.token_documents), self.longest, self.runs)
+
+
+@functools.cache
+def _torch_kernel() -> Callable[..., Any] | None:
+    """PyTorch's varlen flash kernel (2.10 and later)."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+    return varlen_attn
 
 
 @functools.cache
 def _kernel() -> Callable[..., Any] | None:
-    """The installed varlen flash kernel: PyTorch's (2.10 and later), else flash-attn's."""
-    try:
-        from torch.nn.attention.varlen import varlen_attn
-    except ImportError:
-        pass
-    else:
-        return varlen_attn
+    """The installed varlen flash kernel: PyTorch's, else flash-attn's."""
+    if _torch_kernel() is not None:
+        return _torch_kernel()
     try:
         from flash_attn import flash_attn_varlen_func  # type: ignore[import-not-found]
     except ImportError:
@@ -75,10 +87,19 @@ def _kernel() -> Callable[..., Any] | None:
     return flash_attn_varlen_func
 
 
+# Flash attention's kernels run on compute capability 8.0 (Ampere) and later.
+_FLASH_CAPABILITY = (8, 0)
+
+
 def kernel_runs(device: str, dtype: torch.dtype) -> bool:
     """Whether a varlen flash kernel runs attention on `device` in `dtype`: CUDA, half
-    precision, and PyTorch's kernel or flash-attn installed."""
-    return device.startswith("cuda") and dtype in _HALF and _kernel() is not None
+    precision, a GPU of compute capability 8.0 or later, and PyTorch's kernel (in a build
+    with flash attention) or flash-attn installed."""
+    if not device.startswith("cuda") or dtype not in _HALF or _kernel() is None:
+        return False
+    if torch.cuda.get_device_capability(device) < _FLASH_CAPABILITY:
+        return False
+    return _kernel() is not _torch_kernel() or torch.backends.cuda.is_flash_attention_available()
 
 
 def kernel_attention(
@@ -93,6 +114,7 @@ def kernel_attention(
     return attended
 
 
+@torch.compiler.disable
 def reference_attention(
     query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, sequences: Sequences
 ) -> torch.Tensor:
@@ -102,7 +124,7 @@ def reference_attention(
     output = torch.empty_like(query)
     tokens, heads, size = query.shape
     start = 0
-    for length, count in _runs(sequences.lengths):
+    for length, count in sequences.runs:
         end = start + length * count
         if length:
             shape = (count, length, heads, size)
@@ -113,17 +135,18 @@ def reference_attention(
     return output
 
 
-def _runs(lengths: np.ndarray) -> list[tuple[int, int]]:
+def _runs(lengths: np.ndarray) -> tuple[tuple[int, int], ...]:
     """(length, count) of each run of equal consecutive lengths.
 
     >>> _runs(np.array([5, 5, 3, 3, 3, 5]))
-    [(5, 2), (3, 3), (5, 1)]
+    ((5, 2), (3, 3), (5, 1))
     """
     if not len(lengths):
-        return []
+        return ()
     starts = np.flatnonzero(np.diff(lengths)) + 1
     bounds = np.concatenate([[0], starts, [len(lengths)]])
-    return [(int(lengths[a]), int(b - a)) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+    pairs = zip(bounds[:-1], bounds[1:], strict=True)
+    return tuple((int(lengths[a]), int(b - a)) for a, b in pairs)
 
 
 def varlen_attention(

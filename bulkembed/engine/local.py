@@ -274,6 +274,10 @@ def _embed_on_devices(
     )
     reporter.phase(f"loading the model on {', '.join(devices)}")
     pool = UnitPool(work, devices, reporter.warn)
+    for notice in pool.ready.notices:
+        reporter.warn(notice)
+    for remark in pool.ready.remarks:
+        reporter.info(remark)
     stopped = True
     try:
         reporter.info(_describe(plan, pool, pool.budget, len(done), previous))

@@ -16,7 +16,7 @@ import os
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeVar
 
 from bulkembed.contracts import Embeddings, TokenBatch
 from bulkembed.errors import UsageError, WorkerError
@@ -29,9 +29,31 @@ if TYPE_CHECKING:
 Key = TypeVar("Key")
 Task = TypeVar("Task")
 Setting = TypeVar("Setting", bound="_OnDevice")
-# What a device process tells as it starts: dense size, multi-vector size, token budget,
-# and whether its batches run unpadded.
-Sizes = tuple[int | None, int | None, int | None, bool]
+
+
+class Ready(NamedTuple):
+    """What a device process tells as it starts: its vector sizes, token budget (None: not
+    probed), whether its batches run unpadded, and the warnings and remarks of its model's
+    load for the run's log."""
+
+    dense: int | None
+    multivector: int | None
+    budget: int | None
+    unpadded: bool
+    notices: tuple[str, ...] = ()
+    remarks: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, embedder: Encoder, budget: int | None) -> Ready:
+        """What `embedder` tells, with `budget`."""
+        return cls(
+            embedder.dense_dim,
+            embedder.multivector_dim,
+            budget,
+            embedder.unpadded,
+            tuple(embedder.notices),
+            tuple(embedder.remarks),
+        )
 
 
 class _OnDevice(Protocol):
@@ -66,16 +88,17 @@ def batch_timeout() -> float:
 
 
 def start_device_workers(
-    start: Callable[[Setting], tuple[Callable[[Task], Any], Sizes]],
+    start: Callable[[Setting], tuple[Callable[[Task], Any], Ready]],
     settings: list[Setting],
     task: str,
     warn: Callable[[str], None] | None,
-) -> tuple[WorkerPool[Task, Any], int | None, int | None, bool, list[int]]:
+) -> tuple[WorkerPool[Task, Any], Ready]:
     """One encoder process per device (`settings[i].device`), each started by `start`,
     which tells its vector sizes, token budget and batch layout; a process that dies has its
     `task`s run again by the others, and one that finishes no batch in `batch_timeout()`
-    fails the run. Returns the pool, the dense and multi-vector sizes and whether batches
-    run unpadded (the same on every device, or an error) and the budgets found."""
+    fails the run. Returns the pool and what the processes told: the vector sizes and
+    batch layout (the same on every device, or an error), the smallest budget found, and
+    every warning and remark once."""
     devices = [setting.device for setting in settings]
     pool: WorkerPool[Task, Any] = WorkerPool(
         start,
@@ -89,15 +112,19 @@ def start_device_workers(
         requeue=True,
         warn=warn,
     )
-    sizes = {(dense, multivector, unpadded) for dense, multivector, _, unpadded in pool.ready}
+    ready: list[Ready] = pool.ready
+    sizes = {(r.dense, r.multivector, r.unpadded) for r in ready}
     if len(sizes) != 1:
         pool.close(failed=True)
         raise WorkerError(
             f"the encoders on {', '.join(devices)} disagree on vector sizes or batch layout"
         )
     dense, multivector, unpadded = sizes.pop()
-    budgets = [budget for _, _, budget, _ in pool.ready if budget is not None]
-    return pool, dense, multivector, unpadded, budgets
+    budgets = [r.budget for r in ready if r.budget is not None]
+    notices = tuple(dict.fromkeys(n for r in ready for n in r.notices))
+    remarks = tuple(dict.fromkeys(n for r in ready for n in r.remarks))
+    budget = min(budgets) if budgets else None
+    return pool, Ready(dense, multivector, budget, unpadded, notices, remarks)
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,7 +152,7 @@ class _Timed:
         return embeddings, time.perf_counter() - started
 
 
-def _start(device: _Device) -> tuple[_Timed, Sizes]:
+def _start(device: _Device) -> tuple[_Timed, Ready]:
     """A worker's encoder, and its vector sizes, probed token budget and batch layout."""
     import torch
 
@@ -133,7 +160,7 @@ def _start(device: _Device) -> tuple[_Timed, Sizes]:
 
     dtype = getattr(torch, device.dtype)
     encoder, budget = start_encoder(device.spec, device.device, dtype, device.threads, device.tune)
-    return _Timed(encoder), (encoder.dense_dim, encoder.multivector_dim, budget, encoder.unpadded)
+    return _Timed(encoder), Ready.of(encoder, budget)
 
 
 class EncoderPool:
@@ -153,15 +180,11 @@ class EncoderPool:
     ) -> None:
         self.devices = devices
         self._pool: WorkerPool[TokenBatch | None, tuple[Embeddings | None, float]]
-        self._pool, self.dense_dim, self.multivector_dim, self.unpadded, budgets = (
-            start_device_workers(
-                _start,
-                [_Device(spec, d, dtype_name, threads, tune) for d in devices],
-                "batch",
-                warn,
-            )
-        )
-        self.batch_tokens = min(budgets) if budgets else None
+        settings = [_Device(spec, d, dtype_name, threads, tune) for d in devices]
+        self._pool, self.ready = start_device_workers(_start, settings, "batch", warn)
+        self.dense_dim, self.multivector_dim = self.ready.dense, self.ready.multivector
+        self.unpadded = self.ready.unpadded
+        self.batch_tokens = self.ready.budget
 
     def embed_stream(
         self,

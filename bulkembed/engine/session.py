@@ -6,7 +6,7 @@ that start theirs the same way. The local engine and each Ray actor hold one ses
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
 from bulkembed.config import DType
@@ -65,14 +65,15 @@ class DeviceSession:
         self.precision: PrecisionCheck | None = None
         self.sample: EmbeddedHead | None = None
         self.embedder: Embedder
+        # Warnings and remarks of the encoders' loads said so far: each is said once.
+        self._told: set[str] = set()
         reporter.phase(f"loading the model on {', '.join(devices)}")
         if len(devices) > 1 and not self.checking:
             self.embedder = self._start_pool()
             return
         start_dtype = torch.float32 if self.checking else self.candidate
         encoder, budget = start_encoder(spec, devices[0], start_dtype, threads, tune)
-        for notice in encoder.notices:
-            reporter.warn(notice)
+        self._tell(encoder.notices, encoder.remarks)
         self.embedder = encoder
         self._use_budget(budget)
 
@@ -105,8 +106,17 @@ class DeviceSession:
         pool = EncoderPool(
             self.spec, self.devices, self.dtype, threads, self.tune, self.reporter.warn
         )
+        self._tell(pool.ready.notices, pool.ready.remarks)
         self._use_budget(pool.batch_tokens)
         return pool
+
+    def _tell(self, notices: Iterable[str], remarks: Iterable[str]) -> None:
+        """Warn of `notices` and remark `remarks`, those not said before."""
+        for told, say in ((notices, self.reporter.warn), (remarks, self.reporter.info)):
+            for message in told:
+                if message not in self._told:
+                    self._told.add(message)
+                    say(message)
 
     def _use_budget(self, budget: int | None, lower_only: bool = True) -> None:
         """Batch by `budget` tokens from now on (`--max-batch-tokens auto`); unless told
@@ -143,6 +153,7 @@ class DeviceSession:
             self.reporter.warn(f"--dtype auto: {self.precision.describe()}")
         if len(self.devices) == 1:
             self.embedder = encoder
+            self._tell(encoder.notices, encoder.remarks)
             if self.tune and self.precision.passed:
                 # The probe at start ran in float32: the chosen dtype takes less memory.
                 self._use_budget(encoder.tune_batch_tokens(), lower_only=False)

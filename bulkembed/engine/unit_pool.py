@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from bulkembed.config import DType
-from bulkembed.engine.pool import BATCHES_PER_WORKER, Sizes, start_device_workers
+from bulkembed.engine.pool import BATCHES_PER_WORKER, Ready, start_device_workers
 from bulkembed.engine.session import DeviceSession
 from bulkembed.engine.stream import EmbeddedWindow, embed_windows, part_schema
 from bulkembed.progress import QuietReporter, RunStats
@@ -150,12 +150,14 @@ class _UnitWorker:
         return self.writes.submit(self._done, stats)
 
 
-def _start(work: UnitWork) -> tuple[_UnitWorker, Sizes]:
-    """A device process's worker, and its vector sizes, token budget and batch layout."""
+def _start(work: UnitWork) -> tuple[_UnitWorker, Ready]:
+    """A device process's worker, and what its encoder tells (`Ready`)."""
+    from bulkembed.encoders import Encoder
+
     worker = _UnitWorker(work)
     embedder = worker.session.embedder
-    budget = worker.session.budget
-    return worker, (embedder.dense_dim, embedder.multivector_dim, budget, embedder.unpadded)
+    assert isinstance(embedder, Encoder)
+    return worker, Ready.of(embedder, worker.session.budget)
 
 
 class UnitPool:
@@ -168,12 +170,12 @@ class UnitPool:
     ) -> None:
         self.devices = devices
         self._pool: WorkerPool[UnitGroup, UnitDone]
-        self._pool, self.dense_dim, self.multivector_dim, self.unpadded, budgets = (
-            start_device_workers(
-                _start, [replace(work, device=device) for device in devices], "unit group", warn
-            )
-        )
-        self.budget = min(budgets)
+        settings = [replace(work, device=device) for device in devices]
+        self._pool, self.ready = start_device_workers(_start, settings, "unit group", warn)
+        self.dense_dim, self.multivector_dim = self.ready.dense, self.ready.multivector
+        self.unpadded = self.ready.unpadded
+        assert self.ready.budget is not None
+        self.budget = self.ready.budget
 
     def embed(
         self, groups: Iterable[UnitGroup], progress: Callable[[Counts], None]
