@@ -85,6 +85,12 @@ class Interrupted(BulkembedError):
         return 128 + self.signal_number
 
 
+class UnaccountedRows(OutputError):
+    """A LanceDB table holds rows that the done units and intents read do not account for:
+    damage, or a ledger read before another shard marked its last units done and compacted
+    the table (read the ledger again to tell)."""
+
+
 class PipeClosed(OutputError):
     """The reader of `--output -` closed the pipe; the run stops there."""
 

@@ -324,3 +324,33 @@ def test_a_run_stopped_while_indexing_finishes_on_rerun(tmp_path, tiny_st, monke
     ids = table.to_arrow().column("id").to_pylist()
     assert sorted(ids) == sorted(r["id"] for r in records)
     assert [i.name for i in table.list_indices()] == ["vector_idx"]
+
+
+def test_a_shard_that_reads_the_ledger_before_another_compacts_goes_on(
+    tmp_path, tiny_st, monkeypatch
+):
+    from bulkembed.run_dir.ledger import Ledger
+
+    corpus, _ = _corpus(tmp_path, n=90)
+    out = f"lancedb://{tmp_path / 'db'}"
+    for shard in range(3):
+        _succeed(*_arguments(corpus, tiny_st("mean"), out, "--shard", f"{shard}/3"))
+    table = lancedb.connect(tmp_path / "db").open_table("embeddings")
+    assert table.count_rows() == 90
+    # The shard starts before the last one marks the output complete.
+    (tmp_path / "db" / "_bulkembed" / "embeddings" / "complete").unlink()
+    units = Ledger.units
+    reads = []
+
+    def read_before_the_others_marked(ledger):
+        # The first read finds no unit done: the other shards marked theirs (and the last
+        # one compacted the table) just after this shard read the ledger.
+        done, damaged = units(ledger)
+        reads.append(len(done))
+        return ({}, damaged) if len(reads) == 1 else (done, damaged)
+
+    monkeypatch.setattr(Ledger, "units", read_before_the_others_marked)
+    again = CliRunner().invoke(app, _arguments(corpus, tiny_st("mean"), out, "--shard", "0/3"))
+    assert again.exit_code == 0, again.output
+    assert len(reads) >= 2
+    assert table.count_rows() == 90

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bulkembed.contracts import RUN_DIRECTORY, UnitRecord
-from bulkembed.errors import OutputError
+from bulkembed.errors import OutputError, UnaccountedRows
 from bulkembed.run_dir.files import (
     CONFIG_FILE,
     MARKER,
@@ -236,7 +236,14 @@ class RunDirectory:
             if ours and (mine is None or path.name[1:].split(".")[0] in mine):
                 path.unlink(missing_ok=True)
         done, damaged = self.ledger.units()
-        recovered = sink.reconcile(done, self.run_id, mine)
+        try:
+            recovered = sink.reconcile(done, self.run_id, mine)
+        except UnaccountedRows:
+            # Another shard may have marked its last units done and compacted the table
+            # between the two reads: the compaction came after every marker, so a ledger
+            # read now holds them all. Damage fails again.
+            done, damaged = self.ledger.units()
+            recovered = sink.reconcile(done, self.run_id, mine)
         for fields in recovered.adopted:
             bad = fields.pop("bad", [])
             record = UnitRecord(**fields)

@@ -55,7 +55,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import pyarrow as pa
 
-from bulkembed.errors import OutputError
+from bulkembed.errors import OutputError, UnaccountedRows
 from bulkembed.sinks.base import Recovered, Sink, unshown
 from bulkembed.storage import AnyPath, ObjectPath, StorageOptions
 
@@ -368,8 +368,8 @@ class LanceSink(Sink):
             f"cannot commit to {self.description}: other writers' commits kept conflicting"
         )
 
-    def _unaccounted(self, found: int, rows: int) -> OutputError:
-        return OutputError(
+    def _unaccounted(self, found: int, rows: int) -> UnaccountedRows:
+        return UnaccountedRows(
             f"{self.description} holds {found} rows where its done units hold {rows}, and "
             "its files are not those its units committed: its ledger was damaged (lost "
             "done-markers and intents) or the table was changed outside bulkembed; use "
