@@ -63,7 +63,16 @@ TOKENIZE_TASK_MEMORY = 256 * 2**20
 # A unit's error travels pickled in its row; none is an empty value (a column of Nones
 # would reach the actors as floats).
 _NO_ERROR = b""
-_RESULTS = ("part", "error", *_COUNTS, "encode_seconds", "dtype", "budget", "precision")
+_RESULTS = (
+    "part",
+    "error",
+    *_COUNTS,
+    "encode_seconds",
+    "dtype",
+    "budget",
+    "attention",
+    "precision",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,6 +173,7 @@ class _UnitEmbedder:
             rows["encode_seconds"].append(stats.encode_seconds)
             rows["dtype"].append(self.session.dtype)
             rows["budget"].append(self.session.budget)
+            rows["attention"].append(self.session.attention)
             rows["precision"].append(pickle.dumps(self.session.precision))
         return rows
 
@@ -343,6 +353,7 @@ def _run_dataset(
     reporter.start(stats)
     dtypes: set[str] = set()
     budgets: set[int] = set()
+    layouts: set[str] = set()
     checks: list[PrecisionCheck] = []
     busy = 0.0
     try:
@@ -357,6 +368,7 @@ def _run_dataset(
                 stats.encode_seconds = busy / actors
                 dtypes.add(row["dtype"])
                 budgets.add(int(row["budget"]))
+                layouts.add(row["attention"])
                 precision = pickle.loads(row["precision"])
                 if precision is not None:
                     checks.append(precision)
@@ -378,4 +390,5 @@ def _run_dataset(
         ",".join(sorted(dtypes)) or outcome.dtype,
         min(budgets, default=outcome.max_batch_tokens),
         min(checks, key=lambda c: c.agreement.worst, default=None),
+        attention=",".join(sorted(layouts)) or None,
     )
