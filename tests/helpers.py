@@ -166,3 +166,17 @@ def incremental_corpora(folder: Path) -> dict[str, set[str]]:
         write_parquet(folder / name / "a.parquet", corpus[:600], row_group_size=100)
         write_jsonl(folder / name / "b.jsonl", corpus[600:])
     return {"new": {r["id"] for r in added}, "changed": changed, "deleted": deleted}
+
+
+def bge_m3_reference(folder: Path, texts: list[str], max_length: int = 64) -> dict[str, Any]:
+    """FlagEmbedding's dense, lexical and ColBERT outputs of `texts`, in float32 on the CPU."""
+    from FlagEmbedding import BGEM3FlagModel
+
+    return BGEM3FlagModel(str(folder), use_fp16=False, devices="cpu").encode(
+        texts,
+        batch_size=8,
+        max_length=max_length,
+        return_dense=True,
+        return_sparse=True,
+        return_colbert_vecs=True,
+    )

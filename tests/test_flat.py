@@ -8,7 +8,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import SAMPLE, cosines, mixed_texts, read_output, run_cli, sample_texts, write_jsonl
+from helpers import (
+    SAMPLE,
+    bge_m3_reference,
+    cosines,
+    mixed_texts,
+    read_output,
+    run_cli,
+    sample_texts,
+    write_jsonl,
+)
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
@@ -88,21 +97,12 @@ def test_one_token_documents_beside_long_ones(tiny_st, mode):
 
 
 def test_tiny_bge_m3_flat_equals_padded_and_flagembedding(tiny_bge_m3):
-    from FlagEmbedding import BGEM3FlagModel
-
     texts = mixed_texts()
     outputs = ("dense", "sparse", "multivector")
     padded, flat = _by_layout(
         tiny_bge_m3, lambda spec: _batch(spec, texts), outputs=outputs, max_length=64
     )
-    reference = BGEM3FlagModel(str(tiny_bge_m3), use_fp16=False, devices="cpu").encode(
-        texts,
-        batch_size=8,
-        max_length=64,
-        return_dense=True,
-        return_sparse=True,
-        return_colbert_vecs=True,
-    )
+    reference = bge_m3_reference(tiny_bge_m3, texts)
     assert cosines(flat.dense, padded.dense).min() >= 0.99999
     assert cosines(flat.dense, reference["dense_vecs"]).min() >= 0.99999
 

@@ -6,7 +6,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from helpers import embed_texts, mixed_texts, write_jsonl
+from helpers import bge_m3_reference, embed_texts, mixed_texts, write_jsonl
 from tokenizers import Tokenizer
 from typer.testing import CliRunner
 
@@ -26,19 +26,10 @@ def _embed(tmp_path, model, texts, *extra):
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["torch", "openvino"])
 def test_bge_m3_matches_flagembedding(tmp_path, tiny_bge_m3, backend):
-    from FlagEmbedding import BGEM3FlagModel
-
     texts = mixed_texts()
     assert len(texts) >= 30
     table, out = _embed(tmp_path, tiny_bge_m3, texts, "--max-length", "64", "--backend", backend)
-    reference = BGEM3FlagModel(str(tiny_bge_m3), use_fp16=False, devices="cpu").encode(
-        texts,
-        batch_size=8,
-        max_length=64,
-        return_dense=True,
-        return_sparse=True,
-        return_colbert_vecs=True,
-    )
+    reference = bge_m3_reference(tiny_bge_m3, texts)
 
     schema = table.schema
     assert schema.field("sparse").type == pa.struct(
