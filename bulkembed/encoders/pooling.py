@@ -34,11 +34,10 @@ def last_token_pool(tokens: torch.Tensor, sequences: Sequences) -> torch.Tensor:
 
 def mean_pool(tokens: torch.Tensor, sequences: Sequences) -> torch.Tensor:
     """The mean of each document's token vectors; the divisor is clamped so that an empty
-    document gives zeros."""
-    cu = sequences.cu_seqlens
-    documents = len(cu) - 1
-    summed = torch.zeros(documents, tokens.shape[-1], device=tokens.device)
-    summed.index_add_(0, sequences.token_documents, tokens.float())
+    document gives zeros. Each document's sum is one segment's reduction, in token order
+    (no atomic adds: the same vector on every run, on a GPU too)."""
+    cu = sequences.cu_seqlens.long()
+    summed = torch.segment_reduce(tokens.float(), "sum", offsets=cu, axis=0, unsafe=True)
     counts = (cu[1:] - cu[:-1]).unsqueeze(-1).to(torch.float32)
     return summed / counts.clamp(min=1.0)
 
