@@ -62,6 +62,11 @@ class Attention(str, Enum):
     PADDED = "padded"
     FLAT = "flat"
 
+    @classmethod
+    def ran(cls, unpadded: bool) -> Attention:
+        """The layout batches ran in: flat when they ran unpadded."""
+        return cls.FLAT if unpadded else cls.PADDED
+
 
 class DTypeOut(str, Enum):
     """Float type of the written dense and multi-vector columns."""

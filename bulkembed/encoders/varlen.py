@@ -95,11 +95,12 @@ def kernel_runs(device: str, dtype: torch.dtype) -> bool:
     """Whether a varlen flash kernel runs attention on `device` in `dtype`: CUDA, half
     precision, a GPU of compute capability 8.0 or later, and PyTorch's kernel (in a build
     with flash attention) or flash-attn installed."""
-    if not device.startswith("cuda") or dtype not in _HALF or _kernel() is None:
+    kernel = _kernel()
+    if not device.startswith("cuda") or dtype not in _HALF or kernel is None:
         return False
     if torch.cuda.get_device_capability(device) < _FLASH_CAPABILITY:
         return False
-    return _kernel() is not _torch_kernel() or torch.backends.cuda.is_flash_attention_available()
+    return kernel is not _torch_kernel() or torch.backends.cuda.is_flash_attention_available()
 
 
 def kernel_attention(

@@ -20,11 +20,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from bulkembed.config import OnBadRecord
+from bulkembed.config import Attention, OnBadRecord
 from bulkembed.devices import cpu_threads_per_worker
 from bulkembed.engine.ahead import ReadAhead
 from bulkembed.engine.plan import RunOutcome, RunPlan
-from bulkembed.engine.session import DeviceSession, settle_dtype
+from bulkembed.engine.session import DeviceSession, settle_dtype, tell
 from bulkembed.engine.stream import (
     EmbeddedWindow,
     embed_windows,
@@ -274,10 +274,7 @@ def _embed_on_devices(
     )
     reporter.phase(f"loading the model on {', '.join(devices)}")
     pool = UnitPool(work, devices, reporter.warn)
-    for notice in pool.ready.notices:
-        reporter.warn(notice)
-    for remark in pool.ready.remarks:
-        reporter.info(remark)
+    tell(reporter, pool.ready.notices, pool.ready.remarks)
     stopped = True
     try:
         reporter.info(_describe(plan, pool, pool.budget, len(done), previous))
@@ -313,7 +310,7 @@ def _embed_on_devices(
         if isinstance(sink, ParquetSink):
             # What a device process that died (or was stopped) was writing.
             sink.remove_temporaries(pool.pids)
-    attention = "flat" if pool.unpadded else "padded"
+    attention = Attention.ran(pool.unpadded).value
     return RunOutcome(
         stats, ",".join(devices), dtype.value, pool.budget, precision, None, attention
     )

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
-from bulkembed.config import DType
+from bulkembed.config import Attention, DType
 from bulkembed.progress import Reporter
 
 if TYPE_CHECKING:
@@ -95,7 +95,7 @@ class DeviceSession:
     @property
     def attention(self) -> str:
         """How batches run: `flat` or `padded`."""
-        return "flat" if self.embedder.unpadded else "padded"
+        return Attention.ran(self.embedder.unpadded).value
 
     def _start_pool(self) -> Embedder:
         """One encoder process per device, in the run's dtype."""
@@ -112,11 +112,7 @@ class DeviceSession:
 
     def _tell(self, notices: Iterable[str], remarks: Iterable[str]) -> None:
         """Warn of `notices` and remark `remarks`, those not said before."""
-        for told, say in ((notices, self.reporter.warn), (remarks, self.reporter.info)):
-            for message in told:
-                if message not in self._told:
-                    self._told.add(message)
-                    say(message)
+        tell(self.reporter, notices, remarks, self._told)
 
     def _use_budget(self, budget: int | None, lower_only: bool = True) -> None:
         """Batch by `budget` tokens from now on (`--max-batch-tokens auto`); unless told
@@ -223,3 +219,19 @@ def settle_dtype(
         del session
         if device.startswith("cuda"):
             torch.cuda.empty_cache()
+
+
+def tell(
+    reporter: Reporter,
+    notices: Iterable[str],
+    remarks: Iterable[str],
+    told: set[str] | None = None,
+) -> None:
+    """Warn of the `notices` of encoders' loads and remark their `remarks`, each once: those
+    in `told` were said before, and `told` keeps what is said now."""
+    said = set() if told is None else told
+    for messages, say in ((notices, reporter.warn), (remarks, reporter.info)):
+        for message in messages:
+            if message not in said:
+                said.add(message)
+                say(message)
