@@ -353,3 +353,84 @@ def test_the_bfloat16_twin_of_the_check_compiles_the_same_graph(tiny_st):
     tokenizer = TextTokenizer(TokenizerSettings(spec.tokenizer_json, spec.max_length, spec.prompt))
     flat, lengths, _ = tokenizer(texts)
     np.testing.assert_array_equal(twin.embed_batch(TokenBatch(flat, lengths)).dense, b.dense)
+
+
+# An export cache that cannot be written only costs the conversion's time.
+
+
+def _unwritable_cache(tmp_path: Path, monkeypatch) -> Path:
+    """A cache folder under a regular file, and temporary folders under `tmp_path/tmp`."""
+    (tmp_path / "file").write_text("a file, not a folder")
+    monkeypatch.setenv("BULKEMBED_CACHE_DIR", str(tmp_path / "file" / "cache"))
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    monkeypatch.setattr("tempfile.tempdir", str(temporary))
+    return temporary
+
+
+def test_a_cache_under_a_file_converts_in_a_temporary_folder_with_one_warning(
+    tmp_path, tiny_st, monkeypatch
+):
+    temporary = _unwritable_cache(tmp_path, monkeypatch)
+    corpus = write_jsonl(tmp_path / "c.jsonl", records(4))
+    result = run_cli(corpus, tiny_st("cls"), tmp_path / "out", "--dtype", "float32")
+    assert result.exit_code == 0, result.output
+    warning = (
+        f"warning: the export cache {tmp_path / 'file' / 'cache'} cannot be written ([Errno 20] "
+        f"Not a directory: '{tmp_path / 'file' / 'cache' / 'openvino'}'): converting "
+        f"{tiny_st('cls')} in a "
+        "temporary folder for this run (set BULKEMBED_CACHE_DIR to a writable folder to "
+        "convert it once)"
+    )
+    assert [line for line in result.output.splitlines() if "warning" in line] == [warning]
+    summary = json.loads((tmp_path / "out" / "_bulkembed" / "summary.json").read_text())
+    assert summary["backend"] == "openvino"
+    assert list(temporary.iterdir()) == []
+
+
+def test_a_full_disk_under_the_cache_converts_elsewhere_or_runs_in_pytorch(
+    tmp_path, tiny_st, monkeypatch
+):
+    import openvino
+
+    save = openvino.save_model
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("BULKEMBED_CACHE_DIR", str(cache))
+
+    def full_under_cache(model, path, **options):
+        if str(path).startswith(str(cache)):
+            raise RuntimeError("Exception from src/core/src/pass/serialize.cpp: basic_ios::clear")
+        save(model, path, **options)
+
+    monkeypatch.setattr(openvino, "save_model", full_under_cache)
+    spec = _spec(tiny_st("mean"))
+    encoder, found = _encode(spec, sample_texts(5))
+    assert encoder.backend is Backend.OPENVINO
+    assert len(encoder.notices) == 1 and "cannot be written" in encoder.notices[0]
+    assert "basic_ios::clear" in encoder.notices[0]
+    _, expected = _encode(_spec(tiny_st("mean"), backend="torch"), sample_texts(5))
+    assert cosines(found.dense, expected.dense).min() > 0.9999
+
+    def full(model, path, **options):
+        raise RuntimeError("basic_ios::clear")
+
+    monkeypatch.setattr(openvino, "save_model", full)
+    encoder, found = _encode(spec, sample_texts(5))
+    assert encoder.backend is Backend.TORCH
+    assert encoder.notices[-1] == (
+        f"OpenVINO cannot write its conversion of {spec.source}: basic_ios::clear; running it "
+        "in PyTorch instead"
+    )
+    np.testing.assert_array_equal(found.dense, expected.dense)
+
+
+def test_embed_with_an_unwritable_cache_prints_its_vector(tmp_path, tiny_st, monkeypatch):
+    from typer.testing import CliRunner
+
+    from bulkembed.cli import app
+
+    _unwritable_cache(tmp_path, monkeypatch)
+    result = CliRunner().invoke(app, ["embed", "hello", "--model", str(tiny_st("mean"))])
+    assert result.exit_code == 0, result.output
+    assert len(json.loads(result.stdout.splitlines()[-1])["dense"]) == 32
+    assert "cannot be written" in result.stderr

@@ -274,15 +274,11 @@ class Encoder(ABC):
             def load() -> Any:
                 return load_model(self.spec, "cpu", torch.float32, masked_lm)
 
-            def rebuilt(reason: str) -> None:
-                self.notices.append(
-                    f"the cached OpenVINO conversion of {self.spec.source} is unusable "
-                    f"({reason}): converting it again"
-                )
-
             threads = torch.get_num_threads()
             try:
-                converted = load_openvino(self.spec, self.dtype, masked_lm, threads, load, rebuilt)
+                converted = load_openvino(
+                    self.spec, self.dtype, masked_lm, threads, load, self.notices.append
+                )
             except ModelError as e:
                 if self.spec.backend != Backend.AUTO.value:
                     raise

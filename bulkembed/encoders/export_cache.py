@@ -10,18 +10,22 @@ A conversion is written into a temporary folder beside its place and renamed int
 step, so a reader never sees half a folder. Two processes converting at once each write
 their own temporary folder; the first rename wins, and the other process checks and uses
 the winner's folder. Nothing outside `ROOT` is touched, and inside it only folders whose
-names this module gives.
+names this module gives. The cache only saves time: where it cannot be created or written
+(a read-only home, a path under a file, a full disk), `converted` makes the conversion in a
+temporary folder of its own, removed once it has been read.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import shutil
 import socket
+import tempfile
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -160,3 +164,29 @@ def cached(
         if building.exists():
             shutil.rmtree(building, ignore_errors=True)
     return folder
+
+
+@contextlib.contextmanager
+def converted(
+    kind: str,
+    key: dict[str, Any],
+    build: Callable[[Path], None],
+    rebuilt: Callable[[str], None] | None = None,
+    unwritable: Callable[[str], None] | None = None,
+) -> Iterator[Path]:
+    """The folder of `key` under `kind` (`cached`), for as long as the `with` block reads
+    it; where the cache cannot be written, a temporary folder that `build` writes into and
+    that is removed afterwards (`unwritable(reason)` is told why)."""
+    try:
+        folder = cached(kind, key, build, rebuilt)
+    except (OSError, RuntimeError) as e:
+        # RuntimeError: what converters raise when a file cannot be written.
+        reason = f"{cache_root()} cannot be written ({e})".splitlines()[0]
+    else:
+        yield folder
+        return
+    if unwritable is not None:
+        unwritable(reason)
+    with tempfile.TemporaryDirectory(prefix="bulkembed-convert-") as temporary:
+        build(Path(temporary))
+        yield Path(temporary)

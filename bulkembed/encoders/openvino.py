@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bulkembed.encoders.export_cache import cached
+from bulkembed.encoders.export_cache import converted
 from bulkembed.errors import ModelError
 from bulkembed.version import __version__
 
@@ -166,11 +166,13 @@ def load_openvino(
     masked_lm: bool,
     threads: int,
     load: Callable[[], Any],
-    rebuilt: Callable[[str], None] | None = None,
+    tell: Callable[[str], None],
 ) -> OpenVINOModel:
     """The model of `spec` compiled by OpenVINO for the CPU in `dtype`: converted from the
-    PyTorch model `load()` returns into the export cache unless a valid conversion is there
-    (`rebuilt(reason)` is told when one there is replaced)."""
+    PyTorch model `load()` returns into the export cache unless a valid conversion is there.
+    `tell` is told when one there is replaced, and when the cache cannot be written (the
+    conversion is then made in a temporary folder, removed once read); a conversion that
+    cannot be written there either is a `ModelError`."""
     import openvino as ov
     from transformers import AutoConfig
 
@@ -178,11 +180,27 @@ def load_openvino(
         config = AutoConfig.from_pretrained(spec.source, revision=spec.revision)
     except (OSError, ValueError) as e:
         raise ModelError(f"cannot load the model {spec.source}: {e}") from e
-    folder = cached(
-        "openvino",
-        conversion_key(spec, masked_lm),
-        lambda into: convert(load, spec.source, masked_lm, into),
-        rebuilt,
-    )
-    graph = ov.Core().read_model(folder / "model.xml")
+
+    def rebuilt(reason: str) -> None:
+        tell(
+            f"the cached OpenVINO conversion of {spec.source} is unusable ({reason}): "
+            "converting it again"
+        )
+
+    def unwritable(reason: str) -> None:
+        tell(
+            f"the export cache {reason}: converting {spec.source} in a temporary folder for "
+            "this run (set BULKEMBED_CACHE_DIR to a writable folder to convert it once)"
+        )
+
+    def build(into: Path) -> None:
+        convert(load, spec.source, masked_lm, into)
+
+    key = conversion_key(spec, masked_lm)
+    try:
+        with converted("openvino", key, build, rebuilt, unwritable) as folder:
+            graph = ov.Core().read_model(folder / "model.xml")
+    except (OSError, RuntimeError) as e:
+        message = f"OpenVINO cannot write its conversion of {spec.source}: {e}"
+        raise ModelError(message.splitlines()[0]) from e
     return OpenVINOModel(graph, config, masked_lm, dtype, threads)
