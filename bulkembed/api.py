@@ -273,4 +273,11 @@ def _text_list(texts: str | Iterable[str]) -> list[str]:
             raise UsageError(
                 f"text {number} is a {type(text).__name__}, not a string: pass strings only"
             )
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise UsageError(
+                f"text {number} holds an unpaired surrogate (U+{ord(text[e.start]):04X}) at "
+                f"character {e.start}, which is not valid Unicode: pass valid text"
+            ) from None
     return listed

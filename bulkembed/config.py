@@ -18,6 +18,9 @@ DEFAULT_MAX_BATCH_TOKENS = 16384
 # Records per unit of work in JSON lines, Arrow and dataset inputs (a Parquet unit is a
 # row group): the granularity of parts and of resume.
 DEFAULT_RECORDS_PER_UNIT = 4096
+# What an incremental run may delete at most (`--max-deletes`): a tenth of the previous
+# output's rows.
+DEFAULT_MAX_DELETES = 0.1
 OUTPUTS = ("dense", "sparse", "multivector")
 # Column names the output uses for itself (`vector` is the dense column in LanceDB).
 RESERVED_COLUMNS = ("id", *OUTPUTS, "content_hash", "vector")
@@ -200,6 +203,7 @@ class RunConfig:
     index_partitions: int | None = None
     fts: bool = False
     since: str | None = None
+    max_deletes: float | None = DEFAULT_MAX_DELETES
     verify_inputs: bool = False
     records_per_unit: int = DEFAULT_RECORDS_PER_UNIT
     shard: ShardSpec | None = None
@@ -255,6 +259,12 @@ class RunConfig:
             raise UsageError(
                 f"--max-bad-records {limit}: give a count (25) or a fraction of the records "
                 "read below 1 (0.01)"
+            )
+        deletes = self.max_deletes
+        if deletes is not None and (deletes < 0 or (deletes >= 1 and deletes != int(deletes))):
+            raise UsageError(
+                f"--max-deletes {deletes:g}: give a count (500), a fraction of the previous "
+                "output's rows below 1 (0.25), or None for no limit"
             )
         self._check_output_options()
         self._check_distribution()

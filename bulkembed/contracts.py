@@ -30,7 +30,10 @@ class UnitRecord:
     `carried` rows were copied from a previous output (`--since`), `changed` of them or of
     the others had another text there; `tokens`, `padded_tokens` and `truncated` count the
     embedded rows, `carried_tokens` and `carried_truncated` the carried ones; `version` is
-    where the sink found the unit (a LanceDB table version)."""
+    where the sink found the unit (a LanceDB table version). A unit of `kept` rows holds
+    rows of the previous output that an incremental run did not delete although its input
+    did not hold them (their record or file could not be read, or the deletes were held
+    back): it has no input of its own."""
 
     part: str
     rows: int
@@ -43,6 +46,7 @@ class UnitRecord:
     carried_tokens: int = 0
     carried_truncated: int = 0
     version: int | None = field(default=None)
+    kept: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,6 +17,8 @@ class ExitCode(IntEnum):
     USAGE = 2
     # The run finished, but set aside more bad records than --max-bad-records allows.
     TOO_MANY_BAD_RECORDS = 3
+    # An incremental run finished without its deletes: more than --max-deletes allows.
+    TOO_MANY_DELETES = 4
     # The output is in use by another run (EX_TEMPFAIL): retry later.
     OUTPUT_LOCKED = 75
     # Stopped by SIGINT (128 + 2) or SIGTERM (128 + 15); committed parts are kept.
@@ -62,6 +64,18 @@ class TooManyBadRecords(BulkembedError):
     have returned it."""
 
     exit_code: ClassVar[int] = ExitCode.TOO_MANY_BAD_RECORDS
+
+    def __init__(self, message: str, summary: object = None) -> None:
+        super().__init__(message)
+        self.summary = summary
+
+
+class TooManyDeletes(BulkembedError):
+    """An incremental run (`--since`) finished and committed its new and changed documents,
+    but deleted nothing: its input lost more of the previous output's ids than
+    `--max-deletes` allows. `summary` is the run's `Summary`."""
+
+    exit_code: ClassVar[int] = ExitCode.TOO_MANY_DELETES
 
     def __init__(self, message: str, summary: object = None) -> None:
         super().__init__(message)

@@ -21,10 +21,14 @@ in the run directory (`ChangeSet`):
   (the parts' schema). A unit's upserts are committed just before its part, and the unit is
   marked done after both: a unit embedded again after a crash writes the same file again,
   under the same name, so each id is there exactly once, also after any number of restarts.
-- `changes/deletes.parquet`: one column, `id`: PREV's ids that the new output does not hold.
+- `changes/deletes.parquet`: one column, `id`: PREV's ids that the new output does not hold
+  and that are gone (`bulkembed.deletions`: what could not be read is kept, not deleted).
   It is written once every unit is done, before the output is marked complete, from PREV's
   parts and the output's: a run resumed after a crash computes the same list. With `--limit`
   it is not written (the documents past the limit were not read).
+
+A bad record of an incremental run says in `previous` that PREV's rows it may have held are
+not deleted.
 """
 
 from __future__ import annotations
@@ -45,9 +49,15 @@ from bulkembed.errors import OutputError, UsageError
 from bulkembed.run_dir import RunDirectory, describe_changes
 from bulkembed.schema import CONTENT_HASH, EMBEDDING_COLUMNS
 from bulkembed.sinks import ParquetSink
-from bulkembed.sources import Chunk
+from bulkembed.sources import BadRecord, Chunk
 from bulkembed.sources.filters import id_hash
-from bulkembed.sources.records import Carried
+from bulkembed.sources.records import (
+    DUPLICATE_ID,
+    PREVIOUS_ROW_KEPT,
+    PREVIOUS_ROWS_KEPT,
+    Carried,
+    known_id,
+)
 from bulkembed.storage import AnyPath, ObjectPath, parquet_file
 from bulkembed.tokenize import TokenizerSettings
 
@@ -151,6 +161,10 @@ class PreviousOutput:
         self._parts = np.concatenate(parts)[order] if parts else np.empty(0, np.int32)
         self._rows = np.concatenate(rows)[order] if rows else np.empty(0, np.int64)
 
+    def rows_at(self, number: int, positions: np.ndarray) -> pa.Table:
+        """Every column of the rows at `positions` of PREV's part `number`."""
+        return parquet_file(self.parts[number]).read().take(pa.array(positions, pa.int64()))
+
     def _find(self, ids: list[Any]) -> np.ndarray:
         """For each id, its index in the lookup arrays, or -1."""
         if not len(self._keys):
@@ -198,9 +212,22 @@ class PreviousOutput:
                 start = end
         return pa.concat_tables(tables)
 
+    def _note_kept(self, bad: list[BadRecord]) -> None:
+        """Say of each bad record that PREV's rows it may hold are not deleted: its id's
+        row, if PREV has the id; any row, if its id is unknown."""
+        for record in bad:
+            if record.reason == DUPLICATE_ID:
+                continue
+            if not known_id(record.id):
+                record.previous = PREVIOUS_ROWS_KEPT
+            elif self._find([record.id])[0] >= 0:
+                record.previous = PREVIOUS_ROW_KEPT
+
     def carry_over(self, chunks: Iterable[Chunk]) -> Iterator[Chunk]:
-        """Move each chunk's unchanged records to `carried`, count its changed ones."""
+        """Move each chunk's unchanged records to `carried`, count its changed ones; note
+        on its bad records that PREV's rows are kept."""
         for chunk in chunks:
+            self._note_kept(chunk.bad)
             entries = self._find(chunk.ids.to_pylist())
             known = entries >= 0
             if not known.any():
@@ -215,21 +242,6 @@ class PreviousOutput:
                 chunk.carried = Carried(records, self._embeddings(entries[unchanged]))
                 chunk.keep(np.flatnonzero(~same).tolist())
             yield chunk
-
-
-def gone_ids(previous: PreviousOutput, output_ids: Iterable[Any]) -> pa.ChunkedArray:
-    """PREV's ids that are not among `output_ids`, in PREV's order. Ids are compared by
-    64-bit hash: an id of PREV whose hash matches a kept id's (odds about n² / 2⁶⁵) is
-    kept."""
-    kept = np.unique(np.fromiter(map(id_hash, output_ids), np.uint64))
-    gone = []
-    kind = pa.string()
-    for table in previous.id_tables():
-        ids = table.column("id")
-        kind = ids.type
-        hashes = np.fromiter(map(id_hash, ids.to_pylist()), np.uint64, len(ids))
-        gone.append(ids.filter(pa.array(~np.isin(hashes, kept))))
-    return pa.chunked_array([c for g in gone for c in g.chunks], kind)
 
 
 class ChangeSet:
@@ -262,12 +274,9 @@ class ChangeSet:
             upserts.remove([])
         self.deletes_path.unlink(missing_ok=True)
 
-    def write_deletes(self, previous: PreviousOutput, output_ids: Iterable[Any]) -> int:
-        """Write `deletes.parquet`: PREV's ids that are not among `output_ids`; return how
-        many."""
-        table = pa.table({"id": gone_ids(previous, output_ids)})
-        self._write_whole(table)
-        return table.num_rows
+    def write_deletes(self, ids: pa.ChunkedArray) -> None:
+        """Write `deletes.parquet`: the ids of PREV that are gone."""
+        self._write_whole(pa.table({"id": ids}))
 
     def _write_whole(self, table: pa.Table) -> None:
         """Write `deletes.parquet` whole or not at all (an object in one upload)."""
@@ -307,8 +316,17 @@ class PreviousTable(PreviousOutput):
         """The table's ids and content hashes, whole: its rows are found by their offset."""
         yield self._dataset.to_table(columns=["id", CONTENT_HASH])
 
+    def rows_at(self, number: int, positions: np.ndarray) -> pa.Table:
+        return table_rows(self._dataset, positions)
+
     def _embeddings(self, entries: np.ndarray) -> pa.Table:
         names = self._dataset.schema.names
         columns = [c for c in ("vector", *EMBEDDING_COLUMNS) if c in names]
-        rows = self._dataset.take(self._rows[entries].tolist(), columns=columns)
-        return rows.rename_columns(["dense" if c == "vector" else c for c in columns])
+        return table_rows(self._dataset, self._rows[entries], columns)
+
+
+def table_rows(dataset: Any, positions: np.ndarray, columns: list[str] | None = None) -> pa.Table:
+    """The rows at `positions` of a LanceDB table's dataset, its `vector` column named
+    `dense` as in Parquet parts."""
+    rows = dataset.take(positions.tolist(), columns=columns)
+    return rows.rename_columns(["dense" if c == "vector" else c for c in rows.column_names])

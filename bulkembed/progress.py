@@ -347,9 +347,10 @@ def _fit(line: str, width: int = SUMMARY_WIDTH) -> str:
 
 
 def summary_lines(summary: dict[str, Any]) -> list[str]:
-    """The end of a run in at most 8 lines of at most 80 columns: what the output holds,
-    this run's speed, the model, changes against `--since`, bad and truncated records, and
-    where the full figures are (`summary.json`, `bulkembed status`)."""
+    """The end of a run in at most 9 lines of at most 80 columns: what the output holds,
+    this run's speed, the model, changes against `--since` (and the rows it did not
+    delete), bad and truncated records, and where the full figures are (`summary.json`,
+    `bulkembed status`)."""
     output = summary.get("output") or "stdout"
     seconds = summary.get("seconds") or 0.0
     lines = [
@@ -366,12 +367,7 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
         f"{summary.get('outputs')}",
     ]
     if summary.get("new") is not None:
-        deleted = summary.get("deleted")
-        lines.append(
-            f"since the previous output: {summary['new']:,} new, {summary['changed']:,} "
-            f"changed, {summary['unchanged']:,} unchanged, "
-            + ("deleted unknown (--limit)" if deleted is None else f"{deleted:,} deleted")
-        )
+        lines += _since_lines(summary)
     if summary.get("bad_records"):
         lines.append(
             f"{counted(summary['bad_records'], 'bad record')} set aside (bad_records.jsonl)"
@@ -384,6 +380,24 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
     if output != "stdout":
         lines.append(f"full figures: bulkembed status {output} (and its summary.json)")
     return [_fit(line) for line in lines]
+
+
+def _since_lines(summary: dict[str, Any]) -> list[str]:
+    """New, changed, unchanged and deleted documents; and, on a line of their own, the
+    previous rows the run did not delete although its input lacks them."""
+    deleted = summary.get("deleted")
+    lines = [
+        f"since the previous output: {summary['new']:,} new, {summary['changed']:,} changed, "
+        f"{summary['unchanged']:,} unchanged, "
+        + ("deleted unknown (--limit)" if deleted is None else f"{deleted:,} deleted")
+    ]
+    withheld = summary.get("deletes_withheld") or 0
+    kept = summary.get("kept_unread") or 0
+    held = [f"{withheld:,} gone ({summary.get('deletes_held_by')})"] if withheld else []
+    held += [f"{kept:,} not read (bad_records.jsonl)"] if kept else []
+    if held:
+        lines.append(f"not deleted: {', '.join(held)}")
+    return lines
 
 
 def summary_table(summary: dict[str, Any], title: str = "bulkembed summary") -> Table:

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-from bulkembed.errors import TooManyBadRecords
+from bulkembed.deletions import MAX_BAD_RECORDS_OPTION, MAX_DELETES_OPTION, Deletions
+from bulkembed.errors import TooManyBadRecords, TooManyDeletes
 from bulkembed.wording import counted
 
 if TYPE_CHECKING:
@@ -16,7 +17,10 @@ if TYPE_CHECKING:
 @dataclass(frozen=True, slots=True)
 class Changes:
     """Documents against the `--since` output: new, changed, carried over unchanged, and
-    deleted (None with `--limit`, since the documents past it are not read); and what was
+    deleted (None with `--limit`, since the documents past it are not read); the previous
+    rows kept although the input did not hold them, because their record or file could
+    not be read (`kept_unread`) or because deleting them was over a limit
+    (`deletes_withheld`, `deletes_held_by` naming the limit's option); and what was
     embedded (the new and changed documents, their tokens and truncated texts), where the
     summary's `docs`, `tokens` and `truncated` cover the whole output."""
 
@@ -24,9 +28,21 @@ class Changes:
     changed: int
     unchanged: int
     deleted: int | None
+    kept_unread: int
+    deletes_withheld: int
+    deletes_held_by: str | None
     docs_embedded: int
     tokens_embedded: int
     truncated_embedded: int
+
+
+@dataclass(frozen=True, slots=True)
+class PreviousCounts:
+    """What an incremental run knows of its previous output: its rows, and what the run
+    did with the ids its input no longer holds (None until every unit is done)."""
+
+    rows: int
+    deletions: Deletions | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,34 +82,46 @@ class Summary:
         return {**docs, **({} if changes is None else asdict(changes)), **figures, **run}
 
 
-def _changes(done: dict[str, UnitRecord], previous_rows: int, limited: bool) -> Changes:
+def _changes(done: dict[str, UnitRecord], previous: PreviousCounts, limited: bool) -> Changes:
     """New, changed, unchanged and deleted documents against the `--since` output."""
-    rows = sum(r.rows for r in done.values())
-    carried = sum(r.carried for r in done.values())
-    changed = sum(r.changed for r in done.values())
-    deleted = None if limited else previous_rows - carried - changed
-    tokens = sum(r.tokens for r in done.values())
-    truncated = sum(r.truncated for r in done.values())
+    inputs = [r for r in done.values() if not r.kept]
+    rows = sum(r.rows for r in inputs)
+    carried = sum(r.carried for r in inputs)
+    changed = sum(r.changed for r in inputs)
+    deletions = previous.deletions or Deletions(previous.rows - carried - changed, 0)
+    tokens = sum(r.tokens for r in inputs)
+    truncated = sum(r.truncated for r in inputs)
     embedded = rows - carried
-    return Changes(embedded - changed, changed, carried, deleted, embedded, tokens, truncated)
+    return Changes(
+        new=embedded - changed,
+        changed=changed,
+        unchanged=carried,
+        deleted=None if limited else deletions.deleted,
+        kept_unread=deletions.kept,
+        deletes_withheld=deletions.withheld,
+        deletes_held_by=deletions.held_by,
+        docs_embedded=embedded,
+        tokens_embedded=tokens,
+        truncated_embedded=truncated,
+    )
 
 
 def summarize(
     done: dict[str, UnitRecord],
     stats: RunStats,
     run_info: dict[str, Any],
-    previous_rows: int | None = None,
+    previous: PreviousCounts | None = None,
     limited: bool = False,
 ) -> Summary:
-    """The whole output's figures (over every run that wrote it, carried-over documents
-    included) and this run's speed; with `previous_rows` (`--since`), the counts against
-    the previous output and what was embedded."""
+    """The whole output's figures (over every run that wrote it, carried-over and kept
+    documents included) and this run's speed; with `previous` (`--since`), the counts
+    against the previous output and what was embedded."""
     tokens = sum(r.tokens for r in done.values())
     padded = sum(r.padded_tokens for r in done.values())
     startup = stats.startup_seconds
     return Summary(
         docs=sum(r.rows for r in done.values()),
-        changes=None if previous_rows is None else _changes(done, previous_rows, limited),
+        changes=None if previous is None else _changes(done, previous, limited),
         tokens=tokens + sum(r.carried_tokens for r in done.values()),
         padding_efficiency=round(tokens / padded, 4) if padded else 1.0,
         bad_records=sum(r.bad_records for r in done.values()),
@@ -113,17 +141,43 @@ def summarize(
     )
 
 
-def check_bad_records(summary: Summary, limit: float | None) -> None:
-    """Raise `TooManyBadRecords` when the output holds more bad records than `limit`
+def over_bad_record_limit(limit: float | None, bad: int, read: int) -> bool:
+    """Whether `bad` bad records among `read` records are more than `--max-bad-records`
     allows: a count (25), or a fraction below 1 of the records read (0.01 for 1%)."""
     if limit is None:
+        return False
+    return bad > (limit * read if 0 < limit < 1 else limit)
+
+
+def check_bad_records(summary: Summary, limit: float | None) -> None:
+    """Raise `TooManyBadRecords` when the output holds more bad records than `limit`
+    allows; an incremental run then deleted nothing, which the message says."""
+    changes = summary.changes
+    # Rows kept from the previous output were not read.
+    kept = 0 if changes is None else changes.kept_unread + changes.deletes_withheld
+    read = summary.docs - kept + summary.bad_records
+    if not over_bad_record_limit(limit, summary.bad_records, read):
         return
-    read = summary.docs + summary.bad_records
-    allowed = limit * read if 0 < limit < 1 else limit
-    if summary.bad_records > allowed:
-        what = f"{limit:g} of {read} records read" if 0 < limit < 1 else f"{int(limit)}"
-        raise TooManyBadRecords(
-            f"{counted(summary.bad_records, 'bad record')}, over --max-bad-records {what}; "
-            "the run finished and committed the rest",
-            summary,
-        )
+    assert limit is not None
+    what = f"{limit:g} of {read} records read" if 0 < limit < 1 else f"{int(limit)}"
+    withheld = 0 if changes is None else changes.deletes_withheld
+    deletes = ""
+    if withheld:
+        deletes = f"; nothing was deleted ({counted(withheld, 'id')} gone from the input kept)"
+    raise TooManyBadRecords(
+        f"{counted(summary.bad_records, 'bad record')}, over {MAX_BAD_RECORDS_OPTION} {what}; "
+        f"the run finished and committed the rest{deletes}",
+        summary,
+    )
+
+
+def check_deletes(summary: Summary, limit: float | None) -> None:
+    """Raise `TooManyDeletes` when an incremental run withheld its deletes for being more
+    than `--max-deletes` allows."""
+    changes = summary.changes
+    if changes is None or changes.deletes_held_by != MAX_DELETES_OPTION:
+        return
+    # Each of the previous output's ids was found again, or was not and is now kept.
+    previous = changes.unchanged + changes.changed + changes.kept_unread + changes.deletes_withheld
+    withheld = Deletions(0, changes.kept_unread, changes.deletes_withheld, MAX_DELETES_OPTION)
+    raise TooManyDeletes(withheld.message(previous, limit), summary)

@@ -25,7 +25,7 @@ from typing import Any, Generic, TypeVar
 import numpy as np
 import pyarrow as pa
 
-from bulkembed.contracts import Embeddings, UnitRecord
+from bulkembed.contracts import Embeddings, UnitRecord, part_name
 from bulkembed.schema import CONTENT_HASH, record_batch
 from bulkembed.sinks import Sink
 from bulkembed.sources.records import BadRecord, Carried
@@ -76,9 +76,10 @@ Committed = Callable[[UnitRecord, list[dict[str, Any]]], None]
 class PartWriter:
     """Writes embedded chunks in input order and commits finished units, labelled with the
     run's id (`run_id`); `committed` is told of each unit once its part is in place (the run
-    directory's `RunDirectory.committed`: quarantine, then done-marker). `fence` runs
-    before each commit and raises if the run no longer holds the output (a lost lease).
-    `upserts`, when given, receives each unit's embedded rows (the change set of `--since`)."""
+    directory's `RunDirectory.committed`: quarantine, then done-marker). The sinks run
+    `fence` right before each commit, and it raises if the run no longer holds the output
+    (a lost lease). `upserts`, when given, receives each unit's embedded rows (the change
+    set of `--since`)."""
 
     def __init__(
         self,
@@ -91,17 +92,16 @@ class PartWriter:
     ) -> None:
         self.run_id = run_id
         self.committed = committed
-        self.fence = fence
         self.schema = schema
         self.sink = sink
         self.upserts = upserts
         if upserts is not None:
-            upserts.start(schema)
+            upserts.start(schema, fence)
         self.tallies: dict[str, _Tally] = {}
         # Bad records go to the quarantine with their unit's commit, so that a unit written
         # twice (a Ray actor lost halfway) does not report them twice.
         self.bad: dict[str, list[BadRecord]] = {}
-        sink.start(schema)
+        sink.start(schema, fence)
 
     def write(self, tokenized: TokenizedChunk, embeddings: Embeddings, padded: np.ndarray) -> None:
         chunk = tokenized.chunk
@@ -135,19 +135,61 @@ class PartWriter:
         tally.carried_truncated += tokenized.carried_truncated
         if chunk.last_in_unit:
             record = UnitRecord(chunk.part, **asdict(self.tallies.pop(chunk.part)))
-            bad = [b.fields() for b in self.bad.pop(chunk.part)]
-            kept = bad if len(json.dumps(bad, default=str)) <= LABEL_BAD_RECORDS_BYTES else None
-            label = {"run": self.run_id, "unit": {**asdict(record), "bad": kept}}
-            self.fence()
-            if self.upserts is not None:
-                self.upserts.commit(chunk.part, label)
-            found = self.sink.commit(chunk.part, label)
-            self.committed(replace(record, **found), bad)
+            self.commit(record, [b.fields() for b in self.bad.pop(chunk.part)])
+
+    def commit(self, record: UnitRecord, bad: list[dict[str, Any]]) -> None:
+        """Commit the part of `record` (and its upserts), labelled with the run's id, the
+        unit's counts and `bad`, its bad records; then tell `committed`."""
+        kept = bad if len(json.dumps(bad, default=str)) <= LABEL_BAD_RECORDS_BYTES else None
+        label = {"run": self.run_id, "unit": {**asdict(record), "bad": kept}}
+        if self.upserts is not None:
+            self.upserts.commit(record.part, label)
+        found = self.sink.commit(record.part, label)
+        self.committed(replace(record, **found), bad)
 
     def close(self) -> None:
         self.sink.close()
         if self.upserts is not None:
             self.upserts.close()
+
+
+class KeptUnits:
+    """Rows of the previous output that an incremental run keeps with no input unit to hold
+    them (`bulkembed.deletions`), written once every input unit is done, as units of their
+    own through `writer`: `part-<file>-<n>`, where `file` is one past the last input file,
+    of up to `per_unit` rows each."""
+
+    def __init__(self, writer: PartWriter, file: int, per_unit: int) -> None:
+        self.writer = writer
+        self.file = file
+        self.per_unit = per_unit
+        self.units = 0
+        self._pending: list[pa.Table] = []
+        self._rows = 0
+
+    def add(self, rows: pa.Table) -> None:
+        """Keep `rows`; a unit is committed each time `per_unit` rows are in hand."""
+        while rows.num_rows:
+            taken = rows.slice(0, self.per_unit - self._rows)
+            self._pending.append(taken)
+            self._rows += taken.num_rows
+            rows = rows.slice(taken.num_rows)
+            if self._rows == self.per_unit:
+                self._commit()
+
+    def _commit(self) -> None:
+        part = part_name(self.file, self.units)
+        for table in self._pending:
+            for batch in table.to_batches():
+                self.writer.sink.write(part, batch)
+        self.writer.commit(UnitRecord(part, self._rows, 0, 0, 0, 0, kept=self._rows), [])
+        self.units += 1
+        self._pending, self._rows = [], 0
+
+    def finish(self) -> None:
+        """Commit the last unit, if it holds any row."""
+        if self._rows:
+            self._commit()
 
 
 def write_window(

@@ -438,3 +438,46 @@ def test_written_types_as_the_run_writes_them(tmp_path, tiny_st, setting, option
     assert found.dense.dtype == expected.dtype
     # The same texts in the same batches: the same numbers.
     np.testing.assert_array_equal(found.dense, expected.reshape(len(texts), -1))
+
+
+def test_texts_that_are_not_valid_unicode_are_usage_errors(tiny_st):
+    model = str(tiny_st("mean"))
+    from_bytes = os.fsdecode(b"\xff\xfe")  # what Python makes of such a command-line argument
+    result = runner.invoke(app, ["embed", "fine", from_bytes, "--model", model, *RUN_OPTIONS])
+    assert result.exit_code == 2
+    assert (
+        result.stderr == "error: TEXT 2 is not valid UTF-8 (byte 0xff at byte 0): pass UTF-8 text\n"
+    )
+    with pytest.raises(BulkembedError) as raised:
+        _load(model).embed(["fine", "ab\ud800"])
+    assert raised.value.exit_code == 2
+    assert str(raised.value) == (
+        "text 1 holds an unpaired surrogate (U+D800) at character 2, which is not valid "
+        "Unicode: pass valid text"
+    )
+
+
+def test_embed_output_is_a_file_in_a_folder_that_exists_or_stdout(tmp_path, tiny_st):
+    arguments = ["embed", "one", "two", "--model", str(tiny_st("cls")), *RUN_OPTIONS]
+    missing = runner.invoke(app, [*arguments, "--output", str(tmp_path / "no" / "v.jsonl")])
+    assert (missing.exit_code, missing.stderr) == (
+        1,
+        f"error: --output {tmp_path / 'no' / 'v.jsonl'}: the folder {tmp_path / 'no'} does not "
+        "exist; create it\n",
+    )
+    folder = runner.invoke(app, [*arguments, "--output", str(tmp_path)])
+    assert (folder.exit_code, folder.stderr) == (
+        1,
+        f"error: --output {tmp_path} is a directory: name a file in it\n",
+    )
+    dash = runner.invoke(app, [*arguments, "--output", "-"], catch_exceptions=False)
+    assert dash.exit_code == 0, dash.output
+    assert [sorted(json.loads(line)) for line in dash.stdout.splitlines()] == [["dense"]] * 2
+    assert not Path("-").exists()
+    npy = runner.invoke(app, [*arguments, "--format", "npy", "--output", "-"])
+    assert npy.exit_code == 0, npy.output
+    import io
+
+    np.testing.assert_array_equal(
+        np.load(io.BytesIO(npy.stdout_bytes)), _load(tiny_st("cls")).embed(["one", "two"]).dense
+    )

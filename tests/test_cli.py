@@ -145,8 +145,19 @@ def test_limit_and_integer_ids(tmp_path, tiny_st):
             1,
             "error: cannot write to {tmp}/file.txt/out",
         ),
+        (
+            ["{corpus}", "--model", "{model}", "--output", "{corpus}"],
+            2,
+            "error: --output {corpus} is one of the inputs ({corpus}): choose another --output",
+        ),
     ],
-    ids=["missing-input", "unknown-model", "missing-text-column", "unwritable-output"],
+    ids=[
+        "missing-input",
+        "unknown-model",
+        "missing-text-column",
+        "unwritable-output",
+        "output-is-an-input",
+    ],
 )
 def test_user_errors_are_one_line_without_traceback(tmp_path, tiny_st, args, code, message):
     corpus = write_jsonl(tmp_path / "c.jsonl", [{"id": "a", "text": "hello", "title": "t"}])

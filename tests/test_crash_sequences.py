@@ -3,6 +3,7 @@ exactly the uninterrupted run's, or the rerun refuses in one line naming what it
 
 import json
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +13,7 @@ from fault_harness import run_forked
 from helpers import sample_texts, write_mixed_corpus
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
-from typer.testing import CliRunner
+from typer.testing import CliRunner, Result
 
 from bulkembed.cli import app
 
@@ -82,21 +83,61 @@ def _damage(out: Path, target: int, truncate: bool) -> str:
     return str(path.relative_to(out))
 
 
+# Damage to the output: which file (an index into its sorted files), and whether it is cut
+# in half rather than deleted.
+DAMAGE = st.none() | st.tuples(st.integers(0, 1000), st.booleans())
 _ROUND = st.tuples(
+    st.just("marked"),
     st.integers(1, UNITS - 1),  # SIGKILL after this many units are marked done
-    st.none() | st.tuples(st.integers(0, 1000), st.booleans()),  # damage: file, truncate?
+    DAMAGE,
 )
-
-
-@pytest.mark.slow
-@settings(
-    max_examples=50,
+# Each sequence runs real processes: no deadline, the same examples on every run.
+SEQUENCES = settings(
     deadline=None,
     database=None,
     derandomize=True,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
-@given(rounds=st.lists(_ROUND, min_size=1, max_size=2), damage_at_end=_ROUND.map(lambda r: r[1]))
+
+
+def crash_sequence(
+    arguments: list[str],
+    out: Path,
+    rounds: list[tuple[str, int, tuple[int, bool] | None]],
+    damage_at_end: tuple[int, bool] | None,
+    after_each: Callable[[], None] = lambda: None,
+) -> Result | None:
+    """Runs killed by SIGKILL at the nth pass through a stage (`rounds`: stage, n, then
+    damage to a file of `out` or None), `after_each` checked after each, and one more
+    damage; then the last run, whose result is returned. A run that refuses must do it in
+    one line naming a damaged file: then None."""
+    damaged: list[str] = []
+    for stage, n, damage in rounds:
+        killed = run_forked(stage, n, "SIGKILL", arguments)
+        after_each()
+        if killed.returncode != -9:
+            # Done before the kill (units already done in an earlier round), or refused.
+            assert killed.returncode in (0, 1), killed.stderr
+            if killed.returncode == 1:
+                _assert_one_line_naming(killed.stderr, damaged)
+                event("refused")
+                return None
+        if damage is not None:
+            damaged.append(_damage(out, *damage))
+    if damage_at_end is not None:
+        damaged.append(_damage(out, *damage_at_end))
+    final = CliRunner().invoke(app, arguments)
+    if final.exit_code == 1:
+        _assert_one_line_naming(final.stderr, damaged)
+        event("refused")
+        return None
+    assert final.exit_code == 0, final.output
+    return final
+
+
+@pytest.mark.slow
+@settings(SEQUENCES, max_examples=50)
+@given(rounds=st.lists(_ROUND, min_size=1, max_size=2), damage_at_end=DAMAGE)
 def test_crashes_and_damage_end_in_the_uninterrupted_output_or_a_one_line_refusal(
     reference, tiny_st, rounds, damage_at_end
 ):
@@ -104,26 +145,8 @@ def test_crashes_and_damage_end_in_the_uninterrupted_output_or_a_one_line_refusa
     with tempfile.TemporaryDirectory() as folder:
         out = Path(folder) / "out"
         arguments = _arguments(reference.corpus, model, out)
-        damaged = []
-        for units, damage in rounds:
-            killed = run_forked("marked", units, "SIGKILL", arguments)
-            if killed.returncode != -9:
-                # Done before the kill (units already done in an earlier round), or refused.
-                assert killed.returncode in (0, 1), killed.stderr
-                if killed.returncode == 1:
-                    _assert_one_line_naming(killed.stderr, damaged)
-                    event("refused")
-                    return
-            if damage is not None:
-                damaged.append(_damage(out, *damage))
-        if damage_at_end is not None:
-            damaged.append(_damage(out, *damage_at_end))
-        final = CliRunner().invoke(app, arguments)
-        if final.exit_code == 1:
-            _assert_one_line_naming(final.stderr, damaged)
-            event("refused")
+        if crash_sequence(arguments, out, rounds, damage_at_end) is None:
             return
-        assert final.exit_code == 0, final.output
         vectors, bad = _contents(out)
         assert vectors.keys() == reference.vectors.keys()
         for key, vector in reference.vectors.items():

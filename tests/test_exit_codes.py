@@ -18,6 +18,7 @@ from bulkembed.errors import (
     Interrupted,
     OutputLocked,
     TooManyBadRecords,
+    TooManyDeletes,
     UsageError,
     exit_status,
 )
@@ -41,10 +42,11 @@ def _corpus_with_bad_lines(tmp_path, good: int = 20):
 
 
 def test_the_codes_are_the_documented_ones():
-    assert [int(c) for c in ExitCode] == [0, 1, 2, 3, 75, 130, 143, 141]
+    assert [int(c) for c in ExitCode] == [0, 1, 2, 3, 4, 75, 130, 143, 141]
     assert exit_status(UsageError("x")) == 2 and exit_status(BulkembedError("x")) == 1
     assert exit_status(LockedError("x")) == 75 and isinstance(LockedError("x"), OutputLocked)
     assert exit_status(TooManyBadRecords("x")) == 3 and exit_status(ValueError("x")) == 1
+    assert exit_status(TooManyDeletes("x")) == 4
     assert (exit_status(Interrupted(2, "x")), exit_status(Interrupted(15, "x"))) == (130, 143)
 
 

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -52,14 +54,16 @@ def _environment() -> dict[str, str]:
     return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
 
 
-def _start(arguments: list[str], fault: tuple[str, int] | None = None) -> subprocess.Popen:
-    """`bulkembed` with `arguments` in a process of its own; with `fault` (stage, n), killed
-    by SIGKILL at the nth pass through the stage (`fault_harness`)."""
+def _start(
+    arguments: list[str], fault: tuple[str, int] | None = None, signal_name: str = "SIGKILL"
+) -> subprocess.Popen:
+    """`bulkembed` with `arguments` in a process of its own; with `fault` (stage, n), sent
+    `signal_name` at the nth pass through the stage (`fault_harness`)."""
     if fault is None:
         command = [sys.executable, "-m", "bulkembed", *arguments]
     else:
         stage, n = fault
-        command = [sys.executable, str(HARNESS), stage, str(n), "SIGKILL", "--", *arguments]
+        command = [sys.executable, str(HARNESS), stage, str(n), signal_name, "--", *arguments]
     return subprocess.Popen(command, stderr=subprocess.PIPE, env=_environment())
 
 
@@ -187,3 +191,32 @@ def test_the_ray_engine_writes_what_one_process_writes(tmp_path, whole):
     _assert_same(tmp_path / "db", expected)
     status = _status(tmp_path / "db")
     assert (status["state"], status["units_done"]) == ("complete", UNITS)
+
+
+def _wait_until_stopped(pid: int) -> None:
+    deadline = time.monotonic() + 300
+    while Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "T":
+        assert time.monotonic() < deadline, "the run never stopped"
+        time.sleep(0.1)
+
+
+def test_a_run_frozen_while_another_takes_its_lease_stops_before_it_commits(s3, whole):
+    corpus, model, expected = whole
+    db = s3.uri("lance/frozen")
+    # Frozen with a unit's data files written, not committed; its lease taken meanwhile.
+    frozen = _start(_arguments(corpus, model, db), ("fragments", 2), "SIGSTOP")
+    try:
+        _wait_until_stopped(frozen.pid)
+        taker = _start(_arguments(corpus, model, db, "--break-lock"))
+        _, stderr = taker.communicate(timeout=300)
+        assert taker.returncode == 0, stderr.decode()
+    finally:
+        os.kill(frozen.pid, signal.SIGCONT)
+    _, stderr = frozen.communicate(timeout=300)
+    lines = stderr.decode().strip().splitlines()
+    assert frozen.returncode == 75, stderr.decode()
+    assert lines[-1].startswith("error: ") and lines[-1].endswith(
+        "was taken over by another run; this run stops here"
+    )
+    _assert_same(db, expected)
+    assert _status(db)["state"] == "complete"

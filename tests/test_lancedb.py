@@ -354,3 +354,13 @@ def test_a_shard_that_reads_the_ledger_before_another_compacts_goes_on(
     assert again.exit_code == 0, again.output
     assert len(reads) >= 2
     assert table.count_rows() == 90
+
+
+def test_a_quiet_lancedb_run_prints_nothing(tmp_path, tiny_st):
+    # OpenVINO forks a process of its own at import: LanceDB must not warn of it.
+    corpus, _ = _corpus(tmp_path, n=9)
+    out = f"lancedb://{tmp_path / 'db'}?table=docs"
+    command = [sys.executable, "-m", "bulkembed", *_arguments(corpus, tiny_st("mean"), out)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert (result.stdout, result.stderr) == ("", "")

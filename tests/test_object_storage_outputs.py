@@ -16,7 +16,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from fault_harness import run_forked
-from helpers import ROOT, read_output, run_cli, sample_texts, write_jsonl, write_mixed_corpus
+from helpers import (
+    ROOT,
+    read_output,
+    records,
+    run_cli,
+    sample_texts,
+    write_jsonl,
+    write_mixed_corpus,
+)
 from typer.testing import CliRunner
 
 from bulkembed import storage
@@ -352,3 +360,38 @@ def test_a_run_file_replaced_while_it_is_read_is_read_again(s3, monkeypatch):
     with pytest.raises(OutputError, match=r"^cannot read s3://.*the output is damaged"):
         read_json(path)
     assert len(reads) == 3
+
+
+def test_a_bucket_removed_mid_run_is_the_error_reported(tmp_path, s3, tiny_st, monkeypatch):
+    corpus = write_jsonl(tmp_path / "c.jsonl", records(30))
+    out = s3.uri("gone")
+    mark_done = RunDirectory.mark_done
+
+    def remove_the_bucket_after_the_first_unit(self, record, bad):
+        mark_done(self, record, bad)
+        client = s3.server.client()
+        keys = [{"Key": key} for key in s3.keys(prefix="")]
+        client.delete_objects(Bucket=s3.name, Delete={"Objects": keys})
+        client.delete_bucket(Bucket=s3.name)
+
+    monkeypatch.setattr(RunDirectory, "mark_done", remove_the_bucket_after_the_first_unit)
+    result = run_cli(corpus, tiny_st("mean"), out, "--records-per-unit", "10")
+    assert result.exit_code == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "The specified bucket does not exist" in lines[0], result.stderr
+    # The first failure, not the lease's clean-up after it.
+    assert "DeleteObject" not in lines[0], lines[0]
+
+
+def test_a_lease_that_expires_centuries_ahead_is_shown_as_a_date(tmp_path, s3, tiny_st):
+    corpus = write_jsonl(tmp_path / "c.jsonl", records(3))
+    out = s3.uri("odd")
+    lease = {"holder": "pid 1 on elsewhere", "token": "t", "expires": 9999999999, "host": "x"}
+    (location(out) / "_bulkembed" / "lease").write_bytes(json.dumps(lease).encode())
+    result = run_cli(corpus, tiny_st("mean"), out)
+    assert result.exit_code == 75
+    assert result.stderr == (
+        f"error: {out} is in use by a running bulkembed (pid 1 on elsewhere; its lease runs "
+        "until 2286-11-20 17:46 UTC, further ahead than any renewal sets it); wait for it to "
+        "finish or stop it, or pass --break-lock if that run is dead\n"
+    )

@@ -231,6 +231,14 @@ def test_a_damaged_part_is_refused_naming_it(finished, tiny_st):
     assert line.startswith(f"error: {part} is damaged (")
     assert line.endswith("delete it to have its unit embedded again, or use --overwrite")
     assert len(line.splitlines()) == 1 and part.exists()
+    # The output was finished: the run that found it damaged is what `status` reports.
+    status = json.loads(CliRunner().invoke(app, ["status", str(out), "--json"]).stdout)
+    assert status["state"] == "failed"
+    assert status["message"].startswith(f"failed with exit status 1: {part} is damaged (")
+    part.unlink()
+    assert run_cli(corpus, tiny_st("mean"), out, *FLOAT32).exit_code == 0
+    status = json.loads(CliRunner().invoke(app, ["status", str(out), "--json"]).stdout)
+    assert status["state"] == "complete"
 
 
 def test_a_part_of_another_output_is_refused_not_taken_in(finished, tiny_st, tmp_path):

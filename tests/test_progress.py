@@ -123,6 +123,12 @@ def test_the_closing_summary_fits_ten_lines_of_80_columns():
     assert "since the previous output: 3 new, 5 changed, 1,234,559 unchanged, 2 deleted" in lines
     assert "25 bad records set aside (bad_records.jsonl)" in lines
     assert "1,204 docs cut at 512 tokens (--max-length)" in lines
+    held = {**summary, "deleted": 0, "kept_unread": 40, "deletes_withheld": 7}
+    held["deletes_held_by"] = "--max-deletes"
+    assert summary_lines(held)[4:6] == [
+        "since the previous output: 3 new, 5 changed, 1,234,559 unchanged, 0 deleted",
+        "not deleted: 7 gone (--max-deletes), 40 not read (bad_records.jsonl)",
+    ]
 
 
 def test_a_run_names_its_start_up_phases_and_ends_with_a_short_summary(tmp_path, tiny_st):

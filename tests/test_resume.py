@@ -13,6 +13,7 @@ from helpers import (
     records,
     run_cli,
     write_corpus,
+    write_jsonl,
 )
 from typer.testing import CliRunner
 
@@ -216,3 +217,16 @@ def test_status_reports_done_and_pending_units(tmp_path, tiny_st):
     missing = runner.invoke(app, ["status", str(tmp_path / "nothing")])
     assert missing.exit_code == 0
     assert "state │ not-started" in " ".join(missing.stdout.split())
+
+
+def test_naming_the_default_id_column_is_the_same_setting(tmp_path, tiny_st):
+    corpus = write_jsonl(
+        tmp_path / "c.jsonl", [{"id": "a", "text": "one"}, {"id": "b", "text": "two"}]
+    )
+    out = tmp_path / "out"
+    assert run_cli(corpus, tiny_st("mean"), out).exit_code == 0
+    again = run_cli(corpus, tiny_st("mean"), out, "--id-column", "id")
+    assert again.exit_code == 0, again.output
+    other = run_cli(corpus, tiny_st("mean"), out, "--id-column", "text")
+    assert other.exit_code == 1
+    assert "(--id-column: 'id' -> 'text')" in other.stderr

@@ -315,3 +315,37 @@ def test_overwrite_removes_the_change_set(synced, tmp_path):
     assert result.exit_code == 0, result.output
     changes = out / "_bulkembed" / "changes"
     assert sorted(p.name for p in changes.rglob("*") if p.is_file()) == ["notes.txt"]
+
+
+def test_an_unfinished_sync_with_other_inputs_is_refused_naming_the_table(
+    synced, lance_v1, tmp_path, monkeypatch
+):
+    from bulkembed.sinks.lance_sync import TableMerge
+
+    folder, model, _ = synced
+    db = tmp_path / "db"
+    shutil.copytree(lance_v1, db)
+    uri = f"lancedb://{db}?table=docs"
+    commit = TableMerge.commit
+
+    def fail_after_the_first_unit(self, part, label):
+        if part != "part-00000-000000":
+            raise OSError(28, "No space left on device")
+        return commit(self, part, label)
+
+    with monkeypatch.context() as patched:
+        patched.setattr(TableMerge, "commit", fail_after_the_first_unit)
+        failed = run_cli(folder / "v2", model, uri, *SETTINGS, "--since", uri)
+    assert failed.exit_code == 1
+    corpus = tmp_path / "v3"
+    shutil.copytree(folder / "v2", corpus)
+    with open(corpus / "b.jsonl", "a") as f:
+        f.write(json.dumps({"id": "new-v3", "text": "one more document"}) + "\n")
+    refused = run_cli(corpus, model, uri, *SETTINGS, "--since", uri)
+    assert refused.exit_code == 1
+    assert refused.stderr.startswith(
+        f"error: the sync of {uri} holds a run with other settings (the inputs ("
+    ), refused.stderr
+    again = run_cli(corpus, model, uri, *SETTINGS, "--since", uri, "--overwrite")
+    assert again.exit_code == 0, again.output
+    assert _table(db).num_rows == 1000 + 3 - 2 + 1

@@ -33,6 +33,7 @@ from bulkembed.cli.options import (
     Limit,
     MaxBadRecords,
     MaxBatchTokens,
+    MaxDeletes,
     MaxLength,
     Model,
     Normalize,
@@ -60,6 +61,7 @@ from bulkembed.cli.options import (
     batch_tokens,
 )
 from bulkembed.config import (
+    DEFAULT_MAX_DELETES,
     DEFAULT_RECORDS_PER_UNIT,
     Attention,
     Backend,
@@ -140,11 +142,29 @@ def _bad_record_limit(text: str | None) -> float | None:
         ) from None
 
 
+def _delete_limit(text: str) -> float | None:
+    """`--max-deletes`: a count (`500`), a fraction below 1 of the previous output's rows
+    (`0.25`), or `all` (None: no limit)."""
+    if text.strip().lower() == "all":
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if value < 0 or (value >= 1 and value != int(value)):
+        raise UsageError(
+            f"--max-deletes {text}: give a count (500), a fraction of the previous output's "
+            "rows below 1 (0.25), or all"
+        )
+    return value
+
+
 EXIT_STATUS_HELP = """Exit status: 0 done; 1 the run failed (model, output, a worker, an
 unexpected error); 2 usage error (an option, a recipe or an input path); 3 finished, with
-more bad records than --max-bad-records; 75 the output is in use by another run (retry
-later); 130 or 143 stopped by SIGINT or SIGTERM (run the same command to resume); 141 the
-reader of --output - closed the pipe."""
+more bad records than --max-bad-records (nothing deleted); 4 finished without deleting: more
+deletes than --max-deletes; 75 the output is in use by another run (retry later); 130 or
+143 stopped by SIGINT or SIGTERM (run the same command to resume); 141 the reader of
+--output - closed the pipe."""
 
 
 def _print_version(value: bool) -> None:
@@ -209,6 +229,7 @@ def run(
     index_partitions: IndexPartitions = None,
     fts: Fts = False,
     since: Since = None,
+    max_deletes: MaxDeletes = f"{DEFAULT_MAX_DELETES:g}",
     verify_inputs: VerifyInputs = False,
     records_per_unit: RecordsPerUnit = DEFAULT_RECORDS_PER_UNIT,
     shard: ShardOption = None,
@@ -264,6 +285,7 @@ def run(
             index_partitions=index_partitions,
             fts=fts,
             since=since,
+            max_deletes=_delete_limit(max_deletes),
             verify_inputs=verify_inputs,
             records_per_unit=records_per_unit,
             shard=None if shard is None else ShardSpec.parse(shard),

@@ -70,7 +70,9 @@ Format = Annotated[
 ]
 EmbedOutput = Annotated[
     str | None,
-    typer.Option("--output", "-o", help="The file to write. Default for json: stdout."),
+    typer.Option(
+        "--output", "-o", help="The file to write, or - for stdout. Default for json: stdout."
+    ),
 ]
 EmbedDevices = Annotated[
     str,
@@ -126,10 +128,12 @@ def embed_command(guarded: Callable[[Callable[[], Any]], Any]) -> Callable[..., 
                 raise UsageError(
                     "--query applies the model's query prompt: leave out --prompt and --prompt-name"
                 )
+            _check_arguments(texts)
+            target = None if output == "-" else output
             if output_format is EmbedFormat.NPY and output is None:
-                raise UsageError("--format npy writes a file: pass --output FILE.npy")
-            if output is not None and os.path.exists(output) and not overwrite:
-                raise OutputError(f"{output} exists: pass --overwrite to replace it")
+                raise UsageError("--format npy writes a file: pass --output FILE.npy (or -)")
+            if target is not None:
+                _check_output(target, overwrite)
             settings: dict[str, Any] = {
                 "recipe": recipe,
                 "revision": revision,
@@ -154,29 +158,75 @@ def embed_command(guarded: Callable[[Callable[[], Any]], Any]) -> Callable[..., 
             }
             with load(model, **settings) as encoder:
                 found = encoder.embed_query(texts) if query else encoder.embed(texts)
-            if output_format is EmbedFormat.NPY:
-                assert output is not None
-                _write_npy(found, output)
-            elif output is None:
-                for line in json_lines(found, len(texts)):
-                    typer.echo(line)
-            else:
-                with open(output, "w", encoding="utf-8") as f:
-                    f.writelines(line + "\n" for line in json_lines(found, len(texts)))
+            _write(found, len(texts), output_format, target)
 
         guarded(action)
 
     return embed
 
 
-def _write_npy(found: Embeddings, output: str) -> None:
-    """The dense matrix into `output`, with numpy's `.npy` layout."""
+def _check_arguments(texts: list[str]) -> None:
+    """Refuse a TEXT argument that is not valid UTF-8 (Python keeps its bytes as lone
+    surrogates)."""
+    for number, text in enumerate(texts, start=1):
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raw = text.encode("utf-8", "surrogateescape")
+            position = len(text[: e.start].encode("utf-8", "surrogateescape"))
+            raise UsageError(
+                f"TEXT {number} is not valid UTF-8 (byte 0x{raw[position]:02x} at byte "
+                f"{position}): pass UTF-8 text"
+            ) from None
+
+
+def _write(found: Embeddings, count: int, output_format: EmbedFormat, output: str | None) -> None:
+    """The `count` texts' embeddings into `output` (None: stdout), as `output_format` says."""
+    if output_format is EmbedFormat.NPY:
+        _write_npy(found, output)
+    elif output is None:
+        for line in json_lines(found, count):
+            typer.echo(line)
+    else:
+        lines = "".join(line + "\n" for line in json_lines(found, count))
+        _write_file(output, lines.encode("utf-8"))
+
+
+def _check_output(output: str, overwrite: bool) -> None:
+    """Refuse, before the model loads, an `--output` file that cannot be written."""
+    if os.path.isdir(output):
+        raise OutputError(f"--output {output} is a directory: name a file in it")
+    folder = os.path.dirname(output) or "."
+    if not os.path.isdir(folder):
+        raise OutputError(f"--output {output}: the folder {folder} does not exist; create it")
+    if os.path.exists(output) and not overwrite:
+        raise OutputError(f"{output} exists: pass --overwrite to replace it")
+
+
+def _write_file(output: str, data: bytes) -> None:
+    try:
+        with open(output, "wb") as f:
+            f.write(data)
+    except OSError as e:
+        raise OutputError(f"cannot write {output}: {e.strerror or e}") from e
+
+
+def _write_npy(found: Embeddings, output: str | None) -> None:
+    """The dense matrix into `output` (None: stdout), with numpy's `.npy` layout."""
+    import io
+    import sys
+
     import numpy as np
 
     if found.dense is None:
         raise UsageError("--format npy writes dense vectors: this model gives none")
-    with open(output, "wb") as f:
-        np.save(f, found.dense)
+    data = io.BytesIO()
+    np.save(data, found.dense)
+    if output is None:
+        sys.stdout.buffer.write(data.getvalue())
+        sys.stdout.buffer.flush()
+    else:
+        _write_file(output, data.getvalue())
 
 
 def json_lines(found: Embeddings, count: int) -> list[str]:

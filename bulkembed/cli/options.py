@@ -314,6 +314,16 @@ Since = Annotated[
         **_from_env("SINCE"),
     ),
 ]
+MaxDeletes = Annotated[
+    str,
+    typer.Option(
+        help="With --since: delete at most this many of the previous output's ids gone "
+        "from the input: a count (500), a fraction of its rows (0.25), or all. Over it the "
+        "run writes its new and changed documents, deletes nothing and exits with status 4.",
+        metavar="N",
+        **_from_env("MAX_DELETES"),
+    ),
+]
 VerifyInputs = Annotated[
     bool,
     typer.Option(

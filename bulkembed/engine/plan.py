@@ -36,7 +36,8 @@ class RunPlan:
     `--devices` text, resolved on the cluster. `dtype` is the dtype the run starts in as
     far as this process can tell. `all_units` is every unit of the inputs, counted up front
     for `--shard` and `--engine ray`; `my_units` the share of `--shard`. `started` is when
-    the command started, on the monotonic clock (see `RunStats`)."""
+    the command started, on the monotonic clock (see `RunStats`). `unread_directories`
+    are input directories that could not be listed (their files are left out)."""
 
     config: RunConfig
     spec: ModelSpec
@@ -51,6 +52,7 @@ class RunPlan:
     my_units: frozenset[str] | None
     storage_options: StorageOptions = StorageOptions()
     started: float = 0.0
+    unread_directories: tuple[str, ...] = ()
 
     @property
     def tokenizer_settings(self) -> TokenizerSettings:
@@ -143,10 +145,10 @@ def plan_run(config: RunConfig, reporter: Reporter, started: float) -> RunPlan:
             f"{target.label} holds an earlier run, and input from stdin (-) cannot be "
             "resumed: pass --overwrite to start over, or choose another --output"
         )
-    skipped: list[str] = []
+    skipped: list[tuple[str, str]] = []
     files = list_inputs(config.inputs, exclude=target.path, skipped=skipped, options=options)
-    for directory in skipped:
-        reporter.warn(f"input directory {directory} cannot be read: its files are left out")
+    for directory, why in skipped:
+        reporter.warn(f"input directory {directory} ({why}) cannot be read: its files are left out")
     reader = RecordReader(
         files,
         config.text_column,
@@ -190,4 +192,5 @@ def plan_run(config: RunConfig, reporter: Reporter, started: float) -> RunPlan:
         else shard_parts(units, config.shard),
         storage_options=options,
         started=started,
+        unread_directories=tuple(directory for directory, _ in skipped),
     )

@@ -24,22 +24,21 @@ from typing import TYPE_CHECKING, Any
 from bulkembed.config import Engine, RunConfig
 from bulkembed.contracts import UnitRecord
 from bulkembed.engine.plan import RunOutcome, RunPlan, plan_run
+from bulkembed.engine.since import Incremental
 from bulkembed.engine.sync import TableSync, refuse_synced, syncs_in_place
-from bulkembed.errors import (
-    BulkembedError,
-    Interrupted,
-    OutputError,
-    OutputLocked,
-    exit_status,
-    one_line,
-)
-from bulkembed.incremental import ChangeSet, PreviousOutput, PreviousTable
+from bulkembed.errors import BulkembedError, Interrupted, OutputLocked, exit_status, one_line
+from bulkembed.incremental import ChangeSet, PreviousOutput
 from bulkembed.progress import QuietReporter, Reporter, RunStats
 from bulkembed.run_dir import LockedError, RunDirectory, fingerprint
 from bulkembed.run_dir.intents import Intents, finishing
-from bulkembed.sinks import ParquetSink, Sink, make_sink
-from bulkembed.storage import location
-from bulkembed.summary import Summary, check_bad_records, summarize
+from bulkembed.sinks import Sink, make_sink
+from bulkembed.summary import (
+    PreviousCounts,
+    Summary,
+    check_bad_records,
+    check_deletes,
+    summarize,
+)
 from bulkembed.version import __version__
 from bulkembed.wording import counted
 
@@ -114,6 +113,7 @@ def embed_corpus(config: RunConfig, reporter: Reporter | None = None) -> Summary
         # Said again last: a run several times slower than it could be is worth a look.
         reporter.warn(f"this run computed in float32: --dtype auto: {precision.describe()}")
     check_bad_records(summary, config.max_bad_records)
+    check_deletes(summary, config.max_deletes)
     return summary
 
 
@@ -149,63 +149,28 @@ def _run(
         reporter.warn(repair)
     try:
         run.clear_failure()
-        complete = run.is_complete()
-        previous: PreviousOutput | None = None
-        previous_rows = None
-        changes: ChangeSet | None = None
         if config.overwrite and sink.resumable:
             ChangeSet(run.meta).remove()
-        upserts: Callable[[], Sink] | None = None
-        if config.since is not None and (complete or (sync is not None and sync.deleted())):
-            previous_rows = run.read_config().get("previous_rows")
-        elif sync is not None:
-            previous = sync.previous()
-            previous_rows = previous.rows
-            _share_quantization(plan, run, previous)
-            upserts = sync.upserts()
-        elif config.since is not None:
-            since = location(config.since, plan.storage_options)
-            previous = PreviousOutput(since, settings)
-            previous_rows = previous.rows
-            _share_quantization(plan, run, previous)
-            if isinstance(sink, ParquetSink):
-                changes = ChangeSet(run.meta)
-                changes.open(plan.my_units)
-        spec_fields = {k: v for k, v in asdict(plan.spec).items() if k != "tokenizer_json"}
-        paths = [{"name": f.name, "path": str(f.path)} for f in plan.files]
-        run.write_config(
-            {
-                "version": __version__,
-                "fingerprint": settings,
-                "input_paths": paths,
-                "model": spec_fields,
-                "previous_rows": previous_rows,
-                **({} if sync is None else _sync_state(run, sync)),
-                "records_per_unit": config.records_per_unit,
-                **plan.run_info(),
-            }
-        )
-        if "sparse" in plan.spec.outputs:
-            _write_vocabulary(run, plan)
+        since = None if config.since is None else Incremental(plan, run, sink, settings, sync)
+        complete = run.is_complete() and not (since is not None and since.reopens(done))
+        if since is not None:
+            since.prepare(complete)
+        _write_config(plan, run, settings, since)
         limited = config.limit is not None
         if complete:
             reporter.info(f"nothing to do: {plan.target.label} already holds every document")
             stats = RunStats(started=plan.started)
-            return summarize(done, stats, plan.run_info(), previous_rows, limited), None
-        if changes is not None:
-            upserts = changes.upserts
+            return summarize(done, stats, plan.run_info(), _changes(since), limited), None
+        previous = None if since is None else since.previous
+        upserts = None if since is None else since.upserts
         outcome = _dispatch(plan, run, sink, done, previous, upserts, reporter)
-        deletes = None
-        if changes is not None and previous is not None and not limited:
-            deletes = _deletes(changes, previous, sink, run)
-        if sync is not None:
-            table = previous if isinstance(previous, PreviousTable) else None
-            deletes = _applied(sync, table, sink, run, reporter.phase)
-        _finish_if_whole(plan, run, sink, reporter, deletes)
+        end = None if since is None else since.end(reporter.phase)
+        _finish_if_whole(plan, run, sink, reporter, end)
         done = run.done_units()
         # Lines a unit written twice (a lost Ray actor's) appended twice go.
         run.rebuild_quarantine(done, plan.my_units)
-        summary = summarize(done, outcome.stats, plan.run_info(outcome), previous_rows, limited)
+        info = plan.run_info(outcome)
+        summary = summarize(done, outcome.stats, info, _changes(since), limited)
         run.write_summary(summary.as_dict())
         return summary, outcome.precision
     except Exception as e:
@@ -219,6 +184,35 @@ def _run(
         if not sink.resumable:
             _report_bad_records(run, reporter)
         run.release_lock()
+
+
+def _write_config(
+    plan: RunPlan, run: RunDirectory, settings: dict[str, Any], since: Incremental | None
+) -> None:
+    """`config.json`: the fingerprint, the inputs, the model, and what an incremental run
+    keeps across restarts; `vocab.json` for sparse outputs."""
+    spec_fields = {k: v for k, v in asdict(plan.spec).items() if k != "tokenizer_json"}
+    paths = [{"name": f.name, "path": str(f.path)} for f in plan.files]
+    run.write_config(
+        {
+            "version": __version__,
+            "fingerprint": settings,
+            "input_paths": paths,
+            "model": spec_fields,
+            **({"previous_rows": None} if since is None else since.config_state()),
+            "records_per_unit": plan.config.records_per_unit,
+            **plan.run_info(),
+        }
+    )
+    if "sparse" in plan.spec.outputs:
+        _write_vocabulary(run, plan)
+
+
+def _changes(since: Incremental | None) -> PreviousCounts | None:
+    """What the summary counts against the previous output."""
+    if since is None or since.previous_rows is None:
+        return None
+    return PreviousCounts(since.previous_rows, since.deletions)
 
 
 def _dispatch(
@@ -240,42 +234,6 @@ def _dispatch(
     return embed_locally(plan, run, sink, done, previous, reporter, upserts)
 
 
-def _deletes(
-    changes: ChangeSet, previous: PreviousOutput, sink: Sink, run: RunDirectory
-) -> Callable[[], None]:
-    """What writes the change set's deletes once every unit is done: PREV's ids that no
-    done unit holds."""
-
-    def write() -> None:
-        changes.write_deletes(previous, sink.committed_ids(run.done_units()))
-
-    return write
-
-
-def _applied(
-    sync: TableSync,
-    previous: PreviousTable | None,
-    sink: Sink,
-    run: RunDirectory,
-    phase: Callable[[str], None],
-) -> Callable[[], None]:
-    """What brings the synced table to its end state once every unit is merged."""
-
-    def apply() -> None:
-        sync.apply(previous, sink.committed_ids(run.done_units()), phase)
-
-    return apply
-
-
-def _sync_state(run: RunDirectory, sync: TableSync) -> dict[str, Any]:
-    """What a sync's configuration keeps across restarts: the table's version it began
-    from, and whether the table reached its end state."""
-    before = run.read_config() if run.config_path.exists() else {}
-    version = sync.version if sync.version is not None else before.get("previous_version")
-    notes = {k: before.get(k, False) for k in ("table_deleted", "table_finished")}
-    return {"previous_version": version, **notes}
-
-
 def _finish_if_whole(
     plan: RunPlan,
     run: RunDirectory,
@@ -285,8 +243,8 @@ def _finish_if_whole(
 ) -> None:
     """Once every unit is done, finish the output (`Sink.finish`) and mark it complete: at
     once for a whole run; for a `--shard` run, when the other shards' units are done too.
-    `before_complete` runs just before the output is marked complete (`--since`: the change
-    set's deletes).
+    `before_complete` runs just before the output is marked complete (`--since`: the
+    deletes, and the units of rows kept).
     Shard runs that find every unit done at the same moment take turns: the first finishes,
     the others find the output complete, or leave it to the one finishing it."""
     done = run.done_units()
@@ -302,10 +260,11 @@ def _finish_if_whole(
     try:
         with finishing(run.meta, run.label):
             if not run.is_complete(done):
+                run.lock.check()
                 sink.finish(reporter.phase)
                 if before_complete is not None:
                     before_complete()
-                run.mark_complete(len(done))
+                run.mark_complete(len(run.done_units()))
     except LockedError:
         reporter.info(f"every unit is done; another run is finishing {run.label}")
 
@@ -320,22 +279,6 @@ def _write_vocabulary(run: RunDirectory, plan: RunPlan) -> None:
     for token, i in vocabulary.items():
         tokens[i] = token
     run.write_vocabulary(tokens)
-
-
-def _share_quantization(plan: RunPlan, run: RunDirectory, previous: PreviousOutput) -> None:
-    """Carried-over rows keep the previous output's int8/uint8 scale: so must new ones."""
-    quantize = plan.output_format.quantize
-    if quantize not in ("int8", "uint8") or run.read_quantization_ranges() is not None:
-        return
-    assert quantize is not None
-    previous_run = previous.run
-    ranges = previous_run.read_quantization_ranges()
-    if ranges is None:
-        raise OutputError(
-            f"--since {previous.path}: {previous_run.quantization_path} is missing, so its "
-            "int8/uint8 vectors cannot be matched; restore it, or run without --since"
-        )
-    run.write_quantization_ranges(quantize, ranges)
 
 
 def _report_bad_records(run: RunDirectory, reporter: Reporter) -> None:

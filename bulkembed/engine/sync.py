@@ -10,25 +10,30 @@ attempt did.
 
 For each unit, in this order: its new and changed rows are merged into the table by id
 (`TableMerge`), its id part is committed, its done-marker written. A unit replayed after a
-crash merges the same rows again, which changes nothing. Once every unit is done the ids
-of the previous version that the input no longer has are deleted, the table is compacted
-(and indexed, with `--index`), and the sync is marked complete. Each step is noted in the
-sync's configuration (`table_deleted`, `table_finished`): a crash before a note repeats
-that step (deleting nothing, compacting again), never one before it; once the deletes
-are noted the previous version is not read again (the compaction may have removed it).
-The next sync with other inputs starts its run directory over.
+crash merges the same rows again, which changes nothing. Once every unit is done the sync
+decides what it deletes (`bulkembed.engine.since`, `bulkembed.deletions`): the ids the table
+holds beyond the input units' ids are what the previous version held beyond them; those the
+input no longer has are deleted (the decision is noted in the sync's configuration first,
+so that a crash halfway finishes the same deletes), those it could not read, or whose
+deletes were withheld, are kept as id parts of their own. Then the table is compacted (and
+indexed, with `--index`), and the sync is marked complete. A crash before that repeats the
+end step; once it has begun the previous version is not read again (the compaction may
+have removed it). The next sync with other inputs starts its run directory over.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Any
 
+import numpy as np
+import pyarrow as pa
+
 from bulkembed.engine.plan import RunPlan
 from bulkembed.errors import UsageError
-from bulkembed.incremental import PreviousTable, gone_ids
+from bulkembed.incremental import PreviousTable, table_rows
 from bulkembed.run_dir import RunDirectory, describe_changes
 from bulkembed.run_dir.intents import Intents
 from bulkembed.sinks import LanceSink, Sink, make_sink, parse_output, sink_of
@@ -102,12 +107,16 @@ class TableSync:
         assert isinstance(sink, LanceSink)
         self.table = sink
         self.target = OutputTarget("parquet", self.table_run.meta / SYNC_DIRECTORY)
-        self.run = RunDirectory.for_target(self.target, None, config.break_lock)
+        assert self.target.path is not None
+        # Named in messages by the table, not by where its sync keeps its ledger.
+        label = f"the sync of {plan.target.label}"
+        self.run = RunDirectory(self.target.path, None, label, None, config.break_lock)
         self.version: int | None = None
 
     def staging(self, plan: RunPlan) -> tuple[RunPlan, RunDirectory, IdParts]:
-        """The sync's own run: its plan, run directory and sink of id parts. A sync that
-        finished with other settings (last night's inputs) is started over."""
+        """The sync's own run: its plan (writing the sync's directory, named by the table),
+        run directory and sink of id parts. A sync that finished with other settings (last
+        night's inputs) is started over."""
         config = plan.config
         overwrite = config.overwrite
         if self.run.config_path.exists() and self.run.is_complete():
@@ -115,7 +124,8 @@ class TableSync:
             overwrite = overwrite or bool(describe_changes(before, self.settings))
         staged = replace(config, output=str(self.target.path), overwrite=overwrite)
         assert self.target.path is not None
-        return replace(plan, config=staged, target=self.target), self.run, IdParts(self.target.path)
+        # The plan keeps the table as its target: what the summary and messages name.
+        return replace(plan, config=staged), self.run, IdParts(self.target.path)
 
     def lock(self) -> None:
         """Hold the table's run directory: no other run writes the table meanwhile."""
@@ -128,17 +138,6 @@ class TableSync:
 
     def unlock(self) -> None:
         self.table_run.release_lock()
-
-    def _noted(self, key: str) -> bool:
-        return bool(self.run.config_path.exists() and self.run.read_config().get(key))
-
-    def _note(self, key: str) -> None:
-        self.run.write_config({**self.run.read_config(), key: True})
-
-    def deleted(self) -> bool:
-        """Whether every unit was merged and the gone ids deleted (a crash after that):
-        the previous version is not needed again, and may be compacted away already."""
-        return self._noted("table_deleted")
 
     def previous(self) -> PreviousTable:
         """The table as it was when the sync began."""
@@ -153,17 +152,32 @@ class TableSync:
         options: StorageOptions | None = self.table.storage_options
         return functools.partial(TableMerge, self.table.path, self.table.table_name, options)
 
-    def apply(
-        self, previous: PreviousTable | None, ids: Iterable[Any], phase: Callable[[str], None]
-    ) -> None:
-        """Every unit is merged: delete the ids gone from the input (unless done already:
-        `previous` is None), then finish the table (compaction, indexes, each step named
-        to `phase`), noting each."""
-        if previous is not None:
-            delete_ids(self.table, gone_ids(previous, ids).to_pylist())
-            self._note("table_deleted")
-        if not self._noted("table_finished"):
-            self.table.finish(phase)
-            table = self.table_run
-            table.write_config({**table.read_config(), "synced": True})
-            self._note("table_finished")
+    def current(self) -> CurrentTable:
+        """The table as it is now: the previous version's rows and those merged since."""
+        return CurrentTable(self.table.dataset())
+
+    def delete(self, ids: list[pa.ChunkedArray]) -> None:
+        """Delete the rows of `ids` from the table (ids gone already are no matter)."""
+        delete_ids(self.table, (i for array in ids for i in array.to_pylist()))
+
+    def finish(self, phase: Callable[[str], None]) -> None:
+        """Every unit is merged and the deletes are done: compact the table and build its
+        indexes (each step named to `phase`), and note that a sync changed it."""
+        self.table.finish(phase)
+        table = self.table_run
+        table.write_config({**table.read_config(), "synced": True})
+
+
+class CurrentTable:
+    """A LanceDB table's ids as they are now, as one table; `id_schema` is the schema of
+    its `id` column alone."""
+
+    def __init__(self, dataset: Any) -> None:
+        self._dataset = dataset
+        self.id_schema = pa.schema([dataset.schema.field("id")])
+
+    def id_tables(self) -> Iterator[pa.Table]:
+        yield self._dataset.to_table(columns=["id"])
+
+    def rows_at(self, number: int, positions: np.ndarray) -> pa.Table:
+        return table_rows(self._dataset, positions)

@@ -20,13 +20,21 @@ or damaged quarantine file comes back whole.
 
 from __future__ import annotations
 
+import contextlib
 import secrets
-from collections.abc import Callable, Collection
+import sys
+from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bulkembed.contracts import RUN_DIRECTORY, UnitRecord
-from bulkembed.errors import OutputError, UnaccountedRows
+from bulkembed.errors import (
+    BulkembedError,
+    OutputError,
+    UnaccountedRows,
+    exit_status,
+    one_line,
+)
 from bulkembed.run_dir.files import (
     CONFIG_FILE,
     MARKER,
@@ -147,7 +155,13 @@ class RunDirectory:
                 self._run_id = self.read_config().get("run")
             self._run_id = self._run_id or secrets.token_hex(8)
             self.done_dir.mkdir(exist_ok=True)
-            return self.reconcile(sink, mine)
+            try:
+                return self.reconcile(sink, mine)
+            except BulkembedError as e:
+                # Damage found: `status` says the output failed until a run mends it.
+                with contextlib.suppress(OSError, BulkembedError):
+                    self.record_failure(exit_status(e), one_line(e))
+                raise
         except BaseException:
             self.lock.release()
             raise
@@ -197,7 +211,14 @@ class RunDirectory:
         self.lock.acquire()
 
     def release_lock(self) -> None:
-        self.lock.release()
+        """Let the output go. While an error ends the run, an error in letting it go (the
+        store gone with the first one) does not take its place."""
+        failing = sys.exc_info()[1] is not None
+        try:
+            self.lock.release()
+        except (OSError, BulkembedError):
+            if not failing:
+                raise
 
     def lock_holder(self) -> str | None:
         """Who holds the output now (`pid N on HOST`, or shard runs), or None."""
@@ -290,6 +311,12 @@ class RunDirectory:
     def is_complete(self, done: Collection[str] | None = None) -> bool:
         """Whether every unit is done (`Ledger.is_complete`)."""
         return self.ledger.is_complete(done)
+
+    def bad_records(self, done: dict[str, UnitRecord]) -> Iterator[dict[str, Any]]:
+        """The bad records of the units in `done`, as their markers keep them."""
+        for part, record in done.items():
+            if record.bad_records:
+                yield from (self.ledger.read(part) or {}).get("bad", [])
 
     def rebuild_quarantine(
         self, done: dict[str, UnitRecord], mine: Collection[str] | None = None

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from bulkembed.sources.reader import DEFAULT_ID_COLUMN
 from bulkembed.storage import is_uri, location
 
 if TYPE_CHECKING:
@@ -19,10 +20,12 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True, slots=True)
 class _Setting:
-    """A fingerprint setting: its name for the user, and its value for a run."""
+    """A fingerprint setting: its name for the user, and its value for a run; `unset` is
+    the value that None stands for (an option left out that means the same as a value)."""
 
     name: str
     value: Callable[[RunConfig, ModelSpec, list[InputFile]], Any]
+    unset: Any = None
 
 
 def _since(since: str | None) -> str | None:
@@ -70,7 +73,8 @@ SETTINGS: dict[str, _Setting] = {
     # As given: with `auto` a run may resume on another kind of device.
     "dtype": _Setting("--dtype", lambda c, s, f: c.dtype.value),
     "text_column": _Setting("--text-column", lambda c, s, f: c.text_column),
-    "id_column": _Setting("--id-column", lambda c, s, f: c.id_column),
+    # Left out, the id column is `id` where the inputs have one: the same setting.
+    "id_column": _Setting("--id-column", lambda c, s, f: c.id_column, DEFAULT_ID_COLUMN),
     "limit": _Setting("--limit", lambda c, s, f: c.limit),
     "inputs": _Setting("the inputs", _inputs),
     "keep_columns": _Setting("--keep-columns", lambda c, s, f: list(c.keep_columns)),
@@ -80,7 +84,14 @@ SETTINGS: dict[str, _Setting] = {
 
 def fingerprint(config: RunConfig, spec: ModelSpec, files: list[InputFile]) -> dict[str, Any]:
     """The settings that decide what the output holds. A run resumes only if they match."""
-    return {key: setting.value(config, spec, files) for key, setting in SETTINGS.items()}
+    return {
+        key: _normal(key, setting.value(config, spec, files)) for key, setting in SETTINGS.items()
+    }
+
+
+def _normal(key: str, value: Any) -> Any:
+    """A setting's value, None standing for the value it means."""
+    return SETTINGS[key].unset if value is None and key in SETTINGS else value
 
 
 def describe_changes(before: dict[str, Any], now: dict[str, Any]) -> list[str]:
@@ -92,8 +103,10 @@ def describe_changes(before: dict[str, Any], now: dict[str, Any]) -> list[str]:
             change = _inputs_change(before.get(key) or [], now.get(key) or [])
             if change is not None:
                 changes.append(f"{name} ({change})")
-        elif before.get(key) != now.get(key):
-            changes.append(f"{name}: {before.get(key)!r} -> {now.get(key)!r}")
+        else:
+            old, new = _normal(key, before.get(key)), _normal(key, now.get(key))
+            if old != new:
+                changes.append(f"{name}: {old!r} -> {new!r}")
     return changes
 
 

@@ -13,9 +13,10 @@ the holder last wrote (`If-Match`), and deleted, on the same condition, when the
   old lease's entity tag, so that of two runs taking it over at once only one wins.
   `--break-lock` takes over a lease that has not expired.
 - A holder stops before it commits or marks another unit (`check`, and `LeaseFence` in the
-  processes that commit units beside it) when another run took its lease, or when its last
-  renewal is older than the term less `FENCE_MARGIN` (it may have expired by another run's
-  clock). Commits that take longer than the margin are not covered; no unit's commit does.
+  processes that commit units beside it) when another run took its lease (both read the
+  lease object), or when its last renewal is older than the term less `FENCE_MARGIN` (it
+  may have expired by another run's clock). Only a run frozen between that read and its
+  commit, a moment, is not covered.
 
 On stores without conditional writes (GCS and Azure here) the create and the renewal are a
 check followed by a write: two runs started within the same second may both start.
@@ -30,6 +31,7 @@ import socket
 import threading
 import time
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from bulkembed.errors import BulkembedError, OutputLocked
@@ -44,6 +46,8 @@ if TYPE_CHECKING:
 LEASE_SECONDS = 60.0
 # A holder commits a unit only while its lease has this share of its term left.
 FENCE_MARGIN = 0.25
+# Seconds ahead past which a lease's expiry is shown as a date: no renewal sets it so far.
+FARTHEST_EXPIRY = 86_400
 
 
 def lease_seconds() -> float:
@@ -192,11 +196,16 @@ class ObjectLease:
         holder = fields.get("holder", "another run")
         if fields.get("shard"):
             holder = f"{holder}, shard {fields['shard']}"
-        left = max(0, round(_expires(fields) - time.time()))
+        expires = _expires(fields)
+        left = max(0, round(expires - time.time()))
+        when = f"expires in {left} s unless renewed"
+        if left > FARTHEST_EXPIRY:
+            day = datetime.fromtimestamp(expires, timezone.utc).strftime("%Y-%m-%d %H:%M")
+            when = f"runs until {day} UTC, further ahead than any renewal sets it"
         return LockedError(
             f"{which}{self.label} is in use by a running bulkembed ({holder}; its lease "
-            f"expires in {left} s unless renewed); wait for it to finish or stop it, or pass "
-            "--break-lock if that run is dead"
+            f"{when}); wait for it to finish or stop it, or pass --break-lock if that run is "
+            "dead"
         )
 
     def _renew(self) -> None:
@@ -224,8 +233,10 @@ class ObjectLease:
 
     def check(self) -> None:
         """Raise `LeaseLost` if another run took the lease, or if it was last renewed so
-        long ago that it may have expired by another run's clock. A lease this process does
-        not hold (a Ray actor's view of the run directory) has nothing to check."""
+        long ago that it may have expired by another run's clock. The lease object itself
+        is read: a run frozen for a while (SIGSTOP, a paused container) may find it taken
+        although its own renewals seem recent. A lease this process does not hold (a Ray
+        actor's view of the run directory) has nothing to check."""
         if self._thread is None:
             return
         if self._lost is not None:
@@ -235,6 +246,10 @@ class ObjectLease:
                 f"{self.label}: its lease {self.path} could not be renewed in time; this run "
                 "stops here"
             )
+        found = _read(self.path)
+        if found is None or (found[1] != self._version and found[0].get("token") != self.token):
+            self._lost = f"its lease {self.path} was taken over by another run"
+            raise LeaseLost(f"{self.label}: {self._lost}; this run stops here")
 
     def fence(self) -> LeaseFence:
         """The check for the processes that commit units for this run."""

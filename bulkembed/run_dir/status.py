@@ -5,8 +5,9 @@
 - not-started: the output holds no run directory;
 - running: a live run holds the output's lock or lease;
 - stopped: unfinished, and no run holds it (interrupted, or killed): run the command again;
-- complete: every unit is done;
-- failed: the last run ended with an error (`failed.json`, cleared when a run starts).
+- complete: every unit is done (and the last run did not fail);
+- failed: the last run ended with an error (`failed.json`, cleared when a run starts), also
+  one that found a finished output damaged.
 """
 
 from __future__ import annotations
@@ -55,14 +56,14 @@ def run_status(
     failure = run.read_failure()
     if holder:
         state, message = "running", f"running ({holder})"
-    elif run.is_complete(done):
-        state, message = "complete", "every unit is done"
     elif failure is not None:
         state = "failed"
         message = (
             f"failed with exit status {failure['exit_code']}: {failure['error']}; run the "
             "same command to resume"
         )
+    elif run.is_complete(done):
+        state, message = "complete", "every unit is done"
     else:
         state, message = "stopped", "unfinished: run the same command to resume"
     pending: int | None = 0

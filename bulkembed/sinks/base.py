@@ -22,6 +22,10 @@ def unshown(phase: str) -> None:
     """A step of `Sink.finish` that nobody is told about."""
 
 
+def unfenced() -> None:
+    """The fence of a run that no other run can take the output from (see `Sink.start`)."""
+
+
 @dataclass(slots=True)
 class Recovered:
     """What `Sink.reconcile` found beyond what the ledger says: `adopted`, the content of
@@ -54,6 +58,9 @@ class Sink(ABC):
         """Delete every row bulkembed wrote here, and nothing else (`--overwrite`);
         `marked` names the parts that the ledger says are done."""
 
+    def discard(self, parts: Collection[str]) -> None:  # noqa: B027 (as for check_foreign)
+        """Delete the committed parts `parts`, which the ledger no longer names."""
+
     def reconcile(
         self, done: dict[str, UnitRecord], run: str, mine: Collection[str] | None = None
     ) -> Recovered:
@@ -72,8 +79,10 @@ class Sink(ABC):
         return iter(())
 
     @abstractmethod
-    def start(self, schema: pa.Schema) -> None:
-        """Get ready to write rows of `schema`."""
+    def start(self, schema: pa.Schema, fence: Callable[[], None] = unfenced) -> None:
+        """Get ready to write rows of `schema`. `fence` raises when this run may no longer
+        write the output (another run took its lease): a sink calls it right before a commit
+        makes rows visible, after the rows are written."""
 
     @abstractmethod
     def write(self, part: str, batch: pa.RecordBatch) -> None:

@@ -56,7 +56,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import pyarrow as pa
 
 from bulkembed.errors import OutputError, UnaccountedRows
-from bulkembed.sinks.base import Recovered, Sink, unshown
+from bulkembed.sinks.base import Recovered, Sink, unfenced, unshown
 from bulkembed.storage import AnyPath, ObjectPath, StorageOptions
 
 if TYPE_CHECKING:
@@ -122,6 +122,10 @@ def _lancedb() -> Any:
         raise OutputError(
             "LanceDB output needs the lance extra: pip install 'bulkembed[lance]'"
         ) from None
+    # Both warn at every fork of a process that imported them. The processes a run forks
+    # (OpenVINO's telemetry sender) never touch a table.
+    warnings.filterwarnings("ignore", "lance is not fork-safe", UserWarning)
+    warnings.filterwarnings("ignore", "lancedb fork support is experimental", RuntimeWarning)
     return lancedb, lance
 
 
@@ -193,6 +197,7 @@ class LanceSink(Sink):
         self._pending_bytes = 0
         # Fragments written for the unit being written, not committed yet.
         self._fragments: list[Any] = []
+        self._fence: Callable[[], None] = unfenced
 
     def __reduce__(self) -> tuple[Any, ...]:
         """A copy sent to another process (a device process, a Ray actor) connects anew."""
@@ -389,8 +394,9 @@ class LanceSink(Sink):
                 for batch in fragment.to_batches(columns=["id"]):
                     yield from batch.column("id").to_pylist()
 
-    def start(self, schema: pa.Schema) -> None:
+    def start(self, schema: pa.Schema, fence: Callable[[], None] = unfenced) -> None:
         self.schema = pa.schema([f.with_name("vector") if f.name == "dense" else f for f in schema])
+        self._fence = fence
         table = self._existing_table()
         if table is None:
             self.path.mkdir(parents=True, exist_ok=True)
@@ -431,6 +437,8 @@ class LanceSink(Sink):
         if not fragments:
             return {}
         files = frozenset().union(*map(_files, fragments))
+        # Writing the rows took a while: is the output still this run's?
+        self._fence()
         earlier = self.intents.read(part)
         if earlier is not None:
             # Another writer of this unit was lost: after its commit, or before.

@@ -11,13 +11,13 @@ done-marker, cannot leave an id twice. Ids gone from the input are deleted at th
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import pyarrow as pa
 
 from bulkembed.errors import OutputError
-from bulkembed.sinks.base import Sink
+from bulkembed.sinks.base import Sink, unfenced
 from bulkembed.sinks.lance import LanceSink
 from bulkembed.sinks.parquet import ParquetSink
 from bulkembed.storage import AnyPath, StorageOptions
@@ -42,6 +42,7 @@ class TableMerge(Sink):
         self.lance = LanceSink(path, table, storage_options=storage_options)
         self.schema: pa.Schema | None = None
         self._pending: list[pa.RecordBatch] = []
+        self._fence: Callable[[], None] = unfenced
 
     def __reduce__(self) -> tuple[Any, ...]:
         """A copy sent to a device process connects anew."""
@@ -52,14 +53,22 @@ class TableMerge(Sink):
     def description(self) -> str:
         return self.lance.description
 
-    def start(self, schema: pa.Schema) -> None:
+    def start(self, schema: pa.Schema, fence: Callable[[], None] = unfenced) -> None:
         self.schema = pa.schema([f.with_name("vector") if f.name == "dense" else f for f in schema])
-        table = self.lance.db.open_table(self.lance.table_name)
-        if table.schema != self.schema:
-            raise OutputError(
-                f"{self.description} has columns {table.schema.names}, not the "
-                f"{self.schema.names} this run writes: run without --since"
-            )
+        self._fence = fence
+
+    def _check(self, table: Any) -> None:
+        """Refuse rows the table cannot take (checked once there are rows to merge)."""
+        assert self.schema is not None
+        if table.schema == self.schema:
+            return
+        if table.schema.names != self.schema.names:
+            why = f"has columns {table.schema.names}, not the {self.schema.names}"
+        else:
+            name = next(f.name for f, g in zip(table.schema, self.schema, strict=True) if f != g)
+            found, written = table.schema.field(name).type, self.schema.field(name).type
+            why = f"holds {name} as {found}, not as the {written}"
+        raise OutputError(f"{self.description} {why} this run writes: run without --since")
 
     def write(self, part: str, batch: pa.RecordBatch) -> None:
         assert self.schema is not None
@@ -70,6 +79,8 @@ class TableMerge(Sink):
         if not rows:
             return {}
         table = self.lance.db.open_table(self.lance.table_name)
+        self._check(table)
+        self._fence()
         try:
             (
                 table.merge_insert("id")
@@ -106,8 +117,8 @@ class IdParts(ParquetSink):
     """Parquet parts that keep only the `id` column: what an in-place sync keeps of each
     unit in its run directory, so that the input's ids are known at the end."""
 
-    def start(self, schema: pa.Schema) -> None:
-        super().start(pa.schema([schema.field("id")]))
+    def start(self, schema: pa.Schema, fence: Callable[[], None] = unfenced) -> None:
+        super().start(pa.schema([schema.field("id")]), fence)
 
     def write(self, part: str, batch: pa.RecordBatch) -> None:
         super().write(part, batch.select(["id"]))

@@ -24,7 +24,7 @@ import json
 import os
 import re
 import secrets
-from collections.abc import Collection, Iterator
+from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -34,7 +34,7 @@ import pyarrow.parquet as pq
 from bulkembed.contracts import RUN_DIRECTORY
 from bulkembed.errors import OutputError
 from bulkembed.schema import EMBEDDING_COLUMNS
-from bulkembed.sinks.base import Recovered, Sink
+from bulkembed.sinks.base import Recovered, Sink, unfenced
 from bulkembed.sources.files import READ_ERRORS
 from bulkembed.storage import AnyPath, ObjectPath, Spool, random_access
 
@@ -129,6 +129,7 @@ class ParquetSink(Sink):
         self._options: dict[str, Any] = {}
         self._open: dict[str, pq.ParquetWriter] = {}
         self._spools: dict[str, Spool] = {}
+        self._fence: Callable[[], None] = unfenced
 
     @property
     def description(self) -> str:
@@ -240,6 +241,10 @@ class ParquetSink(Sink):
         for path in [*ours, *self._temporaries()]:
             path.unlink(missing_ok=True)
 
+    def discard(self, parts: Collection[str]) -> None:
+        for part in parts:
+            self.part_path(part).unlink(missing_ok=True)
+
     def reconcile(
         self, done: dict[str, UnitRecord], run: str, mine: Collection[str] | None = None
     ) -> Recovered:
@@ -300,9 +305,10 @@ class ParquetSink(Sink):
                     raise _damaged(path, str(e)) from e
                 yield from table.column("id").to_pylist()
 
-    def start(self, schema: pa.Schema) -> None:
+    def start(self, schema: pa.Schema, fence: Callable[[], None] = unfenced) -> None:
         self.schema = schema
         self._options = writer_options(schema)
+        self._fence = fence
 
     def write(self, part: str, batch: pa.RecordBatch) -> None:
         assert self.schema is not None
@@ -324,6 +330,7 @@ class ParquetSink(Sink):
         try:
             writer.add_key_value_metadata({LABEL_KEY: json.dumps(label, default=str)})
             writer.close()
+            self._fence()
             if spool is not None:
                 spool.commit()
                 return {}

@@ -24,7 +24,7 @@ import pyarrow as pa
 from bulkembed.config import StreamFormat
 from bulkembed.errors import OutputError, PipeClosed
 from bulkembed.schema import SPARSE_TYPE
-from bulkembed.sinks.base import Sink, unshown
+from bulkembed.sinks.base import Sink, unfenced, unshown
 from bulkembed.wording import counted
 
 
@@ -43,18 +43,36 @@ class StreamSink(Sink):
     def description(self) -> str:
         return f"stdout ({self.format.value})"
 
-    def start(self, schema: pa.Schema) -> None:
+    def start(self, schema: pa.Schema, fence: Callable[[], None] = unfenced) -> None:
         if self.format is StreamFormat.ARROW:
             self._arrow = self._guard(lambda: pa.ipc.new_stream(self.stream, schema))
 
     def write(self, part: str, batch: pa.RecordBatch) -> None:
         if self._arrow is not None:
             self._guard(lambda: self._arrow.write_batch(batch))
+            self._guard(self.stream.flush)
+            self.records += batch.num_rows
         else:
             lines = json_lines(batch)
-            self._guard(lambda: self.stream.write(lines))
-        self._guard(self.stream.flush)
-        self.records += batch.num_rows
+            self._guard(lambda: self._write_lines(lines))
+
+    def _write_lines(self, lines: bytes) -> None:
+        """Write JSON lines, counting in `records` the whole lines the stream took: a reader
+        that closes the pipe may have taken part of them."""
+        try:
+            descriptor = self.stream.fileno()
+        except (OSError, ValueError):
+            self.stream.write(lines)
+            self.stream.flush()
+            self.records += lines.count(b"\n")
+            return
+        self.stream.flush()
+        view, written = memoryview(lines), 0
+        try:
+            while written < len(lines):
+                written += os.write(descriptor, view[written:])
+        finally:
+            self.records += lines.count(b"\n", 0, written)
 
     def commit(self, part: str, label: dict[str, Any]) -> dict[str, Any]:
         return {}
@@ -78,7 +96,7 @@ class StreamSink(Sink):
                 self._silence()
                 raise PipeClosed(
                     "stdout was closed by its reader; stopped after "
-                    f"{counted(self.records, 'whole record')}"
+                    f"{counted(self.records, 'whole record')} written"
                 ) from None
             raise OutputError(f"cannot write to stdout: {e}") from e
 

@@ -75,12 +75,12 @@ def _is_dataset_metadata(path: Path) -> bool:
 
 
 def walk(
-    root: Path, depth: int | None = None, skipped: list[str] | None = None
+    root: Path, depth: int | None = None, skipped: list[tuple[str, str]] | None = None
 ) -> Iterator[tuple[Path, bool]]:
     """Every entry below `root` as (path, is a directory), in sorted order, `depth` levels
     deep at most. Links to directories are followed, but not into a directory that is being
     walked already above them (a loop of links), so the walk always ends. A directory below
-    `root` that cannot be read is added to `skipped`."""
+    `root` that cannot be read is added to `skipped`, with why."""
     stack: list[tuple[Path, int, frozenset[tuple[int, int]]]] = [(root, 0, frozenset())]
     while stack:
         directory, level, above = stack.pop()
@@ -95,7 +95,7 @@ def walk(
                 raise InputError(
                     f"cannot read the input directory {directory}: {e.strerror}"
                 ) from e
-            skipped.append(f"{directory} ({e.strerror})")
+            skipped.append((str(directory), str(e.strerror)))
             continue
         inside = above | {(status.st_dev, status.st_ino)}
         below = []
@@ -107,7 +107,7 @@ def walk(
         stack.extend(reversed(below))
 
 
-def _inputs_below(directory: Path, skipped: list[str]) -> list[Path]:
+def _inputs_below(directory: Path, skipped: list[tuple[str, str]]) -> list[Path]:
     # Run directories (`_bulkembed/`) hold JSON files that are not input.
     return [
         p
@@ -139,7 +139,7 @@ def _matches(pattern: list[str], parts: tuple[str, ...]) -> bool:
     return fnmatch.fnmatchcase(parts[0], head) and _matches(rest, parts[1:])
 
 
-def _glob(argument: str, skipped: list[str]) -> tuple[Path, list[Path]]:
+def _glob(argument: str, skipped: list[tuple[str, str]]) -> tuple[Path, list[Path]]:
     """The root of a glob pattern, and the input files it names: files that match, and
     files below directories that match (only those with a trailing `/`)."""
     root, pattern = _glob_root(argument)
@@ -160,7 +160,7 @@ def _glob(argument: str, skipped: list[str]) -> tuple[Path, list[Path]]:
     return root, files
 
 
-def _expand(argument: str, skipped: list[str]) -> list[tuple[Path, Path]]:
+def _expand(argument: str, skipped: list[tuple[str, str]]) -> list[tuple[Path, Path]]:
     """(file, root) pairs for one input argument; ids are relative to the root."""
     path = Path(argument).expanduser()
     if path.is_dir():
@@ -256,6 +256,14 @@ def _missing(argument: str, path: ObjectPath) -> UsageError:
     return UsageError(f"input not found: {argument}")
 
 
+def _refuse_output(path: AnyPath, output: AnyPath | None, argument: str) -> None:
+    """An input file that is the output itself would be overwritten: refuse it."""
+    if output is not None and path == output:
+        raise UsageError(
+            f"--output {output} is one of the inputs ({argument}): choose another --output"
+        )
+
+
 def _is_below(path: AnyPath, directory: AnyPath) -> bool:
     if isinstance(path, ObjectPath):
         return path.is_relative_to(directory)
@@ -281,7 +289,7 @@ def _stdin_input() -> InputFile:
 def list_inputs(
     inputs: tuple[str, ...] | list[str],
     exclude: AnyPath | None = None,
-    skipped: list[str] | None = None,
+    skipped: list[tuple[str, str]] | None = None,
     options: StorageOptions | None = None,
 ) -> list[InputFile]:
     """Every input file once, sorted by path, then the files of `hf://` datasets in the
@@ -305,6 +313,7 @@ def list_inputs(
         where = location(argument, options) if is_uri(argument) else None
         if isinstance(where, ObjectPath):
             for found, name, found_status in _expand_object(argument, where):
+                _refuse_output(found, excluded, argument)
                 if excluded is None or not _is_below(found, excluded):
                     fmt = format_name(found) or ""
                     size, modified = found_status.st_size, found_status.st_mtime_ns
@@ -313,6 +322,7 @@ def list_inputs(
         local = argument if where is None else str(where)
         for path, root in _expand(local, [] if skipped is None else skipped):
             resolved = path.resolve()
+            _refuse_output(resolved, excluded, argument)
             if excluded is not None and _is_below(resolved, excluded):
                 continue
             if resolved not in by_path or (resolved in linked and not _through_links(path)):

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from bulkembed.sources.formats import format_of
-from bulkembed.sources.records import BadRecord, Chunk, InputFile
+from bulkembed.sources.records import DUPLICATE_ID, BadRecord, Chunk, InputFile
 
 # Recent ids live in a Python set; past this many they are merged into a sorted array.
 _RECENT_LIMIT = 1 << 20
@@ -61,8 +61,7 @@ def drop_duplicate_ids(
             file = files[chunk.file]
             for doc_id, first, position in zip(ids, keep, chunk.positions, strict=True):
                 if not first:
-                    reason = "duplicate id: an earlier record has the same id"
-                    bad = BadRecord(str(file.path), reason, doc_id)
+                    bad = BadRecord(str(file.path), DUPLICATE_ID, doc_id)
                     if format_of(file).lines:
                         bad.line = position + 1
                     else:

@@ -36,7 +36,8 @@ class RecordReader:
     `check()` reads every file's columns (a Parquet footer, a JSONL file's first records)
     before any record is read, so a wrong column name fails at once, and fixes the type of
     the `id` column for the whole run: int64 when every file is tabular with an integer id
-    column, else string (integer ids then written in decimal).
+    column (and one at least can be read), else string (integer ids then written in
+    decimal).
 
     `keep_columns` are passed through with every record. Their types (`column_types`) come
     from the first file that has them: a schema, or the first JSON lines' values."""
@@ -63,12 +64,14 @@ class RecordReader:
     def check(self) -> pa.DataType:
         """Check every file's text and id columns; return the run's id type."""
         integer_ids = True
+        schemas = 0
         for index, file in enumerate(self.files):
             kind = format_of(file)
             if kind.tabular:
                 schema = kind.schema(file)
                 if schema is None:
                     continue
+                schemas += 1
                 id_column = self._check_columns(schema.names, str(file.path))
                 text_type = schema.field(self.text_column).type
                 if not is_text_type(text_type) and not is_binary_type(text_type):
@@ -99,7 +102,7 @@ class RecordReader:
                 self._set_column_type(name, self._scan_type(name))
             if pa.types.is_null(self.column_types[name]):
                 self.column_types[name] = pa.string()
-        self.id_type = pa.int64() if integer_ids and self.files else pa.string()
+        self.id_type = pa.int64() if integer_ids and schemas else pa.string()
         return self.id_type
 
     def _settings(self, index: int) -> ReadSettings:

@@ -25,18 +25,35 @@ class InputFile:
     modified: int = 0
 
 
+# A bad record's `previous` in an incremental run: its id's row is not deleted; no row is
+# deleted (its id is unknown).
+PREVIOUS_ROW_KEPT = "this id's row is kept"
+PREVIOUS_ROWS_KEPT = "its id is unknown: no row is deleted"
+# The reason of a record whose id an earlier record has: it is no unknown id.
+DUPLICATE_ID = "duplicate id: an earlier record has the same id"
+
+
+def known_id(value: Any) -> bool:
+    """Whether a bad record's id is one a document can have (a string or an integer): else
+    which document the record was is unknown."""
+    return isinstance(value, (str, int)) and not isinstance(value, bool)
+
+
 @dataclass(slots=True)
 class BadRecord:
     """A record that cannot be embedded, with where it was and why.
 
     `row` is a Parquet row index (from 0); `line` a JSONL line number (from 1); neither is
-    set when a whole file or the rest of it cannot be read."""
+    set when a whole file or the rest of it cannot be read. In an incremental run,
+    `previous` says what became of the previous output's rows that the record may have
+    held (`PREVIOUS_ROW_KEPT`, `PREVIOUS_ROWS_KEPT`)."""
 
     source: str
     reason: str
     id: Any = None
     row: int | None = None
     line: int | None = None
+    previous: str | None = None
 
     @property
     def position(self) -> int | None:
