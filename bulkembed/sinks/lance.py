@@ -437,8 +437,12 @@ class LanceSink(Sink):
         if not fragments:
             return {}
         files = frozenset().union(*map(_files, fragments))
-        # Writing the rows took a while: is the output still this run's?
-        self._fence()
+        try:
+            # Writing the rows took a while: is the output still this run's?
+            self._fence()
+        except BaseException:
+            self._fragments = fragments  # `close` removes their files
+            raise
         earlier = self.intents.read(part)
         if earlier is not None:
             # Another writer of this unit was lost: after its commit, or before.
