@@ -363,3 +363,34 @@ def test_a_directory_that_cannot_be_listed_keeps_the_rows_of_its_files(
     else:
         assert pq.read_table(out).num_rows == 500
         assert _deletes(Path(out)) == []
+
+
+@pytest.mark.parametrize("target", ["parquet", "lancedb"])
+def test_a_run_over_its_bad_record_limit_deletes_nothing_until_the_limit_allows(
+    previous, tmp_path, target
+):
+    model, corpus, prev, db = _copies(previous, tmp_path, "jsonl")
+    _damage(corpus, "jsonl", "null-text")
+    (corpus / "f4.jsonl").unlink()
+    uri = f"lancedb://{db}?table=docs"
+    out, since = (uri, uri) if target == "lancedb" else (str(tmp_path / "out"), str(prev))
+    limits = ("--max-deletes", "all", "--max-bad-records")
+    over = _sync(model, corpus, out, since, *limits, "0")
+    assert over.exit_code == BAD
+    assert over.stderr.strip() == (
+        "error: 1 bad record, over --max-bad-records 0; the run finished and committed the "
+        "rest; nothing was deleted (100 ids gone from the input kept)"
+    )
+
+    def ids() -> set:
+        return set((_table(db) if target == "lancedb" else pq.read_table(out))["id"].to_pylist())
+
+    assert len(ids()) == FILES * PER_FILE
+    if target == "parquet":
+        assert _deletes(Path(out)) == []
+    assert _sync(model, corpus, out, since, *limits, "0").exit_code == BAD  # still over
+    allowed = _sync(model, corpus, out, since, *limits, "1")
+    assert allowed.exit_code == DONE, allowed.output
+    assert ids() == {f"f{f}-{i}" for f in range(4) for i in range(PER_FILE)}
+    if target == "parquet":
+        assert _deletes(Path(out)) == sorted(f"f4-{i}" for i in range(PER_FILE))
