@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import os
 import re
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -80,23 +82,38 @@ def cuda_supports_bfloat16(device: str) -> bool:
     return torch.cuda.get_device_capability(device) >= (8, 0)
 
 
-def resolve_dtype(dtype: DType, device: str, trained_dtype: str | None = None) -> torch.dtype:
-    """`--dtype`, with `auto` on CUDA as bfloat16 for a model saved in bfloat16 on a device
-    that computes in it (its range is the one the model was trained in), else float16; on
-    a CPU bfloat16 where the CPU accelerates it, else float32. A half-precision `auto`
-    choice is checked against float32 at start-up (see `bulkembed.precision`)."""
+def resolve_dtype(dtype: DType, device: str) -> torch.dtype:
+    """`--dtype`, with `auto` on CUDA as bfloat16 where the device computes in it (compute
+    capability 8.0 on: float32's range, so no overflow whatever the model was saved in),
+    else float16; on a CPU bfloat16 where the CPU accelerates it, else float32. A
+    half-precision `auto` choice is checked against float32 at start-up (see
+    `bulkembed.precision`), and a batch that gives values that are not finite in it is
+    embedded again in float32."""
     import torch
 
     if dtype is DType.AUTO:
         if device != "cpu":
-            native = trained_dtype == "bfloat16" and cuda_supports_bfloat16(device)
-            return torch.bfloat16 if native else torch.float16
+            return torch.bfloat16 if cuda_supports_bfloat16(device) else torch.float16
         return torch.bfloat16 if cpu_accelerates_bfloat16() else torch.float32
     return {
         DType.FLOAT32: torch.float32,
         DType.FLOAT16: torch.float16,
         DType.BFLOAT16: torch.bfloat16,
     }[dtype]
+
+
+@contextlib.contextmanager
+def exact_float32() -> Iterator[None]:
+    """float32 matrix multiplies in full float32 (no TF32) for the `with` block: for the
+    reference that a half-precision dtype is checked against."""
+    import torch
+
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(before)
 
 
 def allow_tensor_cores(device: str, dtype: torch.dtype) -> None:

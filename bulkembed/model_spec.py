@@ -78,8 +78,6 @@ class ModelSpec:
     model_type: str | None = None
     # What multi-vector rows are stored as (`--dtype-out`): the cast happens on the device.
     multivector_dtype: str = "float32"
-    # The dtype the weights were saved in (config.json `torch_dtype`), if it says.
-    trained_dtype: str | None = None
     # The prompt of documents when none is asked for (the recipe's corpus prompt, or the
     # model's default one), and the model's prompt named `query` (None: it has none).
     document_prompt: str = ""
@@ -311,7 +309,6 @@ def resolve_model(config: RunConfig) -> ModelSpec:
         attention=config.attention.value,
         model_type=model_config.get("model_type"),
         multivector_dtype=config.dtype_out.value,
-        trained_dtype=model_config.get("torch_dtype") or model_config.get("dtype"),
         document_prompt=_prompt(replace(config, prompt=None, prompt_name=None), recipe, st),
         query_prompt=_query_prompt(recipe, st),
     )

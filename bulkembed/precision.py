@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from bulkembed.batching import input_order, pack_batches
+from bulkembed.devices import exact_float32
 from bulkembed.encoders import Embeddings, Encoder, TokenBatch
 from bulkembed.windows import EmbeddedHead
 from bulkembed.wording import counted
@@ -161,7 +162,8 @@ class CheckedWindow:
 def check_on_window(
     reference: Encoder, window: list[TokenizedChunk], dtype: torch.dtype, budget: int
 ) -> CheckedWindow | None:
-    """Embed the window's first documents with `reference` (float32) and with it in
+    """Embed the window's first documents with `reference` (float32, its matrix
+    multiplies in full float32 even where the run allows TF32) and with it in
     `dtype` (`Encoder.in_dtype`), in batches of `budget` tokens; go on with the new
     encoder if every vector agrees, else with `reference`, and keep the sample as the
     encoder gone on with embedded it. None when the window holds no document to embed:
@@ -170,7 +172,8 @@ def check_on_window(
     if not sequences:
         return None
     fast = reference.in_dtype(dtype)
-    expected = embed_sample(reference, sequences, budget)
+    with exact_float32():
+        expected = embed_sample(reference, sequences, budget)
     found = embed_sample(fast, sequences, budget)
     tried = str(dtype).removeprefix("torch.")
     check = PrecisionCheck(tried, agreement(expected.vectors, found.vectors), len(sequences))

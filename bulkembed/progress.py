@@ -36,9 +36,10 @@ STAGES = ("read", "tokenize", "pack", "model", "post-process", "write")
 class RunStats:
     """Counters of a run, updated after every batch. `docs` went through the model;
     `carried` were copied from a previous output (`--since`); `encode_seconds` is the time
-    the model was busy (batches in, vectors back on the host). `stages` holds the busy
-    seconds of each of `STAGES` (tokenize summed over the tokenizer processes): where a
-    run's time goes, for the benchmarks and `summary.json`.
+    the model was busy (batches in, vectors back on the host); `float32_retries` counts the
+    batches embedded again in float32, their values not finite in half precision. `stages`
+    holds the busy seconds of each of `STAGES` (tokenize summed over the tokenizer
+    processes): where a run's time goes, for the benchmarks and `summary.json`.
 
     Times are on the monotonic clock: `started` when the command started, `embedding`
     when its first batch went to the model (None before). The time between is the
@@ -51,6 +52,7 @@ class RunStats:
     tokens: int = 0
     padded_tokens: int = 0
     batches: int = 0
+    float32_retries: int = 0
     started: float = field(default_factory=time.monotonic)
     embedding: float | None = None
     stages: dict[str, float] = field(default_factory=lambda: dict.fromkeys(STAGES, 0.0))
@@ -90,6 +92,7 @@ class RunStats:
         self.tokens += other.tokens
         self.padded_tokens += other.padded_tokens
         self.batches += other.batches
+        self.float32_retries += other.float32_retries
         for stage, seconds in other.stages.items():
             self.stages[stage] += seconds * share
 
@@ -159,6 +162,7 @@ class QuietReporter:
 
     def __init__(self) -> None:
         self.console = Console(stderr=True, highlight=False)
+        self._float32_told = False
 
     def info(self, message: str) -> None:
         """A line about the run before it starts (model, device, derived figures)."""
@@ -177,7 +181,14 @@ class QuietReporter:
         """Documents to embed, once counted."""
 
     def update(self, stats: RunStats) -> None:
-        """Counters moved."""
+        """Counters moved: the first batch embedded again in float32 is worth a warning."""
+        if stats.float32_retries and not self._float32_told:
+            self._float32_told = True
+            self.warn(
+                "a batch gave values that are not finite (NaN or infinity) in half precision: "
+                "embedded again in float32, as any such batch is (counted in summary.json, "
+                "float32_retries_this_run); --dtype float32 runs every batch in float32"
+            )
 
     def finish(self, summary: dict[str, Any]) -> None:
         """The run ended; `summary` is what `summary.json` holds."""
@@ -231,6 +242,7 @@ class LogReporter(QuietReporter):
         self.progress.total = total
 
     def update(self, stats: RunStats) -> None:
+        super().update(stats)
         self.progress.count(stats.docs + stats.carried, stats.tokens)
 
     def finish(self, summary: dict[str, Any]) -> None:
@@ -294,7 +306,7 @@ class BarReporter(LogReporter):
         self._show()
 
     def update(self, stats: RunStats) -> None:
-        self.progress.count(stats.docs + stats.carried, stats.tokens)
+        super().update(stats)
         self._show()
 
     def close(self) -> None:

@@ -48,7 +48,8 @@ class PreviousCounts:
 @dataclass(frozen=True, slots=True)
 class Summary:
     """What the output holds, over every run that wrote it (`docs` ... `parts`), this run's
-    figures (`docs_this_run` ... `stage_seconds`, the busy seconds of each stage) and
+    figures (`docs_this_run` ... `stage_seconds`, the busy seconds of each stage;
+    `float32_retries_this_run`, batches embedded again in float32) and
     settings (`run`: model, device, dtype, ...). Written as `summary.json` (`as_dict`).
 
     `seconds` runs from the command's start, `startup_seconds` from there to the first
@@ -64,6 +65,7 @@ class Summary:
     parts: int
     docs_this_run: int
     batches_this_run: int
+    float32_retries_this_run: int
     seconds: float
     startup_seconds: float | None
     docs_per_s: float
@@ -130,6 +132,7 @@ def summarize(
         parts=sum(1 for r in done.values() if r.rows),
         docs_this_run=stats.docs,
         batches_this_run=stats.batches,
+        float32_retries_this_run=stats.float32_retries,
         seconds=round(stats.seconds, 3),
         startup_seconds=None if startup is None else round(startup, 3),
         docs_per_s=round(stats.docs_per_s, 2),

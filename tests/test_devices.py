@@ -1,6 +1,7 @@
 import json
 
 import numpy as np
+import pyarrow as pa
 import pytest
 import torch
 from helpers import cosines, embed_texts, sample_texts, write_jsonl
@@ -13,6 +14,7 @@ from bulkembed.encoders import TokenBatch, build_encoder
 from bulkembed.encoders.base import attention_implementation, tuned_batch_tokens
 from bulkembed.errors import BulkembedError
 from bulkembed.model_spec import resolve_model
+from bulkembed.sources import Chunk
 from bulkembed.tokenize import TextTokenizer, TokenizerSettings
 
 CUDA = torch.cuda.is_available()
@@ -49,29 +51,58 @@ def test_device_errors(devices, message):
         resolve_devices(devices)
 
 
-def test_auto_dtype_is_bfloat16_on_cpus_that_accelerate_it_and_float16_on_cuda(monkeypatch):
+def test_auto_dtype_is_bfloat16_on_cpus_that_accelerate_it(monkeypatch):
     from bulkembed import devices
 
     monkeypatch.setattr(devices, "cpu_accelerates_bfloat16", lambda: False)
     assert resolve_dtype(DType.AUTO, "cpu") is torch.float32
     monkeypatch.setattr(devices, "cpu_accelerates_bfloat16", lambda: True)
     assert resolve_dtype(DType.AUTO, "cpu") is torch.bfloat16
-    assert resolve_dtype(DType.AUTO, "cuda:0") is torch.float16
     assert resolve_dtype(DType.FLOAT32, "cpu") is torch.float32
     assert resolve_dtype(DType.BFLOAT16, "cpu") is torch.bfloat16
 
 
-def test_auto_dtype_on_cuda_is_bfloat16_for_models_saved_in_it_where_the_device_has_it(
+def test_auto_dtype_on_cuda_is_bfloat16_from_compute_capability_8_and_float16_before(
     monkeypatch,
 ):
-    from bulkembed import devices
+    capability = {"value": (8, 0)}
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: capability["value"])
+    assert resolve_dtype(DType.AUTO, "cuda:0") is torch.bfloat16
+    capability["value"] = (9, 0)
+    assert resolve_dtype(DType.AUTO, "cuda:1") is torch.bfloat16
+    capability["value"] = (7, 5)
+    assert resolve_dtype(DType.AUTO, "cuda:0") is torch.float16
+    assert resolve_dtype(DType.FLOAT32, "cuda:0") is torch.float32
 
-    monkeypatch.setattr(devices, "cuda_supports_bfloat16", lambda device: True)
-    assert resolve_dtype(DType.AUTO, "cuda:0", "bfloat16") is torch.bfloat16
-    assert resolve_dtype(DType.AUTO, "cuda:0", "float32") is torch.float16
-    assert resolve_dtype(DType.AUTO, "cuda:0", None) is torch.float16
-    monkeypatch.setattr(devices, "cuda_supports_bfloat16", lambda device: False)
-    assert resolve_dtype(DType.AUTO, "cuda:0", "bfloat16") is torch.float16
+
+def test_the_reference_of_the_dtype_check_runs_without_tf32(tiny_st, monkeypatch):
+    from bulkembed import precision
+    from bulkembed.config import RunConfig
+    from bulkembed.encoders import build_encoder
+    from bulkembed.model_spec import resolve_model
+    from bulkembed.tokenize import TokenizedChunk
+
+    spec = resolve_model(RunConfig(inputs=("x",), output="o", model=str(tiny_st("mean"))))
+    reference = build_encoder(spec, "cpu", torch.float32)
+    seen = []
+    embed_sample = precision.embed_sample
+
+    def recording(encoder, sequences, budget):
+        seen.append((str(encoder.dtype), torch.get_float32_matmul_precision()))
+        return embed_sample(encoder, sequences, budget)
+
+    monkeypatch.setattr(precision, "embed_sample", recording)
+    chunk = Chunk(0, 0, pa.array(["a", "b"]), ["x", "y"], True)
+    tokenized = TokenizedChunk(chunk, np.arange(1, 7, dtype=np.int32), np.array([3, 3]), 0)
+    before = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("high")  # as a float32 run on CUDA sets it
+        checked = precision.check_on_window(reference, [tokenized], torch.bfloat16, 512)
+        assert checked is not None
+        assert seen == [("torch.float32", "highest"), ("torch.bfloat16", "high")]
+        assert torch.get_float32_matmul_precision() == "high"
+    finally:
+        torch.set_float32_matmul_precision(before)
 
 
 def test_float32_on_cuda_uses_tensor_cores():

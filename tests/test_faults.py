@@ -1,5 +1,6 @@
 """Crashes and signals at any point: the rerun gives exactly the uninterrupted output."""
 
+import json
 import random
 import subprocess
 import sys
@@ -9,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 from fault_harness import run_forked
-from helpers import read_output, sample_texts, write_mixed_corpus
+from helpers import read_output, records, run_cli, sample_texts, write_jsonl, write_mixed_corpus
 from typer.testing import CliRunner
 
 from bulkembed.cli import app
@@ -222,6 +223,32 @@ class _NotFiniteInHalfPrecision(_SmallMemoryEncoder):
         return DeviceOutputs(dense=torch.from_numpy(dense))
 
 
+def test_a_batch_not_finite_on_a_gpu_is_embedded_again_in_float32_and_counted(tiny_st, monkeypatch):
+    from bulkembed.config import RunConfig
+    from bulkembed.model_spec import resolve_model
+
+    class OnGPU(_NotFiniteInHalfPrecision):
+        calls: list = []
+        made: list = []
+
+        def __init__(self, spec, device, dtype):
+            super().__init__(spec, device, dtype)
+            self.made.append((device, str(dtype)))
+
+    # A simulated device: encoders made for cuda:0 compute on this CPU.
+    monkeypatch.setattr(torch.cuda, "Stream", lambda device: None)
+    spec = resolve_model(RunConfig(inputs=("x",), output="o", model=str(tiny_st("mean"))))
+    encoder = OnGPU(spec, "cuda:0", torch.float16)
+    assert not encoder.autocast and encoder.weights_dtype == torch.float16
+    batch = TokenBatch.from_sequences([np.arange(n) for n in (3, 2, 1)])
+    for _ in range(2):
+        assert encoder.embed_within_memory(batch).dense[:, 0].tolist() == [3, 2, 1]
+    assert encoder.float32_retries == 2
+    # The float32 twin is loaded once, on the same device, and kept.
+    assert OnGPU.made == [("cuda:0", "torch.float16"), ("cuda:0", "torch.float32")]
+    assert OnGPU.calls == ["torch.float16", "torch.float32"] * 2
+
+
 def test_a_batch_that_is_not_finite_is_embedded_again_in_float32_or_refused(tiny_st):
     from bulkembed.config import RunConfig
     from bulkembed.model_spec import resolve_model
@@ -232,6 +259,7 @@ def test_a_batch_that_is_not_finite_is_embedded_again_in_float32_or_refused(tiny
     encoder.calls = []
     assert encoder.embed_within_memory(batch).dense[:, 0].tolist() == [3, 2, 1]
     assert encoder.calls == ["torch.bfloat16", "torch.float32"]
+    assert encoder.float32_retries == 1
     broken = _NotFiniteInHalfPrecision(spec, "cpu", torch.float32)
     broken.calls, broken.broken = [], True
     with pytest.raises(ModelError) as refused:
@@ -240,3 +268,33 @@ def test_a_batch_that_is_not_finite_is_embedded_again_in_float32_or_refused(tiny
         "the model gave values that are not finite (NaN or infinity) for a batch of 3 "
         "documents on cpu in float32: check the model's weights"
     )
+
+
+def test_a_run_whose_half_precision_batches_are_not_finite_warns_once_and_counts_them(
+    tmp_path, tiny_st, monkeypatch
+):
+    corpus = write_jsonl(tmp_path / "c.jsonl", records(40))
+    options = ("--backend", "torch", "--max-batch-tokens", "256")
+    reference = run_cli(corpus, tiny_st("mean"), tmp_path / "f32", "--dtype", "float32", *options)
+    assert reference.exit_code == 0, reference.output
+    launch = Encoder.launch
+
+    def not_finite_in_bfloat16(self, inputs):
+        landing = launch(self, inputs)
+        if self.dtype == torch.bfloat16:
+            embeddings = landing.embeddings
+            landing.embeddings = lambda: (embeddings()[0], False)
+        return landing
+
+    monkeypatch.setattr(Encoder, "launch", not_finite_in_bfloat16)
+    result = run_cli(corpus, tiny_st("mean"), tmp_path / "out", "--dtype", "bfloat16", *options)
+    assert result.exit_code == 0, result.output
+    warnings = [line for line in result.output.splitlines() if line.startswith("warning:")]
+    assert warnings == [
+        "warning: a batch gave values that are not finite (NaN or infinity) in half "
+        "precision: embedded again in float32, as any such batch is (counted in "
+        "summary.json, float32_retries_this_run); --dtype float32 runs every batch in float32"
+    ]
+    summary = json.loads((tmp_path / "out" / "_bulkembed" / "summary.json").read_text())
+    assert summary["float32_retries_this_run"] == summary["batches_this_run"] > 1
+    assert read_output(tmp_path / "out") == read_output(tmp_path / "f32")

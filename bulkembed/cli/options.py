@@ -147,8 +147,8 @@ DTypeOption = Annotated[
     DType,
     typer.Option(
         "--dtype",
-        help="Compute precision. auto: on CUDA bfloat16 for models saved in bfloat16 on "
-        "devices that have it, else float16; on CPU bfloat16 where the CPU has bfloat16 "
+        help="Compute precision. auto: on CUDA bfloat16 on devices that have it (compute "
+        "capability 8.0 on), else float16; on CPU bfloat16 where the CPU has bfloat16 "
         "units (AMX, AVX512-BF16), else float32. A half-precision auto choice is checked "
         "against float32 on the first 64 documents and dropped, with a warning, below "
         "cosine 0.9999 (every dense vector; 99% of multi-vector and sparse ones).",

@@ -204,10 +204,14 @@ class VectorSizes(Protocol):
 
 class Embedder(VectorSizes, Protocol):
     """What embeds a window's batches: one `Encoder`, or a pool of them on several devices.
-    `unpadded`: its batches run flat, so that a batch costs the sum of its lengths."""
+    `unpadded`: its batches run flat, so that a batch costs the sum of its lengths;
+    `float32_retries`: batches it embedded again in float32 (see `Encoder._finite`)."""
 
     @property
     def unpadded(self) -> bool: ...
+
+    @property
+    def float32_retries(self) -> int: ...
 
     def embed_stream(
         self,
@@ -253,6 +257,10 @@ class Encoder(ABC):
         # Tokens (`cost`) of the smallest batch that ran out of memory (see
         # `embed_within_memory`).
         self.memory_limit: int | None = None
+        # Batches embedded again in float32, their values not finite in this dtype; and the
+        # float32 twin that embeds them, made at the first.
+        self.float32_retries = 0
+        self._float32: Encoder | None = None
         # Inputs are copied to a CUDA device on their own stream, while the last batch runs.
         self._copies = torch.cuda.Stream(device) if device.startswith("cuda") else None
 
@@ -314,6 +322,7 @@ class Encoder(ABC):
             return type(self)(self.spec, self.device, dtype)
         twin = copy.copy(self)
         twin.dtype = dtype
+        twin.float32_retries, twin._float32 = 0, None
         if self.backend is Backend.OPENVINO:
             twin.model = self.model.in_dtype(dtype)
         else:
@@ -439,20 +448,23 @@ class Encoder(ABC):
         )
 
     def _finite(self, batch: TokenBatch) -> Embeddings:
-        """The embeddings of a batch that gave NaN or infinite values: on a CPU computed
-        again in float32 (the same weights without autocast, or the OpenVINO graph compiled
-        in float32); elsewhere, or in float32 already, a one-line error, since no vector may
-        be written that is not finite."""
+        """The embeddings of a batch that gave NaN or infinite values, computed again in
+        float32 (`in_dtype`: on a CPU the same weights without autocast, or the OpenVINO
+        graph compiled in float32; on a GPU the model loaded once more, in float32, kept for
+        the next such batch) and counted in `float32_retries`; in float32 already, a
+        one-line error, since no vector may be written that is not finite."""
         import torch
 
-        if self.device != "cpu" or self.dtype == torch.float32:
-            dtype = str(self.dtype).removeprefix("torch.")
-            advice = "check the model's weights" if dtype == "float32" else "run --dtype float32"
+        if self.dtype == torch.float32:
             raise ModelError(
                 f"the model gave values that are not finite (NaN or infinity) for a batch of "
-                f"{counted(len(batch), 'document')} on {self.device} in {dtype}: {advice}"
+                f"{counted(len(batch), 'document')} on {self.device} in float32: check the "
+                "model's weights"
             )
-        return self.in_dtype(torch.float32).embed_within_memory(batch)
+        self.float32_retries += 1
+        if self._float32 is None:
+            self._float32 = self.in_dtype(torch.float32)
+        return self._float32.embed_within_memory(batch)
 
     def embed_stream(
         self,

@@ -163,7 +163,7 @@ def plan_run(config: RunConfig, reporter: Reporter, started: float) -> RunPlan:
         devices, dtype = [config.devices], "float32"
     else:
         devices = resolve_devices(config.devices)
-        dtype = dtype_name(resolve_dtype(config.dtype, devices[0], spec.trained_dtype))
+        dtype = dtype_name(resolve_dtype(config.dtype, devices[0]))
     distributed = config.shard is not None or config.engine is Engine.RAY
     units = counted_units(files, config.records_per_unit) if distributed else None
     workers = config.tokenize_workers

@@ -144,12 +144,16 @@ class _Timed:
 
     encoder: Encoder
 
-    def __call__(self, batch: TokenBatch | None) -> tuple[Embeddings | None, float]:
+    def __call__(self, batch: TokenBatch | None) -> tuple[Embeddings | None, float, int]:
+        """The batch's embeddings, the seconds they took, and how many of its parts were
+        embedded again in float32 (`Encoder._finite`)."""
         if batch is None:  # a marker of the stream, sent back in its place
-            return None, 0.0
+            return None, 0.0, 0
         started = time.perf_counter()
+        retries = self.encoder.float32_retries
         embeddings = self.encoder.embed_within_memory(batch)
-        return embeddings, time.perf_counter() - started
+        retries = self.encoder.float32_retries - retries
+        return embeddings, time.perf_counter() - started, retries
 
 
 def _start(device: _Device) -> tuple[_Timed, Ready]:
@@ -167,7 +171,8 @@ class EncoderPool:
     """One encoder process per device; `embed_stream` spreads batches over them. With
     `tune`, each worker probes its device's token budget (`Encoder.tune_batch_tokens`) and
     `batch_tokens` is the smallest, so that every batch fits every device. `warn` is told
-    when a worker dies and its batches run again on the others."""
+    when a worker dies and its batches run again on the others. `float32_retries` counts
+    the batches the workers embedded again in float32."""
 
     def __init__(
         self,
@@ -179,12 +184,13 @@ class EncoderPool:
         warn: Callable[[str], None] | None = None,
     ) -> None:
         self.devices = devices
-        self._pool: WorkerPool[TokenBatch | None, tuple[Embeddings | None, float]]
+        self._pool: WorkerPool[TokenBatch | None, tuple[Embeddings | None, float, int]]
         settings = [_Device(spec, d, dtype_name, threads, tune) for d in devices]
         self._pool, self.ready = start_device_workers(_start, settings, "batch", warn)
         self.dense_dim, self.multivector_dim = self.ready.dense, self.ready.multivector
         self.unpadded = self.ready.unpadded
         self.batch_tokens = self.ready.budget
+        self.float32_retries = 0
 
     def embed_stream(
         self,
@@ -196,7 +202,8 @@ class EncoderPool:
         side by side). The next batches are taken and queued while the devices work. A
         `(key, None)` marker comes back in its place, as `Encoder.embed_stream` does."""
         in_flight = BATCHES_PER_WORKER * len(self.devices)
-        for key, (embeddings, seconds) in self._pool.map(batches, in_flight):
+        for key, (embeddings, seconds, retries) in self._pool.map(batches, in_flight):
+            self.float32_retries += retries
             if embeddings is not None:
                 finished(key, seconds / len(self.devices), 0.0)
             yield key, embeddings

@@ -55,7 +55,7 @@ if TYPE_CHECKING:
     from bulkembed.sinks import Sink
 
 # The columns Ray Data hands back, one row per unit: counts add up into the run's.
-_COUNTS = ("docs", "tokens", "padded_tokens", "batches")
+_COUNTS = ("docs", "tokens", "padded_tokens", "batches", "float32_retries")
 # Memory a tokenizing task declares: a unit's records and token ids. Declaring it also
 # keeps Ray Data from fusing these tasks into the embedding actors (it fuses stages whose
 # resource requests are equal), so reading and tokenizing run beside the model.

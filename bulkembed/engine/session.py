@@ -58,13 +58,15 @@ class DeviceSession:
         self.threads = threads
         self.tune = tune
         self.reporter = reporter
-        self.candidate = resolve_dtype(dtype, devices[0], spec.trained_dtype)
+        self.candidate = resolve_dtype(dtype, devices[0])
         self.checking = dtype is DType.AUTO and self.candidate != torch.float32
         self.budget = spec.max_batch_tokens
         self.tuned = False
         self.precision: PrecisionCheck | None = None
         self.sample: EmbeddedHead | None = None
         self.embedder: Embedder
+        # Batches embedded again in float32 by an embedder let go (the check's).
+        self._retired_retries = 0
         # Warnings and remarks of the encoders' loads said so far: each is said once.
         self._told: set[str] = set()
         reporter.phase(f"loading the model on {', '.join(devices)}")
@@ -83,6 +85,12 @@ class DeviceSession:
         if self.precision is not None and not self.precision.passed:
             return "float32"
         return dtype_name(self.candidate)
+
+    @property
+    def float32_retries(self) -> int:
+        """Batches embedded again in float32 in this session, their values not finite in
+        its dtype (`Encoder._finite`)."""
+        return self._retired_retries + self.embedder.float32_retries
 
     @property
     def backend(self) -> str | None:
@@ -154,7 +162,9 @@ class DeviceSession:
                 # The probe at start ran in float32: the chosen dtype takes less memory.
                 self._use_budget(encoder.tune_batch_tokens(), lower_only=False)
             return True
-        # The check ran on the first device in this process: free it for its worker.
+        # The check ran on the first device in this process: free it for its worker. The
+        # sample's batches it embedded again in float32, if any, still count.
+        self._retired_retries += encoder.float32_retries
         del encoder, checked
         if self.devices[0].startswith("cuda"):
             torch.cuda.empty_cache()
@@ -190,7 +200,7 @@ def settle_dtype(
     from bulkembed.precision import SAMPLE_DOCUMENTS
     from bulkembed.windows import share_of_window
 
-    candidate = resolve_dtype(dtype, device, spec.trained_dtype)
+    candidate = resolve_dtype(dtype, device)
     if dtype is not DType.AUTO or candidate == torch.float32:
         return DType(dtype_name(candidate)), None, []
     # Read until the check has its documents, or a window's worth is held (a --since run

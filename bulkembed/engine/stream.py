@@ -136,7 +136,8 @@ def embed_windows(
     reporter: Reporter,
 ) -> None:
     """Embed the windows `gathered` on `session`, and `write` each window's vectors as
-    `formatted` makes them, in input order; count into `stats`."""
+    `formatted` makes them, in input order; count into `stats` (the batches embedded again
+    in float32 too)."""
 
     def emit(window: list[TokenizedChunk], embedded: Embeddings, padded: np.ndarray) -> None:
         with stats.timed("post-process"):
@@ -149,6 +150,7 @@ def embed_windows(
     # The dtype is settled on the first window with a document, before any batch runs (the
     # check may change the embedder and its budget); windows before it have nothing to
     # embed and are written as they come. The check's sample is that window's head.
+    retries, before = stats.float32_retries, session.float32_retries
     first = []
     while session.checking and (window := next(gathered, None)) is not None:
         if session.settle(window):
@@ -167,6 +169,7 @@ def embed_windows(
     for packed in packed_windows:
         with stats.timed("post-process"):
             embedded, padded = packed.embedded()
+        stats.float32_retries = retries + session.float32_retries - before
         emit(packed.chunks, embedded, padded)
 
 
