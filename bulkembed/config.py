@@ -5,6 +5,7 @@ Nothing here imports torch: the CLI builds a `RunConfig` before any heavy import
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from enum import Enum
@@ -261,7 +262,10 @@ class RunConfig:
                 "read below 1 (0.01)"
             )
         deletes = self.max_deletes
-        if deletes is not None and (deletes < 0 or (deletes >= 1 and deletes != int(deletes))):
+        odd = deletes is not None and not math.isfinite(deletes)
+        if deletes is not None and (
+            odd or deletes < 0 or (deletes >= 1 and deletes != int(deletes))
+        ):
             raise UsageError(
                 f"--max-deletes {deletes:g}: give a count (500), a fraction of the previous "
                 "output's rows below 1 (0.25), or None for no limit"

@@ -20,7 +20,7 @@ holds after the change set is applied.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
@@ -28,6 +28,7 @@ import numpy as np
 import pyarrow as pa
 
 from bulkembed.errors import OutputError
+from bulkembed.schema import CONTENT_HASH, EMBEDDING_COLUMNS
 from bulkembed.sources.filters import id_hash
 from bulkembed.sources.records import DUPLICATE_ID, known_id
 from bulkembed.wording import counted
@@ -48,12 +49,9 @@ def describe_limit(limit: float | None) -> str:
 
 
 class PreviousIds(Protocol):
-    """A previous output's ids, a table at a time; `rows_at` gives every column of some
-    rows of a table."""
+    """A previous output's ids, a table at a time."""
 
     def id_tables(self) -> Iterator[pa.Table]: ...
-
-    def rows_at(self, number: int, positions: np.ndarray) -> pa.Table: ...
 
 
 class Unread:
@@ -160,11 +158,15 @@ def decide(
 
 
 def kept_rows(
-    previous: PreviousIds, missing: Missing, which: np.ndarray, schema: pa.Schema
+    missing: Missing,
+    which: np.ndarray,
+    schema: pa.Schema,
+    rows_at: Callable[[int, np.ndarray], pa.Table] | None,
 ) -> pa.Table:
     """The rows of `missing` at `which` (a mask) as the new output stores them: `schema`'s
-    columns, from the previous output (a passthrough column it lacks, or holds in a type
-    that does not convert, is null)."""
+    columns, from the previous output (`rows_at(table number, positions)` gives its rows;
+    a schema of ids alone needs none). A passthrough column it lacks, or holds in a type
+    that does not convert, is null."""
     kind = schema.field("id").type
     try:
         ids = missing.ids.filter(pa.array(which)).cast(kind)
@@ -175,11 +177,15 @@ def kept_rows(
         ) from e
     if schema.names == ["id"]:
         return pa.Table.from_arrays([ids], schema=schema)
-    rows = previous.rows_at(missing.number, np.flatnonzero(which))
-    columns = []
+    assert rows_at is not None, "rows beyond their ids need the previous output's rows"
+    rows = rows_at(missing.number, np.flatnonzero(which))
+    columns = [ids]
     for field in schema:
         if field.name == "id":
-            columns.append(ids)
+            continue
+        if field.name in (*EMBEDDING_COLUMNS, CONTENT_HASH):
+            # The same settings made both outputs: their vectors have one type.
+            columns.append(rows.column(field.name).cast(field.type))
             continue
         try:
             columns.append(rows.column(field.name).cast(field.type))

@@ -9,7 +9,8 @@ hashes once, into sorted arrays (32 bytes per document), and then, record by rec
 - an id whose hash is the same is unchanged: its dense, sparse and multi-vector columns are
   copied from PREV's row, and the model never sees it.
 
-Ids of PREV that the input no longer has are not written: they are the deleted ones. PREV's
+Ids of PREV that the input no longer has are not written: `bulkembed.deletions` says which
+of them are deleted and which are kept because they could not be read. PREV's
 vectors are read a row group at a time (a few hundred rows: bulkembed writes one per chunk),
 as the records that need them come; the run's own order of units usually matches PREV's, so
 each row group is read once.
@@ -122,6 +123,9 @@ class PreviousOutput:
         self._start()
 
     def _start(self) -> None:
+        # Whether the run keeps PREV's rows that it cannot read (a change set, a sync): its
+        # bad records then say so.
+        self.keeps_unread = False
         self.rows = 0
         self._files: dict[int, tuple[pq.ParquetFile, np.ndarray]] = {}
         self._cache: OrderedDict[tuple[int, int], pa.Table] = OrderedDict()
@@ -224,10 +228,11 @@ class PreviousOutput:
                 record.previous = PREVIOUS_ROW_KEPT
 
     def carry_over(self, chunks: Iterable[Chunk]) -> Iterator[Chunk]:
-        """Move each chunk's unchanged records to `carried`, count its changed ones; note
-        on its bad records that PREV's rows are kept."""
+        """Move each chunk's unchanged records to `carried`, count its changed ones; with
+        `keeps_unread`, note on its bad records that PREV's rows are kept."""
         for chunk in chunks:
-            self._note_kept(chunk.bad)
+            if self.keeps_unread:
+                self._note_kept(chunk.bad)
             entries = self._find(chunk.ids.to_pylist())
             known = entries >= 0
             if not known.any():
@@ -316,17 +321,8 @@ class PreviousTable(PreviousOutput):
         """The table's ids and content hashes, whole: its rows are found by their offset."""
         yield self._dataset.to_table(columns=["id", CONTENT_HASH])
 
-    def rows_at(self, number: int, positions: np.ndarray) -> pa.Table:
-        return table_rows(self._dataset, positions)
-
     def _embeddings(self, entries: np.ndarray) -> pa.Table:
         names = self._dataset.schema.names
         columns = [c for c in ("vector", *EMBEDDING_COLUMNS) if c in names]
-        return table_rows(self._dataset, self._rows[entries], columns)
-
-
-def table_rows(dataset: Any, positions: np.ndarray, columns: list[str] | None = None) -> pa.Table:
-    """The rows at `positions` of a LanceDB table's dataset, its `vector` column named
-    `dense` as in Parquet parts."""
-    rows = dataset.take(positions.tolist(), columns=columns)
-    return rows.rename_columns(["dense" if c == "vector" else c for c in rows.column_names])
+        rows = self._dataset.take(self._rows[entries].tolist(), columns=columns)
+        return rows.rename_columns(["dense" if c == "vector" else c for c in columns])

@@ -5,7 +5,12 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-from bulkembed.deletions import MAX_BAD_RECORDS_OPTION, MAX_DELETES_OPTION, Deletions
+from bulkembed.deletions import (
+    MAX_BAD_RECORDS_OPTION,
+    MAX_DELETES_OPTION,
+    Deletions,
+    allowed_deletes,
+)
 from bulkembed.errors import TooManyBadRecords, TooManyDeletes
 from bulkembed.wording import counted
 
@@ -175,12 +180,14 @@ def check_bad_records(summary: Summary, limit: float | None) -> None:
 
 
 def check_deletes(summary: Summary, limit: float | None) -> None:
-    """Raise `TooManyDeletes` when an incremental run withheld its deletes for being more
-    than `--max-deletes` allows."""
+    """Raise `TooManyDeletes` when an incremental run's deletes are withheld and more than
+    `--max-deletes` allows (whichever limit withheld them first)."""
     changes = summary.changes
-    if changes is None or changes.deletes_held_by != MAX_DELETES_OPTION:
+    if changes is None or not changes.deletes_withheld:
         return
     # Each of the previous output's ids was found again, or was not and is now kept.
     previous = changes.unchanged + changes.changed + changes.kept_unread + changes.deletes_withheld
+    if changes.deletes_withheld <= allowed_deletes(limit, previous):
+        return
     withheld = Deletions(0, changes.kept_unread, changes.deletes_withheld, MAX_DELETES_OPTION)
     raise TooManyDeletes(withheld.message(previous, limit), summary)

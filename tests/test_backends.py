@@ -418,8 +418,7 @@ def test_a_full_disk_under_the_cache_converts_elsewhere_or_runs_in_pytorch(
     encoder, found = _encode(spec, sample_texts(5))
     assert encoder.backend is Backend.TORCH
     assert encoder.notices[-1] == (
-        f"OpenVINO cannot write its conversion of {spec.source}: basic_ios::clear; running it "
-        "in PyTorch instead"
+        f"OpenVINO cannot convert {spec.source}: basic_ios::clear; running it in PyTorch instead"
     )
     np.testing.assert_array_equal(found.dense, expected.dense)
 
@@ -434,3 +433,25 @@ def test_embed_with_an_unwritable_cache_prints_its_vector(tmp_path, tiny_st, mon
     assert result.exit_code == 0, result.output
     assert len(json.loads(result.stdout.splitlines()[-1])["dense"]) == 32
     assert "cannot be written" in result.stderr
+
+
+def test_a_conversion_that_fails_for_another_reason_is_not_blamed_on_the_cache(
+    tmp_path, tiny_st, monkeypatch
+):
+    import errno
+
+    made = []
+
+    def unreachable(load, source, masked_lm, folder):
+        made.append(folder)
+        raise OSError(errno.ECONNREFUSED, "Connection refused")
+
+    monkeypatch.setenv("BULKEMBED_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(ov_backend, "convert", unreachable)
+    spec = _spec(tiny_st("mean"))
+    encoder, _ = _encode(spec, sample_texts(3))
+    assert encoder.backend is Backend.TORCH and len(made) == 1
+    assert encoder.notices == [
+        f"OpenVINO cannot convert {spec.source}: [Errno 111] Connection refused; running it "
+        "in PyTorch instead"
+    ]

@@ -394,3 +394,77 @@ def test_a_run_over_its_bad_record_limit_deletes_nothing_until_the_limit_allows(
     assert ids() == {f"f{f}-{i}" for f in range(4) for i in range(PER_FILE)}
     if target == "parquet":
         assert _deletes(Path(out)) == sorted(f"f4-{i}" for i in range(PER_FILE))
+
+
+def test_a_table_reopened_for_its_deletes_and_stopped_before_deciding_goes_on_later(
+    previous, tmp_path, monkeypatch
+):
+    from bulkembed.engine import since
+
+    model, corpus, _, db = _copies(previous, tmp_path, "jsonl")
+    _edit(corpus, removed=(3, 4))
+    uri = f"lancedb://{db}?table=docs"
+    assert _sync(model, corpus, uri, uri).exit_code == DELETES
+    with monkeypatch.context() as patched:
+
+        def stopped(*arguments):
+            raise OSError(5, "Input/output error")
+
+        patched.setattr(since, "missing_ids", stopped)
+        assert _sync(model, corpus, uri, uri, "--max-deletes", "all").exit_code == 1
+    # The version the sync began from was compacted away: the end step reads the table.
+    allowed = _sync(model, corpus, uri, uri, "--max-deletes", "all")
+    assert allowed.exit_code == DONE, allowed.output
+    assert _table(db).num_rows == 301
+
+
+def test_a_finished_change_set_whose_previous_output_is_gone_stays_finished(previous, tmp_path):
+    model, corpus, prev, _ = _copies(previous, tmp_path, "jsonl")
+    _edit(corpus, removed=(3, 4))
+    shutil.copytree(prev, tmp_path / "prev")
+    out = str(tmp_path / "out")
+    assert _sync(model, corpus, out, str(tmp_path / "prev")).exit_code == DELETES
+    shutil.rmtree(tmp_path / "prev")
+    refused = _sync(model, corpus, out, str(tmp_path / "prev"), "--max-deletes", "all")
+    assert refused.exit_code == USAGE
+    assert (tmp_path / "out" / "_bulkembed" / "complete").exists()
+    # Without deletes to take up, the output needs no previous output: nothing to do.
+    again = _sync(model, corpus, out, str(tmp_path / "prev"))
+    assert again.exit_code == DELETES
+    status = json.loads(CliRunner().invoke(app, ["status", out, "--json"]).stdout)
+    assert (status["state"], status["docs"]) == ("complete", 501)
+
+
+def test_deletes_withheld_by_both_limits_exit_4_once_the_bad_records_are_allowed(
+    previous, tmp_path
+):
+    model, corpus, prev, _ = _copies(previous, tmp_path, "jsonl")
+    _edit(corpus, removed=(3, 4))
+    records = _records(1)
+    records[40]["text"] = None
+    _write(corpus, "jsonl", 1, records)
+    out = str(tmp_path / "out")
+    assert _sync(model, corpus, out, str(prev), "--max-bad-records", "0").exit_code == BAD
+    assert _sync(model, corpus, out, str(prev), "--max-bad-records", "1").exit_code == DELETES
+
+
+def test_an_id_that_is_not_valid_unicode_is_a_record_whose_id_is_unknown(previous, tmp_path):
+    model, corpus, prev, _ = _copies(previous, tmp_path, "jsonl")
+    with open(corpus / "f1.jsonl", "a") as f:
+        f.write('{"id": "odd-\\ud800", "text": "a text"}\\n')
+    (corpus / "f4.jsonl").unlink()
+    out = tmp_path / "out"
+    result = _sync(model, corpus, str(out), str(prev), "--max-deletes", "all")
+    assert result.exit_code == DONE, result.output
+    assert _deletes(out) == [] and pq.read_table(out).num_rows == FILES * PER_FILE
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-1", "1.5", "some"])
+def test_max_deletes_takes_a_count_a_fraction_or_all(previous, tmp_path, value):
+    model, corpus, prev, _ = _copies(previous, tmp_path, "jsonl")
+    result = _sync(model, corpus, str(tmp_path / "out"), str(prev), "--max-deletes", value)
+    assert result.exit_code == USAGE
+    assert result.stderr == (
+        f"error: --max-deletes {value}: give a count (500), a fraction of the previous "
+        "output's rows below 1 (0.25), or all\n"
+    )

@@ -6,6 +6,7 @@ Importing this module must stay cheap: `bulkembed --help` never imports torch.
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Callable
 from typing import Annotated, Any
@@ -151,7 +152,7 @@ def _delete_limit(text: str) -> float | None:
         value = float(text)
     except ValueError:
         value = -1.0
-    if value < 0 or (value >= 1 and value != int(value)):
+    if not math.isfinite(value) or value < 0 or (value >= 1 and value != int(value)):
         raise UsageError(
             f"--max-deletes {text}: give a count (500), a fraction of the previous output's "
             "rows below 1 (0.25), or all"

@@ -18,6 +18,7 @@ temporary folder of its own, removed once it has been read.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -37,6 +38,19 @@ MANIFEST = "manifest.json"
 _BUILDING = ".building-"
 _STALE = ".stale-"
 _HASH_BLOCK = 1 << 22
+# Why a folder cannot be written: no permission, a read-only or full disk, a file in the way.
+_UNWRITABLE = frozenset(
+    {
+        errno.EACCES,
+        errno.EPERM,
+        errno.EROFS,
+        errno.ENOSPC,
+        errno.EDQUOT,
+        errno.ENOTDIR,
+        errno.EEXIST,
+        errno.EISDIR,
+    }
+)
 
 
 def cache_root() -> Path:
@@ -180,7 +194,10 @@ def converted(
     try:
         folder = cached(kind, key, build, rebuilt)
     except (OSError, RuntimeError) as e:
-        # RuntimeError: what converters raise when a file cannot be written.
+        # A converter raises RuntimeError when it cannot write its files; an OSError from
+        # elsewhere (the model's download) is no matter of the cache.
+        if isinstance(e, OSError) and e.errno not in _UNWRITABLE:
+            raise
         reason = f"{cache_root()} cannot be written ({e})".splitlines()[0]
     else:
         yield folder

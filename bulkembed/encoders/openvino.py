@@ -172,7 +172,7 @@ def load_openvino(
     PyTorch model `load()` returns into the export cache unless a valid conversion is there.
     `tell` is told when one there is replaced, and when the cache cannot be written (the
     conversion is then made in a temporary folder, removed once read); a conversion that
-    cannot be written there either is a `ModelError`."""
+    fails, or cannot be written there either, is a `ModelError`."""
     import openvino as ov
     from transformers import AutoConfig
 
@@ -201,6 +201,5 @@ def load_openvino(
         with converted("openvino", key, build, rebuilt, unwritable) as folder:
             graph = ov.Core().read_model(folder / "model.xml")
     except (OSError, RuntimeError) as e:
-        message = f"OpenVINO cannot write its conversion of {spec.source}: {e}"
-        raise ModelError(message.splitlines()[0]) from e
+        raise ModelError(f"OpenVINO cannot convert {spec.source}: {e}".splitlines()[0]) from e
     return OpenVINOModel(graph, config, masked_lm, dtype, threads)

@@ -152,9 +152,13 @@ def _run(
         if config.overwrite and sink.resumable:
             ChangeSet(run.meta).remove()
         since = None if config.since is None else Incremental(plan, run, sink, settings, sync)
-        complete = run.is_complete() and not (since is not None and since.reopens(done))
+        complete = run.is_complete()
+        reopened = complete and since is not None and since.reopens(done)
         if since is not None:
-            since.prepare(complete)
+            since.prepare(complete and not reopened)
+            if reopened:
+                since.reopen()
+        complete = complete and not reopened
         _write_config(plan, run, settings, since)
         limited = config.limit is not None
         if complete:

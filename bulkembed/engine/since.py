@@ -32,7 +32,8 @@ from bulkembed.summary import over_bad_record_limit
 from bulkembed.writer import KeptUnits, PartWriter
 
 if TYPE_CHECKING:
-    from bulkembed.deletions import PreviousIds
+    import numpy as np
+
     from bulkembed.engine.plan import RunPlan
     from bulkembed.engine.sync import TableSync
     from bulkembed.run_dir import RunDirectory
@@ -63,9 +64,12 @@ class Incremental:
         self.sync = sync
         before = run.read_config() if run.config_path.exists() else {}
         self.previous_rows: int | None = before.get("previous_rows")
-        # The end step's decision, once made (a crash after it, or a finished output).
+        # The end step's decision, once made (a crash after it, or a finished output); and
+        # whether an end step began (kept once its decision is dropped by `reopen`). A sync
+        # of an earlier version noted its end step as `table_deleted`, `table_finished`.
         self.deletions = Deletions.from_dict(before.get("deletions"))
-        self.ended = self.deletions is not None
+        notes = ("ended", "table_deleted", "table_finished")
+        self.ended = self.deletions is not None or any(before.get(n) for n in notes)
         if sync is not None and sync.version is None:
             sync.version = before.get("previous_version")
         self.previous: PreviousOutput | None = None
@@ -74,7 +78,8 @@ class Incremental:
 
     def reopens(self, done: dict[str, UnitRecord]) -> bool:
         """Whether a finished output whose deletes were withheld is run with limits that
-        allow them now: it is then no longer complete, and its end step runs again."""
+        allow them now (then `reopen` it, once `prepare` has read what its end step
+        needs)."""
         withheld = self.deletions.withheld if self.deletions is not None else 0
         if not withheld or self.previous_rows is None:
             return False
@@ -84,11 +89,13 @@ class Incremental:
         read = sum(r.rows for r in inputs.values()) + bad
         if over_bad_record_limit(config.max_bad_records, bad, read):
             return False
-        if withheld > allowed(config.max_deletes, self.previous_rows):
-            return False
+        return withheld <= allowed(config.max_deletes, self.previous_rows)
+
+    def reopen(self) -> None:
+        """A finished output whose deletes were withheld is no longer complete: its end
+        step runs again, and decides anew."""
         self.run.complete_path.unlink(missing_ok=True)
         self.deletions = None
-        return True
 
     def prepare(self, complete: bool) -> None:
         """Read the previous output where it is needed: to carry rows over while input
@@ -101,6 +108,7 @@ class Incremental:
             if complete or self.ended:
                 return
             self.previous = self.sync.previous()
+            self.previous.keeps_unread = True
         elif complete:
             return
         else:
@@ -110,20 +118,22 @@ class Incremental:
                 self.changes = ChangeSet(self.run.meta)
                 self.changes.open(self.plan.my_units)
                 self.upserts = self.changes.upserts
+                self.previous.keeps_unread = self.plan.config.limit is None
         self.previous_rows = self.previous.rows
         _share_quantization(self.plan, self.run, self.previous)
 
     def config_state(self) -> dict[str, Any]:
         """What the run's configuration keeps of the incremental run across restarts."""
         deletions = None if self.deletions is None else self.deletions.as_dict()
-        state = {"previous_rows": self.previous_rows, "deletions": deletions}
+        state = {"previous_rows": self.previous_rows, "deletions": deletions, "ended": self.ended}
         if self.sync is not None:
             state["previous_version"] = self.sync.version
         return state
 
     def _note(self, deletions: Deletions) -> None:
-        self.deletions = deletions
-        self.run.write_config({**self.run.read_config(), "deletions": deletions.as_dict()})
+        self.deletions, self.ended = deletions, True
+        noted = {"deletions": deletions.as_dict(), "ended": True}
+        self.run.write_config({**self.run.read_config(), **noted})
 
     def end(self, phase: Callable[[str], None]) -> Callable[[], None] | None:
         """What ends the run once every input unit is done, before it is marked complete
@@ -165,7 +175,8 @@ class Incremental:
         deletions = self._decide(missing, over)
         self._note(deletions)
         if deletions.kept or deletions.withheld:
-            self._keep(self.previous, missing, deletions, self._part_schema(inputs))
+            schema = self._part_schema(inputs)
+            self._keep(missing, deletions, schema, self.previous.rows_at)
         gone = [m.ids.filter(pa.array(m.gone)) for m in missing if deletions.deleted]
         kind = missing[0].ids.type if missing else self.plan.reader.id_type or pa.string()
         self.changes.write_deletes(pa.chunked_array([c for g in gone for c in g.chunks], kind))
@@ -188,14 +199,19 @@ class Incremental:
             self.run.lock.check()
             self.sync.delete([m.ids.filter(pa.array(m.gone)) for m in missing])
         if deletions.kept or deletions.withheld:
-            self._keep(current, missing, deletions, current.id_schema)
+            self._keep(missing, deletions, current.id_schema, None)
         self.run.lock.check()
         self.sync.finish(phase)
 
     def _keep(
-        self, previous: PreviousIds, missing: list[Missing], deletions: Deletions, schema: pa.Schema
+        self,
+        missing: list[Missing],
+        deletions: Deletions,
+        schema: pa.Schema,
+        rows_at: Callable[[int, np.ndarray], pa.Table] | None,
     ) -> None:
-        """Write the kept rows, and the withheld ones, as units of their own."""
+        """Write the kept rows, and the withheld ones, as units of their own (their columns
+        from `rows_at`, see `kept_rows`)."""
         run = self.run
         writer = PartWriter(run.run_id, self.sink, schema, run.committed, run.lock.check)
         units = KeptUnits(writer, len(self.plan.files), self.plan.config.records_per_unit)
@@ -203,7 +219,7 @@ class Incremental:
             for found in missing:
                 which = (found.kept | found.gone) if deletions.withheld else found.kept
                 if which.any():
-                    units.add(kept_rows(previous, found, which, schema))
+                    units.add(kept_rows(found, which, schema, rows_at))
             units.finish()
         finally:
             writer.close()

@@ -28,12 +28,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 
 from bulkembed.engine.plan import RunPlan
 from bulkembed.errors import UsageError
-from bulkembed.incremental import PreviousTable, table_rows
+from bulkembed.incremental import PreviousTable
 from bulkembed.run_dir import RunDirectory, describe_changes
 from bulkembed.run_dir.intents import Intents
 from bulkembed.sinks import LanceSink, Sink, make_sink, parse_output, sink_of
@@ -178,6 +177,3 @@ class CurrentTable:
 
     def id_tables(self) -> Iterator[pa.Table]:
         yield self._dataset.to_table(columns=["id"])
-
-    def rows_at(self, number: int, positions: np.ndarray) -> pa.Table:
-        return table_rows(self._dataset, positions)

@@ -34,9 +34,15 @@ DUPLICATE_ID = "duplicate id: an earlier record has the same id"
 
 
 def known_id(value: Any) -> bool:
-    """Whether a bad record's id is one a document can have (a string or an integer): else
-    which document the record was is unknown."""
-    return isinstance(value, (str, int)) and not isinstance(value, bool)
+    """Whether a bad record's id is one a document can have (an integer, or a string of
+    valid Unicode): else which document the record was is unknown."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return False
+        return True
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 @dataclass(slots=True)
