@@ -442,3 +442,26 @@ def test_the_in_process_encoder_runs_flat_batches_too(tiny_bge_m3):
     for ours, theirs in zip(flat.sparse, padded.sparse, strict=True):
         assert ours.indices.tolist() == theirs.indices.tolist()
         np.testing.assert_allclose(ours.values, theirs.values, atol=1e-5, rtol=0)
+
+
+def test_a_compiled_flat_model_has_no_graph_break_and_gives_the_eager_vectors(tiny_bert):
+    from transformers import AutoModel
+
+    from bulkembed.encoders.flat import FlatTransformer
+
+    model = FlatTransformer(AutoModel.from_pretrained(tiny_bert)).eval()
+    lengths = np.array([9, 9, 5, 2, 1])
+    input_ids = torch.randint(5, 400, (int(lengths.sum()),))
+    sequences = Sequences.on_host(lengths)
+    with torch.inference_mode():
+        explained = torch._dynamo.explain(model)(input_ids, sequences)
+    assert (explained.graph_break_count, explained.graph_count) == (0, 1)
+    compiled = torch.compile(model, dynamic=True)
+    with torch.inference_mode():
+        for shape in ([9, 9, 5, 2, 1], [17, 3, 3], [2]):
+            lengths = np.array(shape)
+            input_ids = torch.randint(5, 400, (int(lengths.sum()),))
+            sequences = Sequences.on_host(lengths)
+            torch.testing.assert_close(
+                compiled(input_ids, sequences), model(input_ids, sequences), atol=1e-5, rtol=1e-5
+            )

@@ -12,12 +12,17 @@ Two implementations give the same result:
 - `reference_attention`: PyTorch's scaled-dot-product attention on each run of documents of
   one length, stacked without padding or mask. It runs on any device and dtype, and is
   what the tests check the flat path with on the CPU.
+
+`varlen_attention` calls them through one custom operator, `bulkembed::varlen_attention`,
+which picks the kernel where it runs and the reference elsewhere: `torch.compile` sees one
+opaque call of known output shape, so a compiled flat layer has no graph break, whichever
+implementation runs.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,7 +42,10 @@ class Sequences:
     - `token_documents`: [tokens] int64 on the device: the document of each token;
     - `longest`, `runs`: the longest document, and (length, count) of each run of equal
       consecutive lengths; plain numbers the host knows, so that no kernel waits on the
-      device and a compiled model sees no array.
+      device;
+    - `run_table`: `runs` as a [runs, 2] int64 tensor that stays on the host, what the
+      custom operator takes (a compiled model sees a tensor of varying size, not numbers
+      to specialize on).
 
     >>> s = Sequences.on_host(np.array([3, 1, 1, 2]))
     >>> s.cu_seqlens.tolist(), s.token_documents.tolist(), s.longest, s.runs
@@ -48,6 +56,7 @@ class Sequences:
     token_documents: torch.Tensor
     longest: int
     runs: tuple[tuple[int, int], ...]
+    run_table: torch.Tensor
 
     @classmethod
     def on_host(cls, lengths: np.ndarray) -> Sequences:
@@ -56,13 +65,14 @@ class Sequences:
         cu_seqlens = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
         documents = np.repeat(np.arange(len(lengths), dtype=np.int64), lengths)
         longest = int(lengths.max()) if len(lengths) else 0
-        return cls(
-            torch.from_numpy(cu_seqlens), torch.from_numpy(documents), longest, _runs(lengths)
-        )
+        runs = _runs(lengths)
+        table = torch.tensor(runs, dtype=torch.int64).reshape(len(runs), 2)
+        return cls(torch.from_numpy(cu_seqlens), torch.from_numpy(documents), longest, runs, table)
 
     def to(self, move: Callable[[torch.Tensor], torch.Tensor]) -> Sequences:
-        """These sequences with their tensors moved by `move`."""
-        return Sequences(move(self.cu_seqlens), move(self.token_documents), self.longest, self.runs)
+        """These sequences with their device tensors moved by `move` (`run_table` stays)."""
+        moved = (move(self.cu_seqlens), move(self.token_documents))
+        return Sequences(*moved, self.longest, self.runs, self.run_table)
 
 
 @functools.cache
@@ -108,24 +118,37 @@ def kernel_attention(
 ) -> torch.Tensor:
     """The CUDA kernel's attention: both kernels take (q, k, v, cu_seqlens_q,
     cu_seqlens_k, max_q, max_k), scale by 1/sqrt(head size) and do not mask causally."""
+    return _kernel_call(query, key, value, sequences.cu_seqlens, sequences.longest)
+
+
+def _kernel_call(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cu: torch.Tensor, longest: int
+) -> torch.Tensor:
     kernel = _kernel()
     assert kernel is not None
-    cu, longest = sequences.cu_seqlens, sequences.longest
     attended: torch.Tensor = kernel(query, key, value, cu, cu, longest, longest)
     return attended
 
 
-@torch.compiler.disable
 def reference_attention(
     query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, sequences: Sequences
 ) -> torch.Tensor:
     """Attention within each document, one scaled-dot-product call per run of consecutive
     documents of one length (a length-sorted batch has few): stacked as [documents, heads,
     length, head size], with no mask and no padding."""
+    return _reference(query, key, value, sequences.runs)
+
+
+def _reference(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    runs: Iterable[tuple[int, int] | list[int]],
+) -> torch.Tensor:
     output = torch.empty_like(query)
     tokens, heads, size = query.shape
     start = 0
-    for length, count in sequences.runs:
+    for length, count in runs:
         end = start + length * count
         if length:
             shape = (count, length, heads, size)
@@ -150,11 +173,37 @@ def _runs(lengths: np.ndarray) -> tuple[tuple[int, int], ...]:
     return tuple((int(lengths[a]), int(b - a)) for a, b in pairs)
 
 
+@torch.library.custom_op("bulkembed::varlen_attention", mutates_args=())
+def _varlen_operator(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    run_table: torch.Tensor,
+    longest: int,
+) -> torch.Tensor:
+    """The flash kernel where it runs (`kernel_runs`), else the reference."""
+    if kernel_runs(str(query.device), query.dtype):
+        return _kernel_call(query, key, value, cu_seqlens, longest)
+    return _reference(query, key, value, run_table.tolist())
+
+
+@_varlen_operator.register_fake
+def _(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    run_table: torch.Tensor,
+    longest: int,
+) -> torch.Tensor:
+    return torch.empty_like(query)
+
+
 def varlen_attention(
     query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, sequences: Sequences
 ) -> torch.Tensor:
-    """Attention within each document of a flat batch: the flash kernel where it runs
-    (`kernel_runs`), else the reference."""
-    if kernel_runs(str(query.device), query.dtype):
-        return kernel_attention(query, key, value, sequences)
-    return reference_attention(query, key, value, sequences)
+    """Attention within each document of a flat batch, through the custom operator: the
+    flash kernel where it runs (`kernel_runs`), else the reference."""
+    cu, table, longest = sequences.cu_seqlens, sequences.run_table, sequences.longest
+    return _varlen_operator(query, key, value, cu, table, longest)
