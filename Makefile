@@ -14,7 +14,7 @@ INFINITY_VENV ?= .venv-infinity
 INFINITY ?= 'infinity-emb[optimum]==0.0.78' 'optimum-onnx[onnxruntime]>=0.1' \
 	'transformers>=4.56,<4.58' 'huggingface-hub<1.0'
 
-.PHONY: install demo test test-fast lint format bench docs clean
+.PHONY: install demo test test-fast lint format bench gpu-check docs clean
 
 install: $(VENV)/.installed
 
@@ -81,8 +81,14 @@ bench: install $(BENCH_VENV)/.installed $(INFINITY_VENV)/.installed
 	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/host_ceiling.py
 	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/object_storage.py
 
+# On a machine with a GPU, first: five checks of the GPU path in a few minutes, offline,
+# then the GPU tests.
+gpu-check: install
+	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/gpu_check.py --json gpu-check.json; \
+		checked=$$?; HF_HUB_OFFLINE=1 $(BIN)/pytest -q -m gpu && exit $$checked
+
 docs: install
 	$(BIN)/python scripts/cli_reference.py
 
 clean:
-	rm -rf $(VENV) $(BENCH_VENV) $(INFINITY_VENV) $(DEMO_OUT) .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(BENCH_VENV) $(INFINITY_VENV) $(DEMO_OUT) gpu-check.json .pytest_cache .ruff_cache

@@ -1,0 +1,33 @@
+"""`benchmarks/gpu_check.py --smoke`: the GPU check's own code, run on the CPU with tiny
+shapes, passes its five checks and writes them as JSON."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+from helpers import ROOT
+
+
+@pytest.mark.slow
+def test_the_gpu_check_runs_its_five_checks_on_the_cpu(tmp_path):
+    script = ROOT / "benchmarks" / "gpu_check.py"
+    report = tmp_path / "check.json"
+    result = subprocess.run(
+        [sys.executable, str(script), "--smoke", "--json", str(report)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    checks = json.loads(report.read_text())["checks"]
+    assert [(c["name"], c["result"]) for c in checks] == [
+        (name, "pass") for name in ("stream", "varlen", "devices", "memory", "compile")
+    ]
+    figures = {c["name"]: c["figures"] for c in checks}
+    assert figures["stream"]["largest_difference_to_one_by_one"] == 0.0
+    assert figures["varlen"]["layouts_ran"] == ["padded", "flat"]
+    assert figures["memory"]["first_calls"][0] == figures["memory"]["batch_documents"]
+    assert figures["compile"]["graph_breaks"] == 0
+    assert "stream     pass" in result.stdout
