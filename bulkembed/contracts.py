@@ -126,3 +126,27 @@ class Embeddings:
 
         dense = None if self.dense is None else self.dense[rows]
         return Embeddings(dense, pick(self.sparse), pick(self.multivector))
+
+
+@dataclass(slots=True)
+class DeviceCounts:
+    """What embedding counts beside the vectors: batches embedded again in float32, their
+    values not finite in half precision; and seconds the device computed batches, timed by
+    CUDA events on its compute stream (0 on a CPU, where the host's clock times it)."""
+
+    float32_retries: int = 0
+    busy_seconds: float = 0.0
+
+    def add(self, other: DeviceCounts, share: float = 1.0) -> None:
+        """Count in `other`, its seconds times `share` (1/N: the mean of N devices)."""
+        self.float32_retries += other.float32_retries
+        self.busy_seconds += other.busy_seconds * share
+
+    def since(self, before: DeviceCounts) -> DeviceCounts:
+        """What was counted after `before` (a copy taken earlier)."""
+        return DeviceCounts(
+            self.float32_retries - before.float32_retries, self.busy_seconds - before.busy_seconds
+        )
+
+    def copy(self) -> DeviceCounts:
+        return DeviceCounts(self.float32_retries, self.busy_seconds)

@@ -21,6 +21,7 @@ from rich.progress import BarColumn, Progress, ProgressColumn, Task, TaskID, Tex
 from rich.table import Table
 from rich.text import Text
 
+from bulkembed.contracts import DeviceCounts
 from bulkembed.rates import RunProgress, duration
 from bulkembed.wording import counted
 
@@ -36,8 +37,8 @@ STAGES = ("read", "tokenize", "pack", "model", "post-process", "write")
 class RunStats:
     """Counters of a run, updated after every batch. `docs` went through the model;
     `carried` were copied from a previous output (`--since`); `encode_seconds` is the time
-    the model was busy (batches in, vectors back on the host); `float32_retries` counts the
-    batches embedded again in float32, their values not finite in half precision. `stages`
+    the model was busy (batches in, vectors back on the host); `counts` what the devices
+    counted (batches embedded again in float32, busy seconds of the mean device). `stages`
     holds the busy seconds of each of `STAGES` (tokenize summed over the tokenizer
     processes): where a run's time goes, for the benchmarks and `summary.json`.
 
@@ -52,7 +53,7 @@ class RunStats:
     tokens: int = 0
     padded_tokens: int = 0
     batches: int = 0
-    float32_retries: int = 0
+    counts: DeviceCounts = field(default_factory=DeviceCounts)
     started: float = field(default_factory=time.monotonic)
     embedding: float | None = None
     stages: dict[str, float] = field(default_factory=lambda: dict.fromkeys(STAGES, 0.0))
@@ -92,7 +93,7 @@ class RunStats:
         self.tokens += other.tokens
         self.padded_tokens += other.padded_tokens
         self.batches += other.batches
-        self.float32_retries += other.float32_retries
+        self.counts.add(other.counts, share)
         for stage, seconds in other.stages.items():
             self.stages[stage] += seconds * share
 
@@ -121,6 +122,15 @@ class RunStats:
         """The share of the time since the first batch that the model waited for input or
         for writing."""
         return max(0.0, 1.0 - self.encode_seconds / max(self.embedding_seconds, 1e-9))
+
+    @property
+    def device_busy_fraction(self) -> float | None:
+        """The share of the time since the first batch that the (mean) GPU computed
+        batches, from CUDA events; None where none timed it (a CPU)."""
+        busy = self.counts.busy_seconds
+        if not busy or self.embedding is None:
+            return None
+        return min(1.0, busy / max(self.embedding_seconds, 1e-9))
 
     @property
     def padding_efficiency(self) -> float:
@@ -182,7 +192,7 @@ class QuietReporter:
 
     def update(self, stats: RunStats) -> None:
         """Counters moved: the first batch embedded again in float32 is worth a warning."""
-        if stats.float32_retries and not self._float32_told:
+        if stats.counts.float32_retries and not self._float32_told:
             self._float32_told = True
             self.warn(
                 "a batch gave values that are not finite (NaN or infinity) in half precision: "

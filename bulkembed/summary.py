@@ -58,7 +58,9 @@ class Summary:
     settings (`run`: model, device, dtype, ...). Written as `summary.json` (`as_dict`).
 
     `seconds` runs from the command's start, `startup_seconds` from there to the first
-    batch (None if none ran); the rates and `device_idle_fraction` are over the rest."""
+    batch (None if none ran); the rates, `device_idle_fraction` (the host's clock: the model
+    waited for input or writing) and `device_busy_fraction` (CUDA events: the GPU computed;
+    None on a CPU) are over the rest."""
 
     docs: int
     changes: Changes | None
@@ -77,6 +79,7 @@ class Summary:
     tokens_per_s: float
     encode_seconds: float
     device_idle_fraction: float
+    device_busy_fraction: float | None
     stage_seconds: dict[str, float]
     run: dict[str, Any]
 
@@ -126,6 +129,7 @@ def summarize(
     tokens = sum(r.tokens for r in done.values())
     padded = sum(r.padded_tokens for r in done.values())
     startup = stats.startup_seconds
+    busy = stats.device_busy_fraction
     return Summary(
         docs=sum(r.rows for r in done.values()),
         changes=None if previous is None else _changes(done, previous, limited),
@@ -137,13 +141,14 @@ def summarize(
         parts=sum(1 for r in done.values() if r.rows),
         docs_this_run=stats.docs,
         batches_this_run=stats.batches,
-        float32_retries_this_run=stats.float32_retries,
+        float32_retries_this_run=stats.counts.float32_retries,
         seconds=round(stats.seconds, 3),
         startup_seconds=None if startup is None else round(startup, 3),
         docs_per_s=round(stats.docs_per_s, 2),
         tokens_per_s=round(stats.tokens_per_s, 1),
         encode_seconds=round(stats.encode_seconds, 3),
         device_idle_fraction=round(stats.device_idle_fraction, 3),
+        device_busy_fraction=None if busy is None else round(busy, 3),
         stage_seconds={stage: round(seconds, 3) for stage, seconds in stats.stages.items()},
         run=run_info,
     )

@@ -159,3 +159,21 @@ def test_device_idle_fraction_is_the_time_outside_the_model_after_start_up():
     assert stats.device_idle_fraction == 0
     # Before the first batch: no start-up measured yet, and no rate.
     assert (RunStats().startup_seconds, RunStats(docs=5).docs_per_s) == (None, 0.0)
+
+
+def test_device_busy_fraction_is_the_gpu_time_timed_by_cuda_events_over_the_embedding_time():
+    import time
+
+    from bulkembed.contracts import DeviceCounts
+    from bulkembed.progress import RunStats
+
+    now = time.monotonic()
+    # A CPU run times nothing with CUDA events: no figure rather than 0.
+    assert RunStats(started=now - 30.0, embedding=now - 10.0).device_busy_fraction is None
+    gpu = RunStats(started=now - 30.0, embedding=now - 10.0, counts=DeviceCounts(0, 9.0))
+    assert abs(gpu.device_busy_fraction - 0.9) < 0.01
+    # Two devices side by side: each unit's seconds count as the mean device's.
+    total = RunStats(started=now - 30.0, embedding=now - 10.0)
+    for _ in range(2):
+        total.add(RunStats(counts=DeviceCounts(1, 8.0)), share=1 / 2)
+    assert total.counts.float32_retries == 2 and abs(total.device_busy_fraction - 0.8) < 0.01

@@ -243,7 +243,7 @@ def test_a_batch_not_finite_on_a_gpu_is_embedded_again_in_float32_and_counted(ti
     batch = TokenBatch.from_sequences([np.arange(n) for n in (3, 2, 1)])
     for _ in range(2):
         assert encoder.embed_within_memory(batch).dense[:, 0].tolist() == [3, 2, 1]
-    assert encoder.float32_retries == 2
+    assert encoder.counts.float32_retries == 2
     # The float32 twin is loaded once, on the same device, and kept.
     assert OnGPU.made == [("cuda:0", "torch.float16"), ("cuda:0", "torch.float32")]
     assert OnGPU.calls == ["torch.float16", "torch.float32"] * 2
@@ -259,7 +259,7 @@ def test_a_batch_that_is_not_finite_is_embedded_again_in_float32_or_refused(tiny
     encoder.calls = []
     assert encoder.embed_within_memory(batch).dense[:, 0].tolist() == [3, 2, 1]
     assert encoder.calls == ["torch.bfloat16", "torch.float32"]
-    assert encoder.float32_retries == 1
+    assert encoder.counts.float32_retries == 1
     broken = _NotFiniteInHalfPrecision(spec, "cpu", torch.float32)
     broken.calls, broken.broken = [], True
     with pytest.raises(ModelError) as refused:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 import numpy as np
 
 from bulkembed.config import Attention, Backend
-from bulkembed.contracts import Embeddings, TokenBatch
+from bulkembed.contracts import DeviceCounts, Embeddings, TokenBatch
 from bulkembed.errors import ModelError, UsageError
 from bulkembed.wording import counted
 
@@ -205,13 +205,13 @@ class VectorSizes(Protocol):
 class Embedder(VectorSizes, Protocol):
     """What embeds a window's batches: one `Encoder`, or a pool of them on several devices.
     `unpadded`: its batches run flat, so that a batch costs the sum of its lengths;
-    `float32_retries`: batches it embedded again in float32 (see `Encoder._finite`)."""
+    `counts`: what it counted so far (batches embedded again in float32, device seconds)."""
 
     @property
     def unpadded(self) -> bool: ...
 
     @property
-    def float32_retries(self) -> int: ...
+    def counts(self) -> DeviceCounts: ...
 
     def embed_stream(
         self,
@@ -257,9 +257,9 @@ class Encoder(ABC):
         # Tokens (`cost`) of the smallest batch that ran out of memory (see
         # `embed_within_memory`).
         self.memory_limit: int | None = None
-        # Batches embedded again in float32, their values not finite in this dtype; and the
-        # float32 twin that embeds them, made at the first.
-        self.float32_retries = 0
+        # Batches embedded again in float32 (their values not finite in this dtype) and the
+        # device's busy seconds; the float32 twin that embeds such batches, made at the first.
+        self.counts = DeviceCounts()
         self._float32: Encoder | None = None
         # Inputs are copied to a CUDA device on their own stream, while the last batch runs.
         self._copies = torch.cuda.Stream(device) if device.startswith("cuda") else None
@@ -322,7 +322,7 @@ class Encoder(ABC):
             return type(self)(self.spec, self.device, dtype)
         twin = copy.copy(self)
         twin.dtype = dtype
-        twin.float32_retries, twin._float32 = 0, None
+        twin.counts, twin._float32 = DeviceCounts(), None
         if self.backend is Backend.OPENVINO:
             twin.model = self.model.in_dtype(dtype)
         else:
@@ -386,20 +386,33 @@ class Encoder(ABC):
 
         from bulkembed.encoders.transfer import Landing
 
+        timed = None
         if inputs.copied is not None:
             compute = torch.cuda.current_stream(self.device)
             compute.wait_event(inputs.copied)
             # The inputs were made on the copy stream and are used on this one.
             for tensor in inputs.tensors():
                 tensor.record_stream(compute)
+            timed = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+            timed[0].record(compute)
         with torch.inference_mode(), self.compute():
-            return Landing(self.embed(inputs), inputs.batch.lengths)
+            outputs = self.embed(inputs)
+            if timed is not None:
+                timed[1].record(compute)
+            return Landing(outputs, inputs.batch.lengths, timed)
 
     def embed_batch(self, batch: TokenBatch) -> Embeddings:
         """Embeddings for every document of `batch`, in batch order; checked by
         `embed_within_memory`, not here."""
-        embeddings, _ = self.launch(self.upload(batch)).embeddings()
+        embeddings, _ = self._land(self.launch(self.upload(batch)))
         return embeddings
+
+    def _land(self, landing: Landing) -> tuple[Embeddings, bool]:
+        """A launched batch's embeddings and whether they are finite, its device seconds
+        counted."""
+        embeddings, finite = landing.embeddings()
+        self.counts.busy_seconds += landing.busy_seconds()
+        return embeddings, finite
 
     def embed_within_memory(self, batch: TokenBatch) -> Embeddings:
         """`embed_batch`, halving the batch for as long as the GPU runs out of memory; a batch
@@ -412,7 +425,7 @@ class Encoder(ABC):
         if self._must_halve(batch):
             return self._in_halves(batch)
         try:
-            embeddings, finite = self.launch(self.upload(batch)).embeddings()
+            embeddings, finite = self._land(self.launch(self.upload(batch)))
         except torch_out_of_memory() as e:
             # Keep only the message, and leave the handler before retrying: the exception
             # holds the frames of the failed pass, and with them its tensors.
@@ -451,7 +464,7 @@ class Encoder(ABC):
         """The embeddings of a batch that gave NaN or infinite values, computed again in
         float32 (`in_dtype`: on a CPU the same weights without autocast, or the OpenVINO
         graph compiled in float32; on a GPU the model loaded once more, in float32, kept for
-        the next such batch) and counted in `float32_retries`; in float32 already, a
+        the next such batch) and counted in `counts`; in float32 already, a
         one-line error, since no vector may be written that is not finite."""
         import torch
 
@@ -461,10 +474,14 @@ class Encoder(ABC):
                 f"{counted(len(batch), 'document')} on {self.device} in float32: check the "
                 "model's weights"
             )
-        self.float32_retries += 1
+        self.counts.float32_retries += 1
         if self._float32 is None:
             self._float32 = self.in_dtype(torch.float32)
-        return self._float32.embed_within_memory(batch)
+        twin = self._float32
+        before = twin.counts.copy()
+        embeddings = twin.embed_within_memory(batch)
+        self.counts.add(twin.counts.since(before))
+        return embeddings
 
     def embed_stream(
         self,
@@ -549,7 +566,7 @@ class Encoder(ABC):
         if launched.event is not None:
             launched.event.synchronize()
         waited = time.perf_counter() - started
-        embeddings, finite = launched.embeddings()
+        embeddings, finite = self._land(launched)
         if not finite:
             embeddings = self._finite(batch)
         finished(key, seconds + waited, time.perf_counter() - started - waited)

@@ -6,7 +6,7 @@ encoders read the model's hidden states as [tokens, hidden], real tokens only, d
 to end (`DeviceInputs.hidden_states`), so pooling and the heads are one code for both.
 
 `DeviceOutputs` is what a forward pass leaves on the device; `Landing` copies it back without
-waiting (CUDA) and splits it by document on the host.
+waiting (CUDA) and splits it by document on the host, and says how long the device computed.
 """
 
 from __future__ import annotations
@@ -134,8 +134,12 @@ class Landing:
     waiting (CUDA), with a flag saying whether every value is finite; `embeddings()`
     waits for the copies (one synchronisation per batch) and splits them by document."""
 
-    def __init__(self, outputs: DeviceOutputs, lengths: np.ndarray) -> None:
+    def __init__(
+        self, outputs: DeviceOutputs, lengths: np.ndarray, timed: tuple[Any, Any] | None = None
+    ) -> None:
         self.lengths = lengths
+        # CUDA events recorded before and after the forward pass on the compute stream.
+        self.timed = timed
         self.keep = outputs.multivector_keep
         written = (outputs.dense, outputs.sparse_weights, outputs.multivector)
         floats = [t for t in written if t is not None] + list(outputs.reduced_from)
@@ -151,6 +155,13 @@ class Landing:
             # Recorded on the stream of the outputs' device, whichever device is current.
             self.event = torch.cuda.Event()
             self.event.record(torch.cuda.current_stream(cuda[0]))
+
+    def busy_seconds(self) -> float:
+        """Seconds the device computed the batch (0 without CUDA events); once landed."""
+        if self.timed is None:
+            return 0.0
+        started, ended = self.timed
+        return float(started.elapsed_time(ended)) / 1000
 
     def embeddings(self) -> tuple[Embeddings, bool]:
         """The batch's embeddings, and whether every value is finite."""

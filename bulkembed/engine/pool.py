@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeVar
 
-from bulkembed.contracts import Embeddings, TokenBatch
+from bulkembed.contracts import DeviceCounts, Embeddings, TokenBatch
 from bulkembed.errors import UsageError, WorkerError
 from bulkembed.workers import WorkerPool
 
@@ -144,16 +144,15 @@ class _Timed:
 
     encoder: Encoder
 
-    def __call__(self, batch: TokenBatch | None) -> tuple[Embeddings | None, float, int]:
-        """The batch's embeddings, the seconds they took, and how many of its parts were
-        embedded again in float32 (`Encoder._finite`)."""
+    def __call__(self, batch: TokenBatch | None) -> tuple[Embeddings | None, float, DeviceCounts]:
+        """The batch's embeddings, the seconds they took, and what the encoder counted for
+        it (`DeviceCounts`)."""
         if batch is None:  # a marker of the stream, sent back in its place
-            return None, 0.0, 0
+            return None, 0.0, DeviceCounts()
         started = time.perf_counter()
-        retries = self.encoder.float32_retries
+        before = self.encoder.counts.copy()
         embeddings = self.encoder.embed_within_memory(batch)
-        retries = self.encoder.float32_retries - retries
-        return embeddings, time.perf_counter() - started, retries
+        return embeddings, time.perf_counter() - started, self.encoder.counts.since(before)
 
 
 def _start(device: _Device) -> tuple[_Timed, Ready]:
@@ -171,8 +170,8 @@ class EncoderPool:
     """One encoder process per device; `embed_stream` spreads batches over them. With
     `tune`, each worker probes its device's token budget (`Encoder.tune_batch_tokens`) and
     `batch_tokens` is the smallest, so that every batch fits every device. `warn` is told
-    when a worker dies and its batches run again on the others. `float32_retries` counts
-    the batches the workers embedded again in float32."""
+    when a worker dies and its batches run again on the others. `counts` sums what the
+    workers counted (their busy seconds as the mean device's)."""
 
     def __init__(
         self,
@@ -184,13 +183,13 @@ class EncoderPool:
         warn: Callable[[str], None] | None = None,
     ) -> None:
         self.devices = devices
-        self._pool: WorkerPool[TokenBatch | None, tuple[Embeddings | None, float, int]]
+        self._pool: WorkerPool[TokenBatch | None, tuple[Embeddings | None, float, DeviceCounts]]
         settings = [_Device(spec, d, dtype_name, threads, tune) for d in devices]
         self._pool, self.ready = start_device_workers(_start, settings, "batch", warn)
         self.dense_dim, self.multivector_dim = self.ready.dense, self.ready.multivector
         self.unpadded = self.ready.unpadded
         self.batch_tokens = self.ready.budget
-        self.float32_retries = 0
+        self.counts = DeviceCounts()
 
     def embed_stream(
         self,
@@ -202,8 +201,9 @@ class EncoderPool:
         side by side). The next batches are taken and queued while the devices work. A
         `(key, None)` marker comes back in its place, as `Encoder.embed_stream` does."""
         in_flight = BATCHES_PER_WORKER * len(self.devices)
-        for key, (embeddings, seconds, retries) in self._pool.map(batches, in_flight):
-            self.float32_retries += retries
+        for key, (embeddings, seconds, counts) in self._pool.map(batches, in_flight):
+            # The devices run side by side: their busy seconds are the mean device's.
+            self.counts.add(counts, share=1 / len(self.devices))
             if embeddings is not None:
                 finished(key, seconds / len(self.devices), 0.0)
             yield key, embeddings

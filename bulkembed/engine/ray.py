@@ -55,7 +55,7 @@ if TYPE_CHECKING:
     from bulkembed.sinks import Sink
 
 # The columns Ray Data hands back, one row per unit: counts add up into the run's.
-_COUNTS = ("docs", "tokens", "padded_tokens", "batches", "float32_retries")
+_COUNTS = ("docs", "tokens", "padded_tokens", "batches")
 # Memory a tokenizing task declares: a unit's records and token ids. Declaring it also
 # keeps Ray Data from fusing these tasks into the embedding actors (it fuses stages whose
 # resource requests are equal), so reading and tokenizing run beside the model.
@@ -68,6 +68,7 @@ _RESULTS = (
     "error",
     *_COUNTS,
     "encode_seconds",
+    "counts",
     "dtype",
     "budget",
     "attention",
@@ -171,6 +172,7 @@ class _UnitEmbedder:
             for key in _COUNTS:
                 rows[key].append(getattr(stats, key))
             rows["encode_seconds"].append(stats.encode_seconds)
+            rows["counts"].append(pickle.dumps(stats.counts))
             rows["dtype"].append(self.session.dtype)
             rows["budget"].append(self.session.budget)
             rows["attention"].append(self.session.attention)
@@ -366,6 +368,7 @@ def _run_dataset(
                 # Each actor's busy time; the run's figure is the mean device's.
                 busy += float(row["encode_seconds"])
                 stats.encode_seconds = busy / actors
+                stats.counts.add(pickle.loads(row["counts"]), share=1 / actors)
                 dtypes.add(row["dtype"])
                 budgets.add(int(row["budget"]))
                 layouts.add(row["attention"])

@@ -10,6 +10,7 @@ from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
 from bulkembed.config import Attention, DType
+from bulkembed.contracts import DeviceCounts
 from bulkembed.progress import Reporter
 
 if TYPE_CHECKING:
@@ -65,8 +66,8 @@ class DeviceSession:
         self.precision: PrecisionCheck | None = None
         self.sample: EmbeddedHead | None = None
         self.embedder: Embedder
-        # Batches embedded again in float32 by an embedder let go (the check's).
-        self._retired_retries = 0
+        # What an embedder let go (the check's) counted.
+        self._retired = DeviceCounts()
         # Warnings and remarks of the encoders' loads said so far: each is said once.
         self._told: set[str] = set()
         reporter.phase(f"loading the model on {', '.join(devices)}")
@@ -87,10 +88,12 @@ class DeviceSession:
         return dtype_name(self.candidate)
 
     @property
-    def float32_retries(self) -> int:
-        """Batches embedded again in float32 in this session, their values not finite in
-        its dtype (`Encoder._finite`)."""
-        return self._retired_retries + self.embedder.float32_retries
+    def counts(self) -> DeviceCounts:
+        """What this session's embedders counted: batches embedded again in float32, their
+        values not finite in its dtype (`Encoder._finite`), and device seconds."""
+        counts = self._retired.copy()
+        counts.add(self.embedder.counts)
+        return counts
 
     @property
     def backend(self) -> str | None:
@@ -164,7 +167,7 @@ class DeviceSession:
             return True
         # The check ran on the first device in this process: free it for its worker. The
         # sample's batches it embedded again in float32, if any, still count.
-        self._retired_retries += encoder.float32_retries
+        self._retired.add(encoder.counts)
         del encoder, checked
         if self.devices[0].startswith("cuda"):
             torch.cuda.empty_cache()

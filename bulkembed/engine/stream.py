@@ -136,8 +136,8 @@ def embed_windows(
     reporter: Reporter,
 ) -> None:
     """Embed the windows `gathered` on `session`, and `write` each window's vectors as
-    `formatted` makes them, in input order; count into `stats` (the batches embedded again
-    in float32 too)."""
+    `formatted` makes them, in input order; count into `stats` (what the devices counted
+    too: `DeviceCounts`)."""
 
     def emit(window: list[TokenizedChunk], embedded: Embeddings, padded: np.ndarray) -> None:
         with stats.timed("post-process"):
@@ -150,7 +150,7 @@ def embed_windows(
     # The dtype is settled on the first window with a document, before any batch runs (the
     # check may change the embedder and its budget); windows before it have nothing to
     # embed and are written as they come. The check's sample is that window's head.
-    retries, before = stats.float32_retries, session.float32_retries
+    counted, before = stats.counts.copy(), session.counts
     first = []
     while session.checking and (window := next(gathered, None)) is not None:
         if session.settle(window):
@@ -169,7 +169,8 @@ def embed_windows(
     for packed in packed_windows:
         with stats.timed("post-process"):
             embedded, padded = packed.embedded()
-        stats.float32_retries = retries + session.float32_retries - before
+        stats.counts = counted.copy()
+        stats.counts.add(session.counts.since(before))
         emit(packed.chunks, embedded, padded)
 
 
