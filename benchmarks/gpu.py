@@ -1,32 +1,39 @@
-"""GPU throughput of `bulkembed run`: tokens/s, model FLOP utilization, device busy time, for
-padded and flat batches.
+"""GPU throughput of `bulkembed run`: tokens/s, model FLOP utilization, GPU busy time, for
+padded and flat batches, on one GPU and on all of them.
 
-Runs the CLI end to end on a real-text corpus (`corpus.py`, `--copies` times with distinct
-ids) with a real model on every CUDA device, in bfloat16, the token budget tuned to the free
-memory, dense vectors only (`--outputs` for more), once per batch layout of `--attention`
-(padded, flat: documents end to end with variable-length attention): one warm-up run per
-layout on the first `--warmup-docs` documents, then `--repeats` rounds of timed runs, the
-layouts interleaved in each round. Prints one JSON line on stdout: per layout, the median
-and each repeat of:
+Runs the CLI end to end on a real-text corpus (`corpus.py`, copied with distinct ids until it
+is at least `--seconds` of embedding per device) with a real model, in the headline
+configuration by default: the recipe's outputs and token budget (`bulkembed run corpus/
+--model bge-m3`: dense and sparse, 16,384 tokens), `--dtype auto`. Per scope (one GPU, then
+every GPU when there are several) and batch layout of `--attention` (padded; flat:
+documents end to end with variable-length attention): one warm-up run on the first
+`--warmup-docs` documents (its rate sizes the corpus), then `--repeats` rounds of timed
+runs, the layouts interleaved in each round. Prints one JSON line on stdout: per scope and
+layout, the median and each repeat of:
 
 - tokens_per_s while embedding (the run's `summary.json`) and end to end (wall clock);
-- gpu_busy_fraction: NVML's utilization (the share of time a kernel ran, not how full the
-  SMs were), sampled on a thread during the timed runs; null without `pynvml`;
+- gpu_busy_fraction: the run's `device_busy_fraction`, the share of the embedding phase the
+  GPUs computed, from CUDA events around each forward pass (the mean device);
+- nvml_utilization: NVML's utilization.gpu (the share of time any kernel ran) sampled over
+  the whole process, start-up included, so lower than the busy fraction; null without
+  `pynvml`;
 - mfu: the corpus's forward FLOPs (`forward_flops`, over each document's own token count)
   per second over the devices' dense data-sheet peak (`PEAK_TFLOPS` or `--peak-tflops`).
 
 FLOPs count the transformer up to its last hidden state, over real tokens only (padding is
-work a padded batch does in vain): with `--outputs` beyond dense, the time of the extra
-heads lowers the MFU. `flat_over_padded` is the ratio of the medians of tokens/s.
+work a padded batch does in vain): the time of the heads (sparse, multi-vector) lowers the
+MFU. `flat_over_padded` is the ratio of the medians of tokens/s.
 
-    HF_HUB_OFFLINE=1 python benchmarks/gpu.py [--model BAAI/bge-m3] [--docs 5000 --copies 20]
-        [--attention padded,flat]
+    HF_HUB_OFFLINE=1 python benchmarks/gpu.py [--model BAAI/bge-m3] [--docs 5000]
+        [--seconds 60] [--attention padded,flat]
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
+import math
 import os
 import re
 import shutil
@@ -34,7 +41,7 @@ import statistics
 import sys
 import tempfile
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager, nullcontext
 from importlib.util import find_spec
 from pathlib import Path
@@ -64,6 +71,7 @@ MEDIANS = (
     "tokens_per_s",
     "tokens_per_s_end_to_end",
     "gpu_busy_fraction",
+    "nvml_utilization",
     "host_clock_idle_fraction",
 )
 
@@ -168,32 +176,35 @@ def nvml_indices(count: int) -> list[int]:
 
 
 def timed_run(corpus: list[Path], out: Path, model: str, options: list[str]) -> dict[str, Any]:
-    """One `bulkembed run` into `out` (removed after): its figures, and each device's busy
-    fraction when NVML can be sampled."""
+    """One `bulkembed run` into `out` (removed after): its figures, its GPU busy fraction
+    (CUDA events, the embedding phase) and NVML's utilization of each device it used."""
     import torch
 
     sampled = nvml_indices(torch.cuda.device_count()) if find_spec("pynvml") else []
     with nvml_utilization(sampled) if sampled else nullcontext([]) as samples:
         run = measure(corpus, out, model, *options)
     shutil.rmtree(out)
-    busy = [round(sum(d) / len(d) / 100, 3) for d in zip(*samples, strict=True)]
+    used = [d for d in zip(*samples, strict=True)] if samples else []
+    utilization = [round(sum(d) / len(d) / 100, 3) for d in used if any(d)]
     return {
         **run,
         "tokens_per_s_end_to_end": round(run["tokens"] / run["wall_seconds"], 1),
-        "gpu_busy_fraction": round(statistics.mean(busy), 3) if busy else None,
-        "gpu_busy_per_device": busy or None,
+        "gpu_busy_fraction": run["device_busy_fraction"],
+        "nvml_utilization": round(statistics.mean(utilization), 3) if utilization else None,
+        "nvml_utilization_per_device": utilization or None,
         "host_clock_idle_fraction": run["device_idle_fraction"],
     }
 
 
-def main() -> None:
+def _arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="BAAI/bge-m3")
-    parser.add_argument("--docs", type=int, default=5000)
-    parser.add_argument("--copies", type=int, default=20)
-    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
-    parser.add_argument("--max-batch-tokens", default="auto")
-    parser.add_argument("--outputs", default="dense", help="passed to bulkembed run")
+    parser.add_argument("--recipe", help="passed to bulkembed run (default: --model's)")
+    parser.add_argument("--docs", type=int, default=5000, help="documents before copies")
+    parser.add_argument("--seconds", type=float, default=60.0, help="embedding per device")
+    parser.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16"])
+    parser.add_argument("--max-batch-tokens", help="default: the recipe's")
+    parser.add_argument("--outputs", help="default: the recipe's")
     parser.add_argument("--compile", action="store_true")
     parser.add_argument(
         "--attention", default="padded,flat", help="batch layouts to compare, comma-separated"
@@ -201,98 +212,140 @@ def main() -> None:
     parser.add_argument("--warmup-docs", type=int, default=2000)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--peak-tflops", type=float, help="dense TFLOP/s of one device")
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def _options(args: argparse.Namespace) -> list[str]:
+    """`bulkembed run` options: the headline configuration but for what is asked."""
+    options = ["--dtype", args.dtype]
+    for flag, value in (
+        ("--recipe", args.recipe),
+        ("--outputs", args.outputs),
+        ("--max-batch-tokens", args.max_batch_tokens),
+    ):
+        options += [flag, value] if value else []
+    return options + (["--compile"] if args.compile else [])
+
+
+def _scope(
+    args: argparse.Namespace, folder: Path, devices: str, count: int, layouts: list[str]
+) -> tuple[dict[str, list[dict[str, Any]]], list[dict[str, str]]]:
+    """Warm-up runs, then the timed runs of every layout on `devices` (`count` GPUs), on a
+    corpus copied until it is `--seconds` of embedding per device at the warm-up's rate."""
+    options = [*_options(args), "--devices", devices]
+    base = build(args.docs)
+    warmup_corpus = write(base, folder / f"warmup-corpus-{count}", files=4, fmt="jsonl")
+    rate = 0.0
+    for layout in layouts:
+        print(f"warm-up on {devices}, {layout}: {args.warmup_docs} documents", file=sys.stderr)
+        warmup = [*options, "--attention", layout, "--limit", str(args.warmup_docs)]
+        found = measure(warmup_corpus, folder / "warmup", args.model, *warmup)
+        shutil.rmtree(folder / "warmup")
+        rate = max(rate, found["docs_per_s"])
+    copies = max(1, math.ceil(args.seconds * rate / len(base)))
+    records = build(args.docs, copies)
+    corpus = write(records, folder / f"corpus-{count}", files=8 * count, fmt="jsonl")
+    runs: dict[str, list[dict[str, Any]]] = {layout: [] for layout in layouts}
+    for repeat in range(args.repeats):
+        for layout in layouts:
+            print(
+                f"run {repeat + 1}/{args.repeats} on {devices}, {layout}: {len(records)} docs",
+                file=sys.stderr,
+            )
+            layout_options = [*options, "--attention", layout]
+            runs[layout].append(timed_run(corpus, folder / "out", args.model, layout_options))
+    return runs, records
+
+
+def model_flop_utilization(
+    flops_per_token: float, peak: float | None, devices: int, tokens_per_s: float | None
+) -> float | None:
+    """The share of `devices` devices' dense peak (TFLOP/s each) that `tokens_per_s` uses.
+
+    >>> model_flop_utilization(1e9, 989.0, 2, 400_000.0)
+    0.202
+    """
+    if peak is None or tokens_per_s is None:
+        return None
+    return round(flops_per_token * tokens_per_s / (peak * 1e12 * devices), 3)
+
+
+def _figures(
+    found: list[dict[str, Any]], mfu: Callable[[float | None], float | None]
+) -> dict[str, Any]:
+    """The medians of a layout's timed runs, and each run's figures."""
+
+    def median(key: str) -> float | None:
+        values = [r[key] for r in found if r[key] is not None]
+        return round(statistics.median(values), 3) if values else None
+
+    return {
+        "attention": found[0]["attention"],
+        "padding_efficiency": found[0]["padding_efficiency"],
+        **{k: median(k) for k in MEDIANS},
+        "mfu": mfu(median("tokens_per_s")),
+        "mfu_end_to_end": mfu(median("tokens_per_s_end_to_end")),
+        "repeats": [
+            {
+                k: r[k]
+                for k in (
+                    *MEDIANS,
+                    "nvml_utilization_per_device",
+                    "max_batch_tokens",
+                    "peak_rss_mb",
+                )
+            }
+            for r in found
+        ],
+    }
+
+
+def main() -> None:
+    args = _arguments()
     import torch
 
     if not torch.cuda.is_available():
         raise SystemExit("no CUDA device: this benchmark measures GPUs (see throughput.py)")
-
-    options = ["--devices", "auto", "--dtype", args.dtype, "--outputs", args.outputs]
-    options += ["--max-batch-tokens", args.max_batch_tokens]
-    options += ["--compile"] if args.compile else []
-    records = build(args.docs, args.copies)
-    flops, lengths, max_length = corpus_flops(args.model, [r["text"] for r in records])
     devices = torch.cuda.device_count()
     name = torch.cuda.get_device_name(0)
     peak, peak_source = peak_tflops(name, args.peak_tflops)
-    layouts = [name.strip() for name in args.attention.split(",") if name.strip()]
-    runs: dict[str, list[dict[str, Any]]] = {layout: [] for layout in layouts}
+    layouts = [layout.strip() for layout in args.attention.split(",") if layout.strip()]
+    scopes = [("one_gpu", "cuda:0", 1)] + ([("all_gpus", "auto", devices)] if devices > 1 else [])
+    results: dict[str, Any] = {"device": name, "devices": devices, "model": args.model}
     with tempfile.TemporaryDirectory() as tmp:
-        corpus = write(records, Path(tmp) / "corpus", files=8, fmt="jsonl")
-        for layout in layouts:
-            print(f"warm-up, {layout}: {args.warmup_docs} documents", file=sys.stderr)
-            warmup = [*options, "--attention", layout, "--limit", str(args.warmup_docs)]
-            measure(corpus, Path(tmp) / "warmup", args.model, *warmup)
-            shutil.rmtree(Path(tmp) / "warmup")
-        for repeat in range(args.repeats):
-            for layout in layouts:
-                print(
-                    f"run {repeat + 1}/{args.repeats}, {layout}: {len(records)} documents",
-                    file=sys.stderr,
-                )
-                layout_options = [*options, "--attention", layout]
-                runs[layout].append(
-                    timed_run(corpus, Path(tmp) / "out", args.model, layout_options)
-                )
-    tokens = sum(lengths)
-    for layout, found in runs.items():
-        if found[0]["tokens"] != tokens:
-            print(
-                f"FLOPs counted {tokens} tokens, the {layout} run {found[0]['tokens']}",
-                file=sys.stderr,
-            )
+        for scope, option, count in scopes:
+            runs, records = _scope(args, Path(tmp), option, count, layouts)
+            flops, lengths, max_length = corpus_flops(args.model, [r["text"] for r in records])
+            tokens = sum(lengths)
 
-    def mfu(tokens_per_s: float | None) -> float | None:
-        if peak is None or tokens_per_s is None:
-            return None
-        return round(flops / tokens * tokens_per_s / (peak * 1e12 * devices), 3)
-
-    def figures(found: list[dict[str, Any]]) -> dict[str, Any]:
-        def median(key: str) -> float | None:
-            values = [r[key] for r in found if r[key] is not None]
-            return round(statistics.median(values), 3) if values else None
-
-        return {
-            "attention": found[0]["attention"],
-            "padding_efficiency": found[0]["padding_efficiency"],
-            **{k: median(k) for k in MEDIANS},
-            "mfu": mfu(median("tokens_per_s")),
-            "mfu_end_to_end": mfu(median("tokens_per_s_end_to_end")),
-            "repeats": [
-                {
-                    k: r[k]
-                    for k in (*MEDIANS, "gpu_busy_per_device", "max_batch_tokens", "peak_rss_mb")
-                }
-                for r in found
-            ],
-        }
-
-    by_layout = {layout: figures(found) for layout, found in runs.items()}
-    first = runs[layouts[0]][0]
-    results = {
-        "device": name,
-        "devices": devices,
-        "model": args.model,
-        "outputs": args.outputs,
+            utilization = functools.partial(model_flop_utilization, flops / tokens, peak, count)
+            by_layout = {layout: _figures(found, utilization) for layout, found in runs.items()}
+            first = runs[layouts[0]][0]
+            results[scope] = {
+                "devices": count,
+                **{k: first[k] for k in ("dtype", "outputs", "docs", "tokens", "max_batch_tokens")},
+                "max_length": max_length,
+                "mean_tokens": round(tokens / len(lengths), 1),
+                "model_tflops": round(flops / 1e12, 1),
+                "gflops_per_token": round(flops / tokens / 1e9, 4),
+                "layouts": by_layout,
+            }
+            if {"padded", "flat"} <= by_layout.keys():
+                padded, flat = (by_layout[k]["tokens_per_s"] for k in ("padded", "flat"))
+                ratio = round(flat / padded, 3) if padded and flat else None
+                results[scope]["flat_over_padded"] = ratio
+    results |= {
         "compile": args.compile,
-        **{k: first[k] for k in ("dtype", "docs", "tokens")},
-        "max_length": max_length,
-        "mean_tokens": round(tokens / len(lengths), 1),
         "warmup_docs": args.warmup_docs,
-        "gpu_busy_source": (
-            f"NVML utilization.gpu, every {SAMPLE_SECONDS} s"
+        "gpu_busy_source": "CUDA events around each forward pass, the embedding phase only",
+        "nvml_source": (
+            f"NVML utilization.gpu, every {SAMPLE_SECONDS} s over the whole process"
             if find_spec("pynvml")
             else "not measured: pynvml not installed (pip install nvidia-ml-py)"
         ),
-        "model_tflops": round(flops / 1e12, 1),
-        "gflops_per_token": round(flops / tokens / 1e9, 4),
         "peak_tflops_per_device": peak,
         "peak_source": peak_source,
-        "layouts": by_layout,
     }
-    if {"padded", "flat"} <= by_layout.keys():
-        padded, flat = (by_layout[k]["tokens_per_s"] for k in ("padded", "flat"))
-        results["flat_over_padded"] = round(flat / padded, 3) if padded and flat else None
     print(json.dumps(results))
 
 

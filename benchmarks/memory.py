@@ -82,6 +82,8 @@ def measure(corpus: list[Path], out: Path, model: str, *options: str) -> dict:
         "tokens_per_s": summary["tokens_per_s"],
         "padding_efficiency": summary["padding_efficiency"],
         "device_idle_fraction": summary["device_idle_fraction"],
+        "device_busy_fraction": summary.get("device_busy_fraction"),
+        "outputs": summary.get("outputs"),
         "dtype": summary["dtype"],
         "attention": summary.get("attention"),
         "max_batch_tokens": summary["max_batch_tokens"],
