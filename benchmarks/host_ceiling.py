@@ -24,6 +24,18 @@ multi-vectors the 1024×1024 ColBERT head: a GPU's work that the `model` stage s
 Prints one JSON object.
 
     python benchmarks/host_ceiling.py [--docs 5000 --copies 4] [--workers N] [--dir DIR]
+
+`--own-process` measures instead the CPU seconds of the run's own process (resource usage
+of that process, not of its children: the tokenizer and device processes), per million
+documents past start-up (a `--limit 10` run's seconds taken off), with two device processes
+(`--devices cpu,cpu`) and `--workers` tokenizer processes: on `--short` synthetic
+documents of 3 to 12 words (Parquet) and on the bundled sample repeated `--sample-copies`
+times (JSONL, 200 by default: 200,000 documents).
+`--baseline TREE` runs another bulkembed source tree (a checkout of an earlier commit) in
+the same way, repeats interleaved, so that the two compare in one run:
+
+    git worktree add /tmp/before <commit>
+    python benchmarks/host_ceiling.py --own-process --baseline /tmp/before
 """
 
 from __future__ import annotations
@@ -31,8 +43,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import resource
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -50,9 +65,13 @@ RUNS = (
     ("dense,sparse,multivector", "float16"),
 )
 WRITE_BLOCK = 8 << 20
+HERE = Path(__file__).resolve().parent
+SAMPLE = HERE.parent / "samples" / "python-docs.jsonl"
+# Rows per row group of the short documents' Parquet file: units of a few thousand rows.
+SHORT_ROW_GROUP = 8192
 
 
-def build_model(folder: Path, texts: list[str]) -> None:
+def build_model(folder: Path, texts: list[str], hidden: int = HIDDEN) -> None:
     """The zero-layer BGE-M3-shaped model folder, with a tokenizer trained on `texts`."""
     import torch
     from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
@@ -83,16 +102,16 @@ def build_model(folder: Path, texts: list[str]) -> None:
     torch.manual_seed(0)
     config = XLMRobertaConfig(
         vocab_size=tokenizer.get_vocab_size(),
-        hidden_size=HIDDEN,
+        hidden_size=hidden,
         num_hidden_layers=0,
         num_attention_heads=16,
-        intermediate_size=4 * HIDDEN,
+        intermediate_size=4 * hidden,
         max_position_embeddings=MAX_LENGTH + 2,
         pad_token_id=1,
     )
     XLMRobertaModel(config, add_pooling_layer=False).eval().save_pretrained(folder)
-    torch.save(torch.nn.Linear(HIDDEN, 1).state_dict(), folder / "sparse_linear.pt")
-    torch.save(torch.nn.Linear(HIDDEN, HIDDEN).state_dict(), folder / "colbert_linear.pt")
+    torch.save(torch.nn.Linear(hidden, 1).state_dict(), folder / "sparse_linear.pt")
+    torch.save(torch.nn.Linear(hidden, hidden).state_dict(), folder / "colbert_linear.pt")
 
 
 def tokenizer_rate(corpus: list[Path], model: Path, workers: int) -> dict:
@@ -110,7 +129,7 @@ def tokenizer_rate(corpus: list[Path], model: Path, workers: int) -> dict:
         devices="cpu",
         tokenize_workers=workers,
     )
-    plan = plan_run(config, QuietReporter())
+    plan = plan_run(config, QuietReporter(), time.monotonic())
     started = time.perf_counter()
     tokens = 0
     with TokenizerPool(plan.tokenizer_settings, plan.workers) as pool:
@@ -164,13 +183,97 @@ def one_run(corpus: list[Path], model: Path, out: Path, outputs: str, dtype_out:
     }
 
 
+def short_documents(count: int, words: list[str]) -> list[dict]:
+    """`count` documents of 3 to 12 words drawn from `words`, the same on every call."""
+    rng = random.Random(0)
+    return [
+        {"id": f"doc-{i}", "text": " ".join(rng.choices(words, k=rng.randint(3, 12)))}
+        for i in range(count)
+    ]
+
+
+def sample_copies(copies: int) -> list[dict]:
+    """The bundled sample `copies` times over, ids made distinct."""
+    lines = SAMPLE.read_text().splitlines()
+    records = [json.loads(line) for line in lines if line.strip()]
+    return [
+        {**record, "id": f"{copy}-{record['id']}"} for copy in range(copies) for record in records
+    ]
+
+
+def own_cpu(tree: Path, corpus: Path, model: Path, out: Path, workers: int, limit: int | None):
+    """The CPU seconds of one run's own process with the bulkembed of `tree`, and the
+    documents it embedded."""
+    record = out.with_name("own-cpu.json")
+    env = {**os.environ, "PYTHONPATH": str(tree), "BULKEMBED_OWN_CPU": str(record)}
+    command = [sys.executable, str(HERE / "own_cpu.py"), "run", str(corpus)]
+    command += ["--model", str(model), "--output", str(out), "--quiet", "--recipe", "bge-m3"]
+    command += ["--outputs", "dense", "--devices", "cpu,cpu", "--dtype", "float32"]
+    command += ["--backend", "torch", "--tokenize-workers", str(workers)]
+    command += [] if limit is None else ["--limit", str(limit)]
+    subprocess.run(command, env=env, check=True, stdout=sys.stderr)
+    measured = json.loads(record.read_text())
+    assert Path(measured["module"]).is_relative_to(tree), f"ran {measured['module']}"
+    docs = json.loads((out / "_bulkembed" / "summary.json").read_text())["docs"]
+    shutil.rmtree(out)
+    return measured["cpu_seconds"], docs
+
+
+def own_process(trees: dict[str, Path], corpus: Path, model: Path, workers: int, repeats: int):
+    """Per tree: the run's own CPU seconds per million documents past start-up, one figure
+    per repeat (the trees take turns)."""
+    found: dict[str, list[float]] = {name: [] for name in trees}
+    docs = 0
+    for _ in range(repeats):
+        for name, tree in trees.items():
+            out = corpus.parent / "out"
+            start_up, few = own_cpu(tree, corpus, model, out, workers, 10)
+            whole, docs = own_cpu(tree, corpus, model, out, workers, None)
+            found[name].append(round((whole - start_up) / (docs - few) * 1e6, 1))
+    return {"docs": docs, "cpu_seconds_per_million_docs": found}
+
+
+def own_process_main(args: argparse.Namespace, root: Path) -> dict:
+    """`--own-process`: the figures of each corpus, for this tree and the baseline."""
+    trees = {"this": HERE.parent}
+    if args.baseline is not None:
+        trees = {"baseline": args.baseline.resolve(), **trees}
+    sample = sample_copies(args.sample_copies)
+    words = sorted({w for r in sample[:1000] for w in r["text"].split()})
+    model = root / "model"
+    build_model(model, [r["text"] for r in sample[:1000]], hidden=64)
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    short = root / "short.parquet"
+    table = pa.Table.from_pylist(short_documents(args.short, words))
+    pq.write_table(table, short, row_group_size=SHORT_ROW_GROUP)
+    docs = write(sample, root / "sample", files=1, fmt="jsonl")
+    results = {
+        "short_documents_parquet": own_process(trees, short, model, args.workers, args.repeats),
+        f"bundled_sample_x{args.sample_copies}_jsonl": own_process(
+            trees, docs[0], model, args.workers, args.repeats
+        ),
+    }
+    return {"cpu": _cpu_name(), "cores": os.cpu_count(), "workers": args.workers, **results}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--docs", type=int, default=5000)
     parser.add_argument("--copies", type=int, default=4, help="the corpus repeated, ids distinct")
     parser.add_argument("--workers", type=int, default=1, help="tokenizer processes")
     parser.add_argument("--dir", type=Path, help="where to write (default: a temporary folder)")
+    parser.add_argument("--own-process", action="store_true", help="the run's own CPU seconds")
+    parser.add_argument("--baseline", type=Path, help="another bulkembed tree to compare")
+    parser.add_argument("--short", type=int, default=200_000, help="short documents to embed")
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--sample-copies", type=int, default=200, help="the sample repeated")
     args = parser.parse_args()
+    if args.own_process:
+        with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
+            print(json.dumps(own_process_main(args, Path(tmp))))
+        return
     records = build(args.docs, args.copies)
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         root = Path(tmp)

@@ -9,6 +9,7 @@ from bulkembed.version import __version__
 
 __all__ = [
     "Embeddings",
+    "SparseRows",
     "SparseVector",
     "TextEncoder",
     "__version__",
@@ -19,13 +20,14 @@ __all__ = [
 if TYPE_CHECKING:
     from bulkembed.api import TextEncoder
     from bulkembed.config import RunConfig
-    from bulkembed.contracts import Embeddings, SparseVector
+    from bulkembed.contracts import Embeddings, SparseRows, SparseVector
     from bulkembed.summary import Summary
 
 # Names imported on first use, so that `import bulkembed` imports neither torch nor numpy.
 _LAZY = {
     "TextEncoder": "bulkembed.api",
     "Embeddings": "bulkembed.contracts",
+    "SparseRows": "bulkembed.contracts",
     "SparseVector": "bulkembed.contracts",
 }
 

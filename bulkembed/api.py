@@ -16,6 +16,7 @@ or one read from stdin, works.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -23,7 +24,7 @@ import numpy as np
 import pyarrow as pa
 
 from bulkembed.config import RunConfig
-from bulkembed.contracts import Embeddings, SparseVector
+from bulkembed.contracts import Embeddings, SparseRows
 from bulkembed.errors import ModelError, UsageError
 
 if TYPE_CHECKING:
@@ -114,7 +115,9 @@ class TextEncoder:
 
     Each takes one text or a list of them and returns `Embeddings` with one row per text,
     in the order given (a single text gives one row): `dense` a [texts, D] array,
-    `sparse` one `SparseVector` (ascending vocabulary ids, float32 weights) per text,
+    `sparse` one `SparseVector` (ascending vocabulary ids, float32 weights) per text (in
+    one `SparseRows`: index it, iterate it, or read its flat `indices`, `values` and
+    `offsets`),
     `multivector` one [tokens, d] array per text; an output the model does not give, or
     the settings leave out, is None.
 
@@ -240,22 +243,24 @@ class TextEncoder:
             tokenizer = self._tokenizers[prompt] = TextTokenizer(settings)
         for start in range(0, len(texts), TEXTS_PER_CHUNK):
             end = min(start + TEXTS_PER_CHUNK, len(texts))
-            positions = list(range(start, end))
-            chunk = Chunk(0, 0, pa.array(positions, pa.int64()), [], end == len(texts))
+            positions = np.arange(start, end, dtype=np.int64)
+            chunk = Chunk(0, 0, pa.array(positions), pa.array([], pa.string()), end == len(texts))
             chunk.positions = positions
-            yield TokenizedChunk(chunk, *tokenizer.timed((texts[start:end], [])))
+            started = time.perf_counter()
+            tokens = tokenizer(texts[start:end])
+            yield TokenizedChunk(chunk, *tokens, seconds=time.perf_counter() - started)
 
     def _empty(self) -> Embeddings:
         """What a call with no text returns: each output with no row."""
         dense = None
-        sparse: list[SparseVector] | None = None
+        sparse: SparseRows | None = None
         multivector: list[np.ndarray] | None = None
         model_dim = self._session.embedder.dense_dim
         if model_dim is not None:
             kind = self._format.dense_type(model_dim)
             dense = np.empty((0, kind.list_size), dtype=kind.value_type.to_pandas_dtype())
         if "sparse" in self.spec.outputs:
-            sparse = []
+            sparse = SparseRows.of([])
         if "multivector" in self.spec.outputs:
             multivector = []
         return Embeddings(dense, sparse, multivector)

@@ -3,8 +3,9 @@ bulkembed. Sources, encoders, sinks and the run directory all speak in these."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 
@@ -89,15 +90,93 @@ class SparseVector:
 
 
 @dataclass(frozen=True, slots=True)
+class SparseRows(Sequence[SparseVector]):
+    """The sparse vectors of several documents in three flat arrays, no object per
+    document: `indices` (int32) and `values` (float32) of every entry, document after
+    document, and `offsets` [documents + 1] (int64), where each document's entries start,
+    then their total. Indexing gives one document's `SparseVector`, iterating each.
+
+    >>> rows = SparseRows.of([SparseVector(np.array([2, 7]), np.array([0.5, 1.0])),
+    ...                       SparseVector(np.array([], np.int32), np.array([]))])
+    >>> len(rows), rows.offsets.tolist(), rows[0].indices.tolist(), rows[1].values.tolist()
+    (2, [0, 2, 2], [2, 7], [])
+    >>> rows.take(np.array([1, 0, 0])).offsets.tolist()
+    [0, 0, 2, 4]
+    """
+
+    indices: np.ndarray
+    values: np.ndarray
+    offsets: np.ndarray
+
+    @classmethod
+    def of(cls, vectors: Iterable[SparseVector]) -> SparseRows:
+        """The rows of `vectors`, one document each."""
+        vectors = list(vectors)
+        counts = [len(v.indices) for v in vectors]
+        offsets = np.zeros(len(counts) + 1, dtype=np.int64)
+        np.cumsum(counts, out=offsets[1:])
+        indices = [np.asarray(v.indices, np.int32) for v in vectors]
+        values = [np.asarray(v.values, np.float32) for v in vectors]
+        return cls(_joined(indices, np.int32), _joined(values, np.float32), offsets)
+
+    @classmethod
+    def concatenate(cls, parts: Sequence[SparseRows]) -> SparseRows:
+        """The documents of `parts`, one part after the other."""
+        offsets, total = [np.zeros(1, np.int64)], 0
+        for part in parts:
+            offsets.append(part.offsets[1:] + total)
+            total += int(part.offsets[-1])
+        indices = _joined([p.indices for p in parts], np.int32)
+        values = _joined([p.values for p in parts], np.float32)
+        return cls(indices, values, np.concatenate(offsets))
+
+    def take(self, rows: np.ndarray | slice) -> SparseRows:
+        """The documents at `rows` (positions or a slice), in that order."""
+        if isinstance(rows, slice):
+            rows = np.arange(len(self))[rows]
+        rows = np.asarray(rows, dtype=np.int64)
+        starts, counts = self.offsets[rows], np.diff(self.offsets)[rows]
+        offsets = np.zeros(len(rows) + 1, dtype=np.int64)
+        np.cumsum(counts, out=offsets[1:])
+        # Each entry taken: its document's start, plus its place in the document.
+        within = np.arange(offsets[-1]) - np.repeat(offsets[:-1], counts)
+        entries = np.repeat(starts, counts) + within
+        return SparseRows(self.indices[entries], self.values[entries], offsets)
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    @overload
+    def __getitem__(self, row: int) -> SparseVector: ...
+
+    @overload
+    def __getitem__(self, row: slice) -> SparseRows: ...
+
+    def __getitem__(self, row: int | slice) -> SparseVector | SparseRows:
+        if isinstance(row, slice):
+            return self.take(row)
+        if not -len(self) <= row < len(self):
+            raise IndexError(f"document {row} of {len(self)}")
+        row %= len(self)
+        start, end = self.offsets[row], self.offsets[row + 1]
+        return SparseVector(self.indices[start:end], self.values[start:end])
+
+
+def _joined(arrays: list[np.ndarray], dtype: type) -> np.ndarray:
+    return np.concatenate(arrays).astype(dtype, copy=False) if arrays else np.empty(0, dtype)
+
+
+@dataclass(frozen=True, slots=True)
 class Embeddings:
     """What an encoder returns for a batch, one row per document, in batch order.
 
-    `dense` is a float32 array of shape [documents, D]; `sparse` one `SparseVector` per
-    document; `multivector` one float32 array of shape [kept tokens, d] per document. An
-    output that was not asked for is None."""
+    `dense` is a float32 array of shape [documents, D]; `sparse` the documents'
+    `SparseRows` (a `SparseVector` each); `multivector` one
+    float32 array of shape [kept tokens, d] per document. An output that was not asked for
+    is None."""
 
     dense: np.ndarray | None = None
-    sparse: list[SparseVector] | None = None
+    sparse: SparseRows | None = None
     multivector: list[np.ndarray] | None = None
 
     @classmethod
@@ -110,6 +189,8 @@ class Embeddings:
                 return None
             if name == "dense":
                 return np.concatenate(pieces)
+            if name == "sparse":
+                return SparseRows.concatenate(pieces)
             return [row for piece in pieces for row in piece]
 
         return cls(joined("dense"), joined("sparse"), joined("multivector"))
@@ -125,7 +206,8 @@ class Embeddings:
             return [values[i] for i in rows]
 
         dense = None if self.dense is None else self.dense[rows]
-        return Embeddings(dense, pick(self.sparse), pick(self.multivector))
+        sparse = None if self.sparse is None else self.sparse.take(rows)
+        return Embeddings(dense, sparse, pick(self.multivector))
 
 
 @dataclass(slots=True)

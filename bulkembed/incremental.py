@@ -1,8 +1,9 @@
-"""Content hashes, and incremental runs against a previous output (`--since PREV`).
+"""Incremental runs against a previous output (`--since PREV`).
 
 Every output row keeps `content_hash`: BLAKE2b-128 of the exact text the model read (prompt
-included, lowercased where the model lowercases). An incremental run reads PREV's ids and
-hashes once, into sorted arrays (32 bytes per document), and then, record by record:
+included, lowercased where the model lowercases), computed where the text is tokenized
+(`tokenize.content_digest`). An incremental run reads PREV's ids and hashes once, into
+sorted arrays (32 bytes per document), and then, chunk by chunk, after tokenizing:
 
 - an id PREV does not have is new, and embedded;
 - an id whose hash differs is changed, and embedded;
@@ -10,9 +11,9 @@ hashes once, into sorted arrays (32 bytes per document), and then, record by rec
   copied from PREV's row, and the model never sees it.
 
 Ids of PREV that the input no longer has are not written: `bulkembed.deletions` says which
-of them are deleted and which are kept because they could not be read. PREV's
-vectors are read a row group at a time (a few hundred rows: bulkembed writes one per chunk),
-as the records that need them come; the run's own order of units usually matches PREV's, so
+of them are deleted and which are kept because they could not be read. PREV's vectors are
+read a row group at a time (512 rows, up to 4,096: bulkembed writes one per chunk), as the
+records that need them come; the run's own order of units usually matches PREV's, so
 each row group is read once.
 
 With a Parquet output the run also writes the change set that takes PREV to the new output,
@@ -34,7 +35,6 @@ not deleted.
 
 from __future__ import annotations
 
-import hashlib
 import io
 import os
 import secrets
@@ -50,7 +50,7 @@ from bulkembed.errors import OutputError, UsageError
 from bulkembed.run_dir import RunDirectory, describe_changes
 from bulkembed.schema import CONTENT_HASH, EMBEDDING_COLUMNS
 from bulkembed.sinks import ParquetSink
-from bulkembed.sources import BadRecord, Chunk
+from bulkembed.sources import BadRecord
 from bulkembed.sources.filters import id_hash
 from bulkembed.sources.records import (
     DUPLICATE_ID,
@@ -60,7 +60,7 @@ from bulkembed.sources.records import (
     known_id,
 )
 from bulkembed.storage import AnyPath, ObjectPath, parquet_file
-from bulkembed.tokenize import TokenizerSettings
+from bulkembed.tokenize import TokenizedChunk
 
 # Settings that may differ from PREV's: they change which documents there are or which
 # input columns are copied, not what a document's vectors are.
@@ -71,18 +71,6 @@ _CACHED_GROUPS = 4
 CHANGES = "changes"
 UPSERTS = "upserts"
 DELETES = "deletes.parquet"
-
-
-def content_hash(text: str) -> str:
-    """32 hex digits: BLAKE2b-128 of the text's UTF-8 bytes."""
-    return hashlib.blake2b(text.encode("utf-8"), digest_size=16).hexdigest()
-
-
-def hash_contents(chunks: Iterable[Chunk], settings: TokenizerSettings) -> Iterator[Chunk]:
-    """Set each chunk's `hashes`: the content hash of what the model reads of each text."""
-    for chunk in chunks:
-        chunk.hashes = [content_hash(settings.model_text(t)) for t in chunk.texts]
-        yield chunk
 
 
 def check_previous(run: RunDirectory, label: str, fingerprint: dict[str, Any]) -> None:
@@ -169,11 +157,11 @@ class PreviousOutput:
         """Every column of the rows at `positions` of PREV's part `number`."""
         return parquet_file(self.parts[number]).read().take(pa.array(positions, pa.int64()))
 
-    def _find(self, ids: list[Any]) -> np.ndarray:
-        """For each id, its index in the lookup arrays, or -1."""
+    def _find(self, keys: np.ndarray) -> np.ndarray:
+        """For each id of 64-bit hash in `keys` (`id_hash`), its index in the lookup
+        arrays, or -1."""
         if not len(self._keys):
-            return np.full(len(ids), -1, dtype=np.int64)
-        keys = np.fromiter(map(id_hash, ids), np.uint64, len(ids))
+            return np.full(len(keys), -1, dtype=np.int64)
         found = np.minimum(np.searchsorted(self._keys, keys), len(self._keys) - 1)
         return np.where(self._keys[found] == keys, found, -1)
 
@@ -224,29 +212,28 @@ class PreviousOutput:
                 continue
             if not known_id(record.id):
                 record.previous = PREVIOUS_ROWS_KEPT
-            elif self._find([record.id])[0] >= 0:
+            elif self._find(np.array([id_hash(record.id)], np.uint64))[0] >= 0:
                 record.previous = PREVIOUS_ROW_KEPT
 
-    def carry_over(self, chunks: Iterable[Chunk]) -> Iterator[Chunk]:
+    def carry_over(self, chunks: Iterable[TokenizedChunk]) -> Iterator[TokenizedChunk]:
         """Move each chunk's unchanged records to `carried`, count its changed ones; with
         `keeps_unread`, note on its bad records that PREV's rows are kept."""
-        for chunk in chunks:
+        for tokenized in chunks:
+            chunk = tokenized.chunk
             if self.keeps_unread:
                 self._note_kept(chunk.bad)
-            entries = self._find(chunk.ids.to_pylist())
+            assert chunk.id_hashes is not None, "ids are hashed where they are tokenized"
+            entries = self._find(chunk.id_hashes)
             known = entries >= 0
-            if not known.any():
-                yield chunk
-                continue
-            digests = np.array([bytes.fromhex(h) for h in chunk.hashes], dtype="S16")
-            same = known & (self._hashes[np.where(known, entries, 0)] == digests)
-            chunk.changed = int((known & ~same).sum())
-            if same.any():
-                unchanged = np.flatnonzero(same)
-                records = chunk.rows(unchanged.tolist())
-                chunk.carried = Carried(records, self._embeddings(entries[unchanged]))
-                chunk.keep(np.flatnonzero(~same).tolist())
-            yield chunk
+            if known.any():
+                same = known & (self._hashes[np.where(known, entries, 0)] == chunk.hashes)
+                chunk.changed = int((known & ~same).sum())
+                if same.any():
+                    unchanged = np.flatnonzero(same)
+                    records = chunk.rows(unchanged)
+                    chunk.carried = Carried(records, self._embeddings(entries[unchanged]))
+                    tokenized.count_as_carried(unchanged)
+            yield tokenized
 
 
 class ChangeSet:

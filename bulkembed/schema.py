@@ -53,6 +53,19 @@ def output_schema(
     return pa.schema(fields, metadata=metadata)
 
 
+# Each byte value's two lowercase hex digits.
+_HEX = np.array([f"{b:02x}".encode() for b in range(256)], dtype="S2")
+
+
+def hex_strings(digests: np.ndarray) -> pa.StringArray:
+    """Content hashes as the output stores them (32 hex digits) from 16-byte digests."""
+    count = len(digests)
+    raw = np.frombuffer(np.ascontiguousarray(digests, dtype="S16").tobytes(), np.uint8)
+    data = _HEX[raw].tobytes()
+    offsets = np.arange(0, 32 * count + 1, 32, dtype=np.int32)
+    return pa.StringArray.from_buffers(count, pa.py_buffer(offsets), pa.py_buffer(data))
+
+
 def _offsets(lengths: list[int]) -> pa.Array:
     return pa.array(np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)]), pa.int32())
 
@@ -66,15 +79,15 @@ def record_batch(
     ids: pa.Array,
     embeddings: Embeddings,
     schema: pa.Schema,
-    hashes: list[str],
+    hashes: np.ndarray,
     passthrough: dict[str, pa.Array],
 ) -> pa.RecordBatch:
     """Rows for `schema` from ids (of the schema's id type), their embeddings, content
-    hashes and passthrough values, all in the same order."""
+    hashes (16-byte digests) and passthrough values, all in the same order."""
     columns: list[pa.Array] = [ids]
     for field in schema:
         if field.name == CONTENT_HASH:
-            columns.append(pa.array(hashes, pa.string()))
+            columns.append(hex_strings(hashes))
         elif field.name in passthrough:
             columns.append(passthrough[field.name])
         elif field.name == "dense":
@@ -83,9 +96,8 @@ def record_batch(
         elif field.name == "sparse":
             assert embeddings.sparse is not None
             sparse = embeddings.sparse
-            offsets = _offsets([len(r.indices) for r in sparse])
-            indices = np.concatenate([r.indices for r in sparse]).astype(np.int32)
-            values = np.concatenate([r.values for r in sparse]).astype(np.float32)
+            offsets = pa.array(sparse.offsets.astype(np.int32))
+            indices, values = sparse.indices, sparse.values
             columns.append(
                 pa.StructArray.from_arrays(
                     [

@@ -1,25 +1,27 @@
 """Tokenize chunks of texts on CPU worker processes.
 
-Each worker rebuilds the fast tokenizer from its JSON once, then turns lists of texts into
-flat arrays of token ids plus lengths (truncated, no padding), which pickle cheaply. The
-workers are a `bulkembed.workers.WorkerPool`: at most `max_in_flight` chunks are queued,
-results come back in submission order, and a worker that dies or is stuck on a chunk raises
-`WorkerError` instead of hanging the run (a chunk is cheap to redo: the run is resumed).
-
-The texts of records carried over from a previous output (`--since`) are tokenized too, but
-only counted: the summary's tokens and truncated documents cover the whole output, exactly.
+Each worker rebuilds the fast tokenizer from its JSON once, then turns a chunk's texts into
+flat arrays of token ids plus lengths (truncated, no padding), which pickle cheaply. It also
+computes what is computed once per document: the content hash of each text (as the model
+reads it) and the 64-bit hash of each id, so that the run's own process does no work per
+document but on arrays. The workers are a `bulkembed.workers.WorkerPool`: at most
+`max_in_flight` chunks are queued, results come back in submission order, and a worker that
+dies or is stuck on a chunk raises `WorkerError` instead of hanging the run (a chunk is
+cheap to redo: the run is resumed).
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
+import pyarrow as pa
 
-from bulkembed.sources import Chunk
+from bulkembed.sources import Chunk, id_hashes
 from bulkembed.workers import WorkerPool
 
 # A chunk takes milliseconds to tokenize; a worker this late is stuck, not slow.
@@ -46,22 +48,47 @@ class TokenizerSettings:
 
 @dataclass(slots=True)
 class TokenizedChunk:
-    """A chunk's token ids, flat, with one length per text (texts themselves are dropped),
-    the seconds its tokenizer took, and the tokens and truncated texts of its carried-over
-    records (counted, not kept)."""
+    """A chunk's token ids, flat, with one length per record and whether it was truncated
+    (texts themselves are dropped), the seconds its tokenizer took, and the tokens and
+    truncated texts of its records carried over from a previous output (counted, not
+    kept: they left the chunk)."""
 
     chunk: Chunk
     token_ids: np.ndarray
     lengths: np.ndarray
-    truncated: int
+    truncated_rows: np.ndarray
     seconds: float = 0.0
     carried_tokens: int = 0
     carried_truncated: int = 0
 
+    @property
+    def truncated(self) -> int:
+        """How many of the records were truncated at the max length."""
+        return int(self.truncated_rows.sum())
 
-# What a worker returns for a chunk: token ids, lengths, truncated texts, seconds, and the
-# tokens and truncated texts of its carried-over records.
-Tokens = tuple[np.ndarray, np.ndarray, int, float, int, int]
+    def keep(self, rows: np.ndarray) -> None:
+        """Keep only the records at `rows` (indices, in order), their tokens with them."""
+        ends = np.cumsum(self.lengths, dtype=np.int64)
+        starts = ends - self.lengths
+        lengths = self.lengths[rows]
+        # Each kept token's index: its record's start, plus its place in the record.
+        within = np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+        self.token_ids = self.token_ids[np.repeat(starts[rows], lengths) + within]
+        self.lengths, self.truncated_rows = lengths, self.truncated_rows[rows]
+        self.chunk.keep(rows)
+
+    def count_as_carried(self, rows: np.ndarray) -> None:
+        """The records at `rows` were carried over: count their tokens and truncated texts
+        as carried ones, and drop them (their vectors come from the previous output)."""
+        self.carried_tokens += int(self.lengths[rows].sum())
+        self.carried_truncated += int(self.truncated_rows[rows].sum())
+        others = np.setdiff1d(np.arange(len(self.lengths)), rows)
+        self.keep(others)
+
+
+# What a worker returns for a chunk: token ids, lengths, whether each text was truncated,
+# seconds, the content hashes (16-byte digests) and the ids' 64-bit hashes.
+Tokens = tuple[np.ndarray, np.ndarray, np.ndarray, float, np.ndarray, np.ndarray]
 
 
 class TextTokenizer:
@@ -77,9 +104,12 @@ class TextTokenizer:
         room = settings.max_length - (settings.marker_id is not None)
         self.tokenizer.enable_truncation(room)
 
-    def __call__(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray, int]:
-        """Flat token ids, their lengths per text, and how many texts were truncated."""
+    def __call__(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Flat token ids, their lengths per text, and whether each text was truncated."""
         inputs = [self.settings.model_text(t) for t in texts]
+        return self._encoded(inputs)
+
+    def _encoded(self, inputs: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         encodings = self.tokenizer.encode_batch(inputs, add_special_tokens=True)
         marker = self.settings.marker_id
         sequences = [
@@ -89,17 +119,24 @@ class TextTokenizer:
         flat = np.fromiter(
             (i for s in sequences for i in s), dtype=np.int32, count=int(lengths.sum())
         )
-        truncated = sum(1 for e in encodings if e.overflowing)
+        truncated = np.fromiter((bool(e.overflowing) for e in encodings), bool, len(inputs))
         return flat, lengths, truncated
 
-    def timed(self, texts: tuple[list[str], list[str]]) -> Tokens:
-        """For a chunk's texts and its carried-over texts: what calling it on the first
-        returns, the seconds it took, and the tokens and truncated texts of the second."""
+    def timed(self, texts_and_ids: tuple[pa.Array, pa.Array]) -> Tokens:
+        """For a chunk's texts and ids: their tokens, the seconds the tokenizer took, and
+        the hashes of the texts (as the model reads them) and of the ids."""
+        texts, ids = texts_and_ids
+        inputs = [self.settings.model_text(t) for t in texts.to_pylist()]
         started = time.perf_counter()
-        flat, lengths, truncated = self(texts[0])
+        flat, lengths, truncated = self._encoded(inputs)
         seconds = time.perf_counter() - started
-        _, carried, carried_truncated = self(texts[1]) if texts[1] else (None, lengths[:0], 0)
-        return flat, lengths, truncated, seconds, int(carried.sum()), carried_truncated
+        digests = np.array([content_digest(t) for t in inputs], dtype="S16")
+        return flat, lengths, truncated, seconds, digests, id_hashes(ids.to_pylist())
+
+
+def content_digest(text: str) -> bytes:
+    """BLAKE2b-128 of the text's UTF-8 bytes: a document's content hash."""
+    return hashlib.blake2b(text.encode("utf-8"), digest_size=16).digest()
 
 
 def tokenizer_threads(workers: int) -> int:
@@ -114,7 +151,7 @@ def tokenizer_threads(workers: int) -> int:
 
 def _start_tokenizer(
     setting: tuple[TokenizerSettings, int],
-) -> tuple[Callable[[tuple[list[str], list[str]]], Tokens], None]:
+) -> tuple[Callable[[tuple[pa.Array, pa.Array]], Tokens], None]:
     """A worker's tokenizer (`bulkembed.workers`): rebuilt once, from its JSON, and timed,
     with its batch encoding spread over `threads` (the tokenizers library's thread pool
     reads this variable when it first starts, in this new process)."""
@@ -123,19 +160,19 @@ def _start_tokenizer(
     return TextTokenizer(settings).timed, None
 
 
-def _texts(chunk: Chunk) -> tuple[list[str], list[str]]:
-    """What a worker tokenizes of a chunk: its texts, and its carried-over ones."""
-    return chunk.texts, [] if chunk.carried is None else chunk.carried.records.texts
+def _texts(chunk: Chunk) -> tuple[pa.Array, pa.Array]:
+    """What a worker reads of a chunk: its texts and ids."""
+    return chunk.texts, chunk.ids
 
 
 def _tokenized(chunk: Chunk, result: Tokens) -> TokenizedChunk:
-    """The chunk with its tokens; its texts are dropped, since a window must not hold
-    megabytes of them once they are tokenized."""
-    tokenized = TokenizedChunk(chunk, *result)
-    chunk.texts = []
-    if chunk.carried is not None:
-        chunk.carried.records.texts = []
-    return tokenized
+    """The chunk with its tokens and hashes; its texts are dropped, since a window must not
+    hold megabytes of them once they are tokenized."""
+    flat, lengths, truncated, seconds, digests, ids = result
+    chunk.hashes, chunk.id_hashes = digests, ids
+    # A new empty array: a slice of the texts would still pickle their whole buffer.
+    chunk.texts = pa.array([], type=chunk.texts.type)
+    return TokenizedChunk(chunk, flat, lengths, truncated, seconds)
 
 
 class TokenizerPool:
@@ -144,7 +181,7 @@ class TokenizerPool:
     def __init__(self, settings: TokenizerSettings, workers: int, max_in_flight: int = 0) -> None:
         self.max_in_flight = max_in_flight or max(2, 4 * workers)
         self._local: TextTokenizer | None = None
-        self._pool: WorkerPool[tuple[list[str], list[str]], Tokens] | None = None
+        self._pool: WorkerPool[tuple[pa.Array, pa.Array], Tokens] | None = None
         if workers == 0:
             self._local = TextTokenizer(settings)
         else:

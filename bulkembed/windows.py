@@ -82,8 +82,7 @@ def split_chunk(tokenized: TokenizedChunk, max_tokens: int) -> list[TokenizedChu
             part.carried, carried = (carried, None) if last else carried.before(chunk.positions[b])
         token_start = int(ends[a - 1]) if a else 0
         token_ids = tokenized.token_ids[token_start : int(ends[b - 1])]
-        truncated = tokenized.truncated if first else 0
-        piece = TokenizedChunk(part, token_ids, lengths[a:b], truncated)
+        piece = TokenizedChunk(part, token_ids, lengths[a:b], tokenized.truncated_rows[a:b])
         if first:
             piece.carried_tokens = tokenized.carried_tokens
             piece.carried_truncated = tokenized.carried_truncated

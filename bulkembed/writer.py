@@ -26,7 +26,7 @@ import numpy as np
 import pyarrow as pa
 
 from bulkembed.contracts import Embeddings, UnitRecord, part_name
-from bulkembed.schema import CONTENT_HASH, record_batch
+from bulkembed.schema import CONTENT_HASH, hex_strings, record_batch
 from bulkembed.sinks import Sink
 from bulkembed.sources.records import BadRecord, Carried
 from bulkembed.tokenize import TokenizedChunk
@@ -61,7 +61,7 @@ def _carried_batch(carried: Carried, schema: pa.Schema) -> pa.RecordBatch:
         if field.name == "id":
             columns.append(records.ids)
         elif field.name == CONTENT_HASH:
-            columns.append(pa.array(records.hashes, pa.string()))
+            columns.append(hex_strings(records.hashes))
         elif field.name in records.columns:
             columns.append(records.columns[field.name])
         else:
@@ -119,7 +119,7 @@ class PartWriter:
             tally.carried += len(chunk.carried.records.positions)
         if len(batches) > 1:
             assert chunk.carried is not None
-            positions = chunk.positions + chunk.carried.records.positions
+            positions = np.concatenate([chunk.positions, chunk.carried.records.positions])
             rows = pa.Table.from_batches(batches)
             rows = rows.take(pa.array(np.argsort(positions, kind="stable"), pa.int64()))
             batches = rows.combine_chunks().to_batches()

@@ -4,6 +4,7 @@ conftest.py."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -180,3 +181,8 @@ def bge_m3_reference(folder: Path, texts: list[str], max_length: int = 64) -> di
         return_sparse=True,
         return_colbert_vecs=True,
     )
+
+
+def content_hash(text: str) -> str:
+    """The output's content hash of `text`, computed here apart from bulkembed's code."""
+    return hashlib.blake2b(text.encode("utf-8"), digest_size=16).hexdigest()

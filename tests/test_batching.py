@@ -84,14 +84,16 @@ def test_a_chunk_larger_than_a_window_is_cut_and_keeps_its_unit_end():
 
     lengths = np.array([5, 5, 5, 5, 5, 5, 5], dtype=np.int32)
     chunk = Chunk(
-        0, 3, pa.array(list("abcdefg")), [], True, [BadRecord("f", "bad")], list(range(7))
+        0, 3, pa.array(list("abcdefg")), pa.array([], pa.string()), True, [BadRecord("f", "bad")]
     )
-    tokenized = TokenizedChunk(chunk, np.arange(35, dtype=np.int32), lengths, truncated=2)
+    chunk.positions = np.arange(7)
+    truncated = np.array([True, False, False, False, False, True, False])
+    tokenized = TokenizedChunk(chunk, np.arange(35, dtype=np.int32), lengths, truncated)
     pieces = [piece for window in windows(iter([tokenized]), 12) for piece in window]
     assert [p.chunk.ids.to_pylist() for p in pieces] == [["a", "b"], ["c", "d"], ["e", "f"], ["g"]]
     assert [p.chunk.last_in_unit for p in pieces] == [False, False, False, True]
     assert [len(p.chunk.bad) for p in pieces] == [1, 0, 0, 0]
-    assert [p.truncated for p in pieces] == [2, 0, 0, 0]
+    assert [p.truncated for p in pieces] == [1, 0, 1, 0]
     assert np.concatenate([p.token_ids for p in pieces]).tolist() == list(range(35))
     assert all(p.lengths.sum() <= 12 for p in pieces)
 
@@ -114,7 +116,9 @@ def _carried_chunk(unit, positions, embedded=()):
     from bulkembed.tokenize import TokenizedChunk
 
     def rows(where):
-        return Chunk(0, unit, pa.array([f"d{p}" for p in where]), [], False, [], list(where))
+        chunk = Chunk(0, unit, pa.array([f"d{p}" for p in where]), pa.array([], pa.string()), False)
+        chunk.positions = np.array(where, dtype=np.int64)
+        return chunk
 
     chunk = rows(embedded)
     chunk.last_in_unit = True
@@ -123,7 +127,8 @@ def _carried_chunk(unit, positions, embedded=()):
     )
     chunk.carried = Carried(rows(positions), pa.table({"dense": vectors}))
     lengths = np.full(len(embedded), 5, dtype=np.int32)
-    return TokenizedChunk(chunk, np.zeros(int(lengths.sum()), np.int32), lengths, 0)
+    truncated = np.zeros(len(embedded), bool)
+    return TokenizedChunk(chunk, np.zeros(int(lengths.sum()), np.int32), lengths, truncated)
 
 
 def test_windows_close_on_carried_bytes_too(monkeypatch):
@@ -140,8 +145,8 @@ def test_carried_records_go_with_the_piece_they_precede():
 
     tokenized = _carried_chunk(0, [0, 3, 4, 9], embedded=[1, 2, 5, 6, 7, 8])
     pieces = split_chunk(tokenized, 10)
-    assert [p.chunk.positions for p in pieces] == [[1, 2], [5, 6], [7, 8]]
-    carried = [p.chunk.carried and p.chunk.carried.records.positions for p in pieces]
+    assert [p.chunk.positions.tolist() for p in pieces] == [[1, 2], [5, 6], [7, 8]]
+    carried = [p.chunk.carried and p.chunk.carried.records.positions.tolist() for p in pieces]
     assert carried == [[0, 3, 4], None, [9]]
     assert [p.chunk.carried.embeddings.num_rows for p in pieces if p.chunk.carried] == [3, 1]
 

@@ -8,9 +8,11 @@ import pyarrow as pa
 import pytest
 import torch
 from helpers import cosines, sample_texts
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from bulkembed.config import DType, RunConfig
-from bulkembed.contracts import SparseVector
+from bulkembed.contracts import SparseRows, SparseVector
 from bulkembed.encoders import DeviceInputs, DeviceOutputs, Encoder, TokenBatch, build_encoder
 from bulkembed.encoders.sparse import keep_top_k, max_weight_per_id
 from bulkembed.model_spec import resolve_model
@@ -135,9 +137,10 @@ def test_the_next_window_is_packed_before_the_last_batch_of_one_lands(tiny_st):
     def windows():
         for length in (4, 3):
             encoder.events.append(f"window {length}")
-            chunk = Chunk(0, 0, pa.array(["a", "b"]), [], last_in_unit=False)
+            chunk = Chunk(0, 0, pa.array(["a", "b"]), pa.array([], pa.string()), False)
             tokens = np.arange(2 * length, dtype=np.int32)
-            yield [TokenizedChunk(chunk, tokens, np.array([length, length], np.int32), 0)]
+            lengths = np.array([length, length], np.int32)
+            yield [TokenizedChunk(chunk, tokens, lengths, np.zeros(2, bool))]
 
     embedded = embed_packed(windows(), encoder, lambda: 100, RunStats(), QuietReporter())
     found = [packed.embedded()[0].dense[:, 0].tolist() for packed in embedded]
@@ -152,9 +155,10 @@ def test_windows_with_nothing_to_embed_go_on_without_waiting_for_the_next_batch(
     encoder.events = []
 
     def window(length: int) -> list[TokenizedChunk]:
-        chunk = Chunk(0, 0, pa.array(["a"] if length else []), [], last_in_unit=False)
+        chunk = Chunk(0, 0, pa.array(["a"] if length else []), pa.array([], pa.string()), False)
         lengths = np.array([length] if length else [], np.int32)
-        return [TokenizedChunk(chunk, np.arange(length, dtype=np.int32), lengths, 0)]
+        truncated = np.zeros(len(lengths), bool)
+        return [TokenizedChunk(chunk, np.arange(length, dtype=np.int32), lengths, truncated)]
 
     def windows():
         for number, length in enumerate([3] + [0] * 100 + [2]):
@@ -221,3 +225,38 @@ def test_cuda_batches_run_back_to_back_in_half_precision_match_the_cpu(tiny_bge_
     # The stream gives what the same encoder gives batch by batch, exactly.
     for a, batch in zip(streamed, batches, strict=True):
         assert np.array_equal(a.dense, cuda.embed_batch(batch).dense)
+
+
+@given(
+    st.lists(st.lists(st.integers(0, 50), max_size=6, unique=True), max_size=8),
+    st.data(),
+)
+@settings(max_examples=200, deadline=None)
+def test_sparse_rows_hold_each_document_s_entries_as_a_list_of_vectors_would(documents, data):
+    """Flat rows taken, sliced, indexed and joined give what the same operations give on a
+    list of one vector per document."""
+    vectors = [
+        SparseVector(np.array(sorted(ids), np.int32), np.array(sorted(ids), np.float32) / 7)
+        for ids in documents
+    ]
+    rows = SparseRows.of(vectors)
+
+    def same(found, expected):
+        assert len(found) == len(expected)
+        for ours, theirs in zip(found, expected, strict=True):
+            np.testing.assert_array_equal(ours.indices, theirs.indices)
+            np.testing.assert_array_equal(ours.values, theirs.values)
+
+    same(rows, vectors)
+    if vectors:
+        picked = data.draw(st.lists(st.integers(0, len(vectors) - 1), max_size=10))
+        same(rows.take(np.array(picked, np.int64)), [vectors[i] for i in picked])
+        same([rows[-1]], [vectors[-1]])
+    start, stop = data.draw(st.integers(0, 8)), data.draw(st.integers(0, 8))
+    same(rows[start:stop], vectors[start:stop])
+    cut = data.draw(st.integers(0, len(vectors)))
+    joined = SparseRows.concatenate([SparseRows.of(vectors[:cut]), SparseRows.of(vectors[cut:])])
+    same(joined, vectors)
+    assert joined.offsets.tolist() == rows.offsets.tolist()
+    with pytest.raises(IndexError):
+        rows[len(vectors)]

@@ -92,8 +92,9 @@ def test_the_reference_of_the_dtype_check_runs_without_tf32(tiny_st, monkeypatch
         return embed_sample(encoder, sequences, budget)
 
     monkeypatch.setattr(precision, "embed_sample", recording)
-    chunk = Chunk(0, 0, pa.array(["a", "b"]), ["x", "y"], True)
-    tokenized = TokenizedChunk(chunk, np.arange(1, 7, dtype=np.int32), np.array([3, 3]), 0)
+    chunk = Chunk(0, 0, pa.array(["a", "b"]), pa.array(["x", "y"]), True)
+    tokens, lengths = np.arange(1, 7, dtype=np.int32), np.array([3, 3])
+    tokenized = TokenizedChunk(chunk, tokens, lengths, np.zeros(2, bool))
     before = torch.get_float32_matmul_precision()
     try:
         torch.set_float32_matmul_precision("high")  # as a float32 run on CUDA sets it

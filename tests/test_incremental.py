@@ -5,10 +5,9 @@ import json
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from helpers import incremental_corpora, run_cli, sample_texts, write_jsonl
+from helpers import content_hash, incremental_corpora, run_cli, sample_texts, write_jsonl
 
 from bulkembed.encoders.base import Encoder
-from bulkembed.incremental import content_hash
 
 # float32 on every CPU, so that vectors compare at float32 precision across runs.
 FLOAT32 = ("--dtype", "float32")

@@ -19,7 +19,7 @@ from bulkembed.sources import RecordReader, list_inputs
 def _read(paths, **options):
     chunks = list(RecordReader(list_inputs([str(p) for p in paths]), **options).read())
     ids = [i for c in chunks for i in c.ids.to_pylist()]
-    texts = [t for c in chunks for t in c.texts]
+    texts = [t for c in chunks for t in c.texts.to_pylist()]
     bad = [b for c in chunks for b in c.bad]
     return ids, texts, bad
 

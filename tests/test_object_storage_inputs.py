@@ -65,7 +65,7 @@ def _upload(s3, corpus, prefix="corpus"):
 
 def _read_unit(reader, index, unit, offset):
     chunks = list(reader.read_unit(index, unit, offset))
-    return [(c.unit, c.ids.to_pylist(), c.texts, c.last_in_unit) for c in chunks]
+    return [(c.unit, c.ids.to_pylist(), c.texts.to_pylist(), c.last_in_unit) for c in chunks]
 
 
 def test_a_prefix_lists_the_files_that_the_same_local_folder_does(s3, tmp_path):

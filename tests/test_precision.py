@@ -9,6 +9,7 @@ import pytest
 from helpers import read_output, records, run_cli, write_jsonl
 
 from bulkembed import devices, precision
+from bulkembed.contracts import SparseRows
 from bulkembed.encoders import Embeddings, Encoder, SparseVector
 
 
@@ -75,9 +76,9 @@ def test_dense_vectors_must_all_agree_and_the_others_at_the_first_percentile():
     assert precision.agreement(Embeddings(dense), Embeddings(dense)).dense == pytest.approx(1.0)
     found = precision.agreement(Embeddings(dense), Embeddings(tilted))
     assert (found.dense, found.others) == (pytest.approx(2 / np.sqrt(4.01)), None)
-    a = SparseVector(np.array([1, 5]), np.array([1.0, 1.0]))
-    b = SparseVector(np.array([1, 7]), np.array([1.0, 1.0]))
-    found = precision.agreement(Embeddings(sparse=[a]), Embeddings(sparse=[b]))
+    a = SparseRows.of([SparseVector(np.array([1, 5]), np.array([1.0, 1.0]))])
+    b = SparseRows.of([SparseVector(np.array([1, 7]), np.array([1.0, 1.0]))])
+    found = precision.agreement(Embeddings(sparse=a), Embeddings(sparse=b))
     assert (found.dense, found.others) == (None, pytest.approx(0.5))
     # 200 token vectors, one of them turned round: the 1st percentile still agrees.
     tokens = np.eye(200, dtype=np.float32)
@@ -91,7 +92,7 @@ def test_dense_vectors_must_all_agree_and_the_others_at_the_first_percentile():
     assert found.others < 0
     # Each output on its own: agreeing token vectors do not hide a sparse output that differs.
     found = precision.agreement(
-        Embeddings(multivector=[tokens], sparse=[a]), Embeddings(multivector=[tokens], sparse=[b])
+        Embeddings(multivector=[tokens], sparse=a), Embeddings(multivector=[tokens], sparse=b)
     )
     assert found.others == pytest.approx(0.5)
     # A document with another number of token vectors disagrees entirely.

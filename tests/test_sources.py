@@ -6,7 +6,7 @@ import pytest
 from helpers import write_jsonl, write_parquet
 
 from bulkembed.errors import InputError, UsageError
-from bulkembed.sources import RecordReader, count_records, list_inputs, take, unit_names
+from bulkembed.sources import RecordReader, count_records, list_inputs, unit_names
 
 
 def _records(n: int, start: int = 0) -> list[dict]:
@@ -16,7 +16,7 @@ def _records(n: int, start: int = 0) -> list[dict]:
 def _read(files, done=(), **options):
     chunks = list(RecordReader(files, **options).read(done))
     ids = [i for c in chunks for i in c.ids.to_pylist()]
-    texts = [t for c in chunks for t in c.texts]
+    texts = [t for c in chunks for t in c.texts.to_pylist()]
     bad = [b for c in chunks for b in c.bad]
     return chunks, ids, texts, bad
 
@@ -165,15 +165,6 @@ def test_non_string_parquet_text_column_is_an_error(tmp_path):
         _read(list_inputs([str(path)]))
 
 
-def test_take_stops_after_n_documents_and_ends_the_unit(tmp_path):
-    write_jsonl(tmp_path / "a.jsonl", _records(5))
-    write_jsonl(tmp_path / "b.jsonl", _records(5, start=5))
-    chunks = list(take(RecordReader(list_inputs([str(tmp_path)]), chunk_size=2).read(), 7))
-    assert [i for c in chunks for i in c.ids.to_pylist()] == [f"d{i}" for i in range(7)]
-    assert chunks[-1].last_in_unit and (chunks[-1].file, chunks[-1].unit) == (1, 0)
-    assert list(take(RecordReader(list_inputs([str(tmp_path)])).read(), 0)) == []
-
-
 def test_count_records(tmp_path):
     write_jsonl(tmp_path / "a.jsonl", _records(5))
     write_parquet(tmp_path / "b.parquet", _records(4))
@@ -233,10 +224,9 @@ def test_unit_names_cover_every_unit(tmp_path):
     ]
 
 
-def test_seen_ids_survive_the_merge_into_the_sorted_array(monkeypatch):
+def test_seen_ids_survive_the_merges_of_their_sorted_arrays():
     from bulkembed.sources import SeenIds
 
-    monkeypatch.setattr("bulkembed.sources.filters._RECENT_LIMIT", 8)
     seen = SeenIds()
     assert all(seen.add(f"id-{i}") for i in range(50))
     assert not any(seen.add(f"id-{i}") for i in range(50))

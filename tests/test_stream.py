@@ -15,7 +15,7 @@ from helpers import sample_texts, write_jsonl, write_parquet
 from typer.testing import CliRunner
 
 from bulkembed.cli import app
-from bulkembed.contracts import Embeddings, SparseVector
+from bulkembed.contracts import Embeddings, SparseRows, SparseVector
 from bulkembed.schema import output_schema, record_batch
 from bulkembed.sinks import StreamFormat, StreamSink
 from bulkembed.sinks.stream import json_lines
@@ -147,20 +147,23 @@ def test_stream_options_are_checked(tmp_path, tiny_st):
 
 def test_json_lines_write_each_float32_in_its_shortest_text():
     vectors = np.array([[0.1, 1 / 3], [-2.5e-8, 7.0]], dtype=np.float32)
-    sparse = [
-        SparseVector(np.array([3, 9]), np.array([0.5, 1 / 7], np.float32)),
-        SparseVector(np.array([], np.int64), np.array([], np.float32)),
-    ]
+    sparse = SparseRows.of(
+        [
+            SparseVector(np.array([3, 9]), np.array([0.5, 1 / 7], np.float32)),
+            SparseVector(np.array([], np.int64), np.array([], np.float32)),
+        ]
+    )
     multivector = [np.array([[1 / 3, 0.2]], np.float32), np.empty((0, 2), np.float32)]
     schema = output_schema(
         pa.string(), pa.list_(pa.float32(), 2), True, pa.list_(pa.list_(pa.float32(), 2))
     )
     embeddings = Embeddings(vectors, sparse, multivector)
-    batch = record_batch(pa.array(["a", "b"]), embeddings, schema, ["h0", "h1"], {})
+    digests = np.array([bytes(range(16)), bytes(range(16, 32))], dtype="S16")
+    batch = record_batch(pa.array(["a", "b"]), embeddings, schema, digests, {})
     lines = json_lines(batch).decode().splitlines()
     assert lines[0] == (
         '{"id":"a","dense":[0.1,0.33333334],"sparse":{"indices":[3,9],"values":[0.5,0.14285715]},'
-        '"multivector":[[0.33333334,0.2]],"content_hash":"h0"}'
+        '"multivector":[[0.33333334,0.2]],"content_hash":"000102030405060708090a0b0c0d0e0f"}'
     )
     # A slice (a batch split for a reader) starts at its own first row.
     assert json_lines(batch.slice(1)).decode().splitlines() == [lines[1]]

@@ -23,7 +23,8 @@ def _settings(folder, max_length=32, prompt="", lowercase=False) -> TokenizerSet
 def _chunks(texts, size):
     for start in range(0, len(texts), size):
         part = texts[start : start + size]
-        yield Chunk(0, 0, pa.array([str(start + i) for i in range(len(part))]), part, False)
+        ids = pa.array([str(start + i) for i in range(len(part))])
+        yield Chunk(0, 0, ids, pa.array(part, pa.string()), False)
 
 
 def test_ids_match_the_transformers_tokenizer_with_truncation(minilm):
@@ -36,7 +37,7 @@ def test_ids_match_the_transformers_tokenizer_with_truncation(minilm):
     flat, lengths, truncated = TextTokenizer(_settings(minilm, max_length=64))(texts)
     ours = np.split(flat, np.cumsum(lengths)[:-1])
     assert [o.tolist() for o in ours] == truncated_ids
-    assert truncated == sum(1 for ids in full_ids if len(ids) > 64) > 0
+    assert truncated.tolist() == [len(ids) > 64 for ids in full_ids] and truncated.any()
 
 
 def test_prompt_and_lowercase_are_applied_before_tokenizing(minilm):
@@ -59,6 +60,32 @@ def test_pool_returns_chunks_in_order(tiny_bert, workers):
     assert [r.chunk.ids[0].as_py() for r in results] == [str(i) for i in range(0, 300, 7)]
     np.testing.assert_array_equal(np.concatenate([r.token_ids for r in results]), expected[0])
     np.testing.assert_array_equal(np.concatenate([r.lengths for r in results]), expected[1])
+    # Each text's content hash and each id's hash come back with the tokens.
+    from helpers import content_hash
+
+    from bulkembed.sources import id_hash
+
+    hashes = np.concatenate([r.chunk.hashes for r in results])
+    # (as bytes, not items: an item of an S16 array loses its trailing zero bytes)
+    assert [bytes(h).hex() for h in hashes.view(np.uint8).reshape(-1, 16)] == [
+        content_hash(t) for t in texts
+    ]
+    ids = np.concatenate([r.chunk.id_hashes for r in results])
+    assert ids.tolist() == [id_hash(str(i)) for i in range(300)]
+
+
+def test_a_tokenized_chunk_leaves_its_texts_behind(tiny_bert):
+    import pickle
+
+    texts = sample_texts(200)
+    # The chunk's texts a slice of a larger array, as a row group's are.
+    whole = pa.array(texts * 4, pa.string())
+    chunk = Chunk(0, 0, pa.array([str(i) for i in range(200)]), whole.slice(200, 200), False)
+    with TokenizerPool(_settings(tiny_bert), 0) as pool:
+        (tokenized,) = pool.map([chunk])
+    assert len(tokenized.chunk.texts) == 0
+    # What a device process is sent holds no byte of the texts.
+    assert len(pickle.dumps(tokenized.chunk.texts)) < 1000 < whole.nbytes // 100
 
 
 def test_dead_worker_is_an_error_not_a_hang(tiny_bert):

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from bulkembed.contracts import Embeddings, SparseVector, TokenBatch
+from bulkembed.contracts import Embeddings, SparseRows, TokenBatch
 from bulkembed.encoders.varlen import Sequences
 
 
@@ -197,7 +197,7 @@ def _kept_rows(vectors: np.ndarray, keep: np.ndarray, lengths: np.ndarray) -> li
 
 def _sparse_rows(
     weights: np.ndarray, ids: np.ndarray | None, documents: np.ndarray | None, lengths: np.ndarray
-) -> list[SparseVector]:
+) -> SparseRows:
     """Each document's entries of weight > 0, in the order they come (ascending id)."""
     keep = weights > 0
     if documents is None:
@@ -206,8 +206,6 @@ def _sparse_rows(
         assert ids is not None
         rows, found = documents[keep], ids[keep]
     values = weights[keep].astype(np.float32, copy=False)
-    ends = np.cumsum(np.bincount(rows, minlength=len(lengths)))[:-1]
-    return [
-        SparseVector(i, v)
-        for i, v in zip(np.split(found.astype(np.int32), ends), np.split(values, ends), strict=True)
-    ]
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(np.bincount(rows, minlength=len(lengths)), out=offsets[1:])
+    return SparseRows(found.astype(np.int32), values, offsets)

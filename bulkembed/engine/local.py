@@ -13,13 +13,14 @@ that embed and commit them themselves (`UnitPool`), and this process marks their
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
-from dataclasses import replace
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, replace
 from itertools import chain
 from typing import TYPE_CHECKING
 
 import numpy as np
 
+from bulkembed.admission import drop_duplicate_ids, fail_on_bad_records, leave_id_hashes, take
 from bulkembed.config import Attention, OnBadRecord
 from bulkembed.devices import cpu_threads_per_worker
 from bulkembed.engine.ahead import ReadAhead
@@ -28,17 +29,16 @@ from bulkembed.engine.session import DeviceSession, settle_dtype, tell
 from bulkembed.engine.stream import (
     EmbeddedWindow,
     embed_windows,
-    fail_on_bad_records,
     gather_windows,
     part_schema,
     writer_sink,
 )
 from bulkembed.engine.unit_pool import Counts, UnitPool, UnitWork
 from bulkembed.errors import BulkembedError, OutputError
-from bulkembed.incremental import PreviousOutput, hash_contents
+from bulkembed.incremental import PreviousOutput
 from bulkembed.progress import Reporter, RunStats
 from bulkembed.sinks import ParquetSink
-from bulkembed.sources import Chunk, SeenIds, count_records, drop_duplicate_ids, take
+from bulkembed.sources import SeenIds, count_records
 from bulkembed.tokenize import TokenizedChunk, TokenizerPool
 from bulkembed.units import SkippedUnits
 from bulkembed.windows import share_of_window
@@ -84,25 +84,28 @@ def _output_format(plan: RunPlan, run: RunDirectory, done: dict[str, UnitRecord]
     return replace(output_format, ranges=np.asarray(ranges, dtype=np.float32))
 
 
-def _pending_chunks(
-    plan: RunPlan, sink: Sink, done: dict[str, UnitRecord], previous: PreviousOutput | None
-) -> Iterator[Chunk]:
-    """The records still to embed: pending units, first id wins, up to the limit."""
+def _admitted(
+    plan: RunPlan,
+    sink: Sink,
+    done: dict[str, UnitRecord],
+    previous: PreviousOutput | None,
+    tokenized: Iterable[TokenizedChunk],
+) -> Iterator[TokenizedChunk]:
+    """The tokenized records still to embed: first id wins (the ids of done units count
+    as seen), up to the limit; with `previous`, unchanged records carried over."""
     config = plan.config
-    chunks = plan.reader.read(skip=SkippedUnits(done, plan.my_units))
     seen = SeenIds()
     mine = {k: v for k, v in done.items() if plan.my_units is None or k in plan.my_units}
     for doc_id in sink.committed_ids(mine):
         seen.add(doc_id)
-    chunks = drop_duplicate_ids(chunks, seen, list(plan.files))
+    chunks = drop_duplicate_ids(tokenized, seen, list(plan.files))
     if config.limit is not None:
         chunks = take(chunks, config.limit - sum(r.rows for r in done.values()))
     if config.on_bad_record is OnBadRecord.FAIL:
         chunks = fail_on_bad_records(chunks)
-    chunks = hash_contents(chunks, plan.tokenizer_settings)
     if previous is not None:
         chunks = previous.carry_over(chunks)
-    return chunks
+    return leave_id_hashes(chunks)
 
 
 def _start_counting(plan: RunPlan, reporter: Reporter) -> None:
@@ -163,62 +166,79 @@ def embed_locally(
 
     Reading and tokenizing start first, on a thread (`ReadAhead`), so that the first window
     is tokenized while the model loads."""
-    config = plan.config
     devices = list(plan.devices)
     stats = RunStats(started=plan.started)
-    chunks = stats.timed_iterator("read", _pending_chunks(plan, sink, done, previous))
+    chunks = stats.timed_iterator("read", plan.reader.read(skip=SkippedUnits(done, plan.my_units)))
     budget = plan.spec.max_batch_tokens
     output_format = _output_format(plan, run, done)
-    with (
-        TokenizerPool(plan.tokenizer_settings, plan.workers) as pool,
-        ReadAhead(pool.map(chunks), lambda c: share_of_window(c, budget)) as tokenized,
-    ):
-        # int8/uint8 ranges not calibrated yet are calibrated on the first window, here.
-        if len(devices) > 1 and sink.resumable and not output_format.needs_ranges:
-            return _embed_on_devices(
-                plan,
-                run,
-                sink,
-                iter(tokenized),
-                output_format,
-                stats,
-                done,
-                previous,
-                reporter,
-                upserts,
-            )
-        session = DeviceSession(
-            plan.spec, devices, config.dtype, None, config.tune_batch_tokens, reporter
+    with TokenizerPool(plan.tokenizer_settings, plan.workers) as pool:
+        admitted = _admitted(plan, sink, done, previous, pool.map(chunks))
+        with ReadAhead(admitted, lambda c: share_of_window(c, budget)) as tokenized:
+            # int8/uint8 ranges not calibrated yet are calibrated on the first window, here.
+            if len(devices) > 1 and sink.resumable and not output_format.needs_ranges:
+                return _embed_on_devices(
+                    plan,
+                    run,
+                    sink,
+                    iter(tokenized),
+                    output_format,
+                    stats,
+                    done,
+                    previous,
+                    reporter,
+                    upserts,
+                )
+            writer = _Writing(run, sink, output_format, upserts)
+            return _embed_in_session(plan, writer, iter(tokenized), stats, done, previous, reporter)
+
+
+@dataclass(frozen=True, slots=True)
+class _Writing:
+    """Where this process writes what it embeds."""
+
+    run: RunDirectory
+    sink: Sink
+    output_format: OutputFormat
+    upserts: Callable[[], Sink] | None
+
+
+def _embed_in_session(
+    plan: RunPlan,
+    writing: _Writing,
+    tokenized: Iterator[TokenizedChunk],
+    stats: RunStats,
+    done: dict[str, UnitRecord],
+    previous: PreviousOutput | None,
+    reporter: Reporter,
+) -> RunOutcome:
+    """Embed on the run's devices in this process, and write behind."""
+    config, run, devices = plan.config, writing.run, list(plan.devices)
+    session = DeviceSession(
+        plan.spec, devices, config.dtype, None, config.tune_batch_tokens, reporter
+    )
+    try:
+        reporter.info(_describe(plan, session.embedder, session.budget, len(done), previous))
+        schema = part_schema(plan.reader, plan.spec, session.embedder, writing.output_format)
+        upserts = None if writing.upserts is None else writing.upserts()
+        writer = PartWriter(
+            run.run_id, writing.sink, schema, run.committed, run.lock.check, upserts
         )
+        reporter.start(stats)
+        if plan.my_units is None:
+            _start_counting(plan, reporter)
         try:
-            reporter.info(_describe(plan, session.embedder, session.budget, len(done), previous))
-            schema = part_schema(plan.reader, plan.spec, session.embedder, output_format)
-            writer = PartWriter(
-                run.run_id,
-                sink,
-                schema,
-                run.committed,
-                run.lock.check,
-                None if upserts is None else upserts(),
-            )
-            reporter.start(stats)
-            if plan.my_units is None:
-                _start_counting(plan, reporter)
-            try:
-                with WriteBehind[EmbeddedWindow](
-                    lambda window: stats.timed_iterator("write", window.write(writer))
-                ) as behind:
-                    formatted = _Formatter(output_format, run)
-                    gathered = gather_windows(
-                        iter(tokenized), session.embedder, session.budget, stats
-                    )
-                    embed_windows(gathered, session, formatted, behind.submit, stats, reporter)
-                    behind.finish()
-            finally:
-                writer.close()
-                reporter.close()
+            with WriteBehind[EmbeddedWindow](
+                lambda window: stats.timed_iterator("write", window.write(writer))
+            ) as behind:
+                formatted = _Formatter(writing.output_format, run)
+                gathered = gather_windows(tokenized, session.embedder, session.budget, stats)
+                embed_windows(gathered, session, formatted, behind.submit, stats, reporter)
+                behind.finish()
         finally:
-            session.close()
+            writer.close()
+            reporter.close()
+    finally:
+        session.close()
     return RunOutcome(
         stats,
         ",".join(devices),

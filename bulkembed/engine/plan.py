@@ -17,6 +17,7 @@ from bulkembed.script_guard import MAIN_GUARD_ADVICE, script_reruns
 from bulkembed.sinks import OutputTarget, parse_output
 from bulkembed.sources import InputFile, RecordReader, list_inputs
 from bulkembed.sources.files import STDIN
+from bulkembed.sources.reader import SHORT_CHUNK_SIZE
 from bulkembed.storage import ObjectPath, StorageOptions, location
 from bulkembed.tokenize import TokenizerSettings
 from bulkembed.units import counted_units, shard_parts
@@ -155,6 +156,7 @@ def plan_run(config: RunConfig, reporter: Reporter, started: float) -> RunPlan:
         config.id_column,
         records_per_unit=config.records_per_unit,
         keep_columns=config.keep_columns,
+        short_chunk_size=SHORT_CHUNK_SIZE,
     )
     reader.check()
     spec = resolve_model(config)

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from bulkembed.admission import drop_duplicate_ids, fail_on_bad_records
 from bulkembed.config import DType, OnBadRecord, ShardSpec
 from bulkembed.contracts import UnitRecord, part_unit
 from bulkembed.engine.plan import RunOutcome, RunPlan
@@ -33,18 +34,16 @@ from bulkembed.engine.session import DeviceSession
 from bulkembed.engine.stream import (
     EmbeddedWindow,
     embed_windows,
-    fail_on_bad_records,
     gather_windows,
     part_schema,
     writer_sink,
 )
 from bulkembed.errors import BulkembedError, UsageError
-from bulkembed.incremental import hash_contents
 from bulkembed.outputs import OutputFormat
 from bulkembed.precision import PrecisionCheck
 from bulkembed.progress import QuietReporter, Reporter, RunStats
 from bulkembed.run_dir import RunDirectory
-from bulkembed.sources import RecordReader, SeenIds, drop_duplicate_ids
+from bulkembed.sources import RecordReader, SeenIds
 from bulkembed.storage import AnyPath
 from bulkembed.tokenize import TokenizedChunk, TokenizerPool, TokenizerSettings
 from bulkembed.wording import counted
@@ -100,12 +99,12 @@ def _tokenize_unit(part: str, offset: int, work: _Work) -> list[TokenizedChunk]:
     """Read one unit (from byte `offset`, when not negative, where its format can seek) and
     tokenize it in this process."""
     chunks = work.reader.read_unit(*part_unit(part), offset if offset >= 0 else None)
-    # Repeated ids are found within the unit: the units of a cluster run side by side.
-    chunks = drop_duplicate_ids(chunks, SeenIds(), work.reader.files)
-    if work.fail_on_bad_records:
-        chunks = fail_on_bad_records(chunks)
     with TokenizerPool(work.settings, 0) as pool:
-        return list(pool.map(hash_contents(chunks, work.settings)))
+        # Repeated ids are found within the unit: the units of a cluster run side by side.
+        tokenized = drop_duplicate_ids(pool.map(chunks), SeenIds(), work.reader.files)
+        if work.fail_on_bad_records:
+            tokenized = fail_on_bad_records(tokenized)
+        return list(tokenized)
 
 
 def _tokenize_units(batch: dict[str, np.ndarray], work: _Work) -> dict[str, list[Any]]:

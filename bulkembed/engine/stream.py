@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import copy
 import functools
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from itertools import chain
 from typing import TYPE_CHECKING
@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from bulkembed.contracts import Embeddings
-from bulkembed.errors import InputError
 from bulkembed.schema import output_schema
 from bulkembed.sinks import ParquetSink
 from bulkembed.storage import AnyPath
@@ -33,7 +32,7 @@ if TYPE_CHECKING:
     from bulkembed.outputs import OutputFormat
     from bulkembed.progress import Reporter, RunStats
     from bulkembed.sinks import Sink
-    from bulkembed.sources import Chunk, RecordReader
+    from bulkembed.sources import RecordReader
     from bulkembed.tokenize import TokenizedChunk
 
 
@@ -95,18 +94,6 @@ def schema_metadata(
         "bulkembed.metric": metric,
         "bulkembed.version": __version__,
     }
-
-
-def fail_on_bad_records(chunks: Iterable[Chunk]) -> Iterator[Chunk]:
-    """`--on-bad-record fail`: the chunks, until one holds a bad record."""
-    for chunk in chunks:
-        if chunk.bad:
-            bad = chunk.bad[0]
-            raise InputError(
-                f"bad record at {bad.where()}: {bad.reason} "
-                "(--on-bad-record skip sets such records aside and goes on)"
-            )
-        yield chunk
 
 
 def _tokenizer_seconds(

@@ -21,6 +21,7 @@ each, as the batch-level pool (`bulkembed.engine.pool`) does with batches.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -75,6 +76,12 @@ class UnitDone:
     stats: RunStats
 
 
+# How often a device process tells the run's process how its group goes: a progress bar
+# needs no more, and each message wakes the run's process (short documents make
+# thousands of batches a minute).
+HEARTBEAT_SECONDS = 0.25
+
+
 @dataclass(frozen=True, slots=True)
 class Counts:
     """What a device process has embedded of the group it is on, reported after each batch."""
@@ -86,10 +93,18 @@ class Counts:
 
 
 class _Heartbeat(QuietReporter):
-    """A device process's reporter: each batch's counts go to the run's process."""
+    """A device process's reporter: the counts go to the run's process after a batch, at
+    most every `HEARTBEAT_SECONDS` (the group's result carries the last ones)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._sent = -HEARTBEAT_SECONDS
 
     def update(self, stats: RunStats) -> None:
-        report(Counts(stats.docs, stats.tokens, stats.padded_tokens, stats.batches))
+        now = time.monotonic()
+        if now - self._sent >= HEARTBEAT_SECONDS:
+            self._sent = now
+            report(Counts(stats.docs, stats.tokens, stats.padded_tokens, stats.batches))
 
 
 class _UnitWorker:

@@ -6,7 +6,7 @@ it is the granularity of output parts and of resume.
 """
 
 from bulkembed.sources.files import list_inputs, unit_offsets
-from bulkembed.sources.filters import SeenIds, drop_duplicate_ids, take
+from bulkembed.sources.filters import SeenIds, id_hash, id_hashes
 from bulkembed.sources.formats import count_records, format_of, unit_names
 from bulkembed.sources.reader import RecordReader
 from bulkembed.sources.records import BadRecord, Chunk, InputFile
@@ -18,10 +18,10 @@ __all__ = [
     "SeenIds",
     "InputFile",
     "count_records",
-    "drop_duplicate_ids",
     "format_of",
+    "id_hash",
+    "id_hashes",
     "list_inputs",
-    "take",
     "unit_names",
     "unit_offsets",
 ]

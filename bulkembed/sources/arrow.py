@@ -68,10 +68,12 @@ def _pieces(file: InputFile, settings: ReadSettings) -> Iterator[tuple[int, pa.R
     row = 0
     for batch in open_arrow(file.path):
         start = 0
+        texts = batch.column(settings.text_column)
+        rows = settings.chunk_rows(texts.nbytes, batch.num_rows)
         while start < batch.num_rows:
             at = row + start
             unit_end = (at // per_unit + 1) * per_unit
-            size = min(settings.chunk_size, unit_end - at, batch.num_rows - start)
+            size = min(rows, unit_end - at, batch.num_rows - start)
             yield at, batch.slice(start, size)
             start += size
         row += batch.num_rows

@@ -13,7 +13,9 @@ from collections.abc import Callable, Container, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from bulkembed.contracts import part_name
 from bulkembed.sources.columns import cast_misfits, misfit
@@ -21,11 +23,17 @@ from bulkembed.sources.records import BadRecord, Chunk, InputFile, Rows
 from bulkembed.sources.validate import bad_record, decoded, problem
 from bulkembed.storage import stop_on_store_failure
 
+# A chunk of short texts grows past `chunk_size` records until its texts hold about this
+# many bytes (up to `short_chunk_size` records): the run's process then handles a few
+# large arrays rather than many small ones.
+CHUNK_TEXT_BYTES = 512 << 10
+
 
 @dataclass(frozen=True, slots=True)
 class ReadSettings:
     """How the reader reads every input: `id_column` is this file's (None: ids from the
-    file's name and the record's position)."""
+    file's name and the record's position). A chunk holds `chunk_size` records, or more
+    when they are short: up to `short_chunk_size`, about `CHUNK_TEXT_BYTES` of text."""
 
     text_column: str
     id_column: str | None
@@ -34,9 +42,28 @@ class ReadSettings:
     id_type: pa.DataType
     chunk_size: int
     records_per_unit: int
+    short_chunk_size: int
+
+    def chunk_rows(self, text_bytes: int, records: int) -> int:
+        """The records of a chunk, for texts that hold `text_bytes` over `records`.
+
+        >>> settings = ReadSettings("text", None, (), {}, pa.string(), 512, 10**5, 4096)
+        >>> [settings.chunk_rows(b, 1000) for b in (50_000, 300_000, 2_000_000)]
+        [4096, 1747, 512]
+        """
+        fit = CHUNK_TEXT_BYTES * records // max(text_bytes, 1)
+        return max(self.chunk_size, min(self.short_chunk_size, fit))
+
+    def chunk_full(self, records: int, text_bytes: int) -> bool:
+        """Whether a chunk of `records` whose texts hold `text_bytes` is full (`chunk_rows`)."""
+        if records < self.chunk_size:
+            return False
+        return records >= self.short_chunk_size or text_bytes >= CHUNK_TEXT_BYTES
 
     def empty_chunk(self, index: int, unit: int, bad: list[BadRecord] | None = None) -> Chunk:
-        return Chunk(index, unit, pa.array([], self.id_type), [], True, bad or [])
+        return Chunk(
+            index, unit, pa.array([], self.id_type), pa.array([], pa.string()), True, bad or []
+        )
 
 
 class InputFormat(ABC):
@@ -106,7 +133,11 @@ class TabularFormat(InputFormat):
         first_row: int,
         settings: ReadSettings,
     ) -> Chunk:
-        """The records of `batch` (rows from `first_row` on), validated and typed."""
+        """The records of `batch` (rows from `first_row` on), validated and typed: as Arrow
+        arrays throughout when every record is valid, else record by record."""
+        whole = all_valid(index, unit, file, batch, first_row, settings)
+        if whole is not None:
+            return whole
         texts = batch.column(settings.text_column).to_pylist()
         if settings.id_column is None:
             ids: list[Any] = [f"{file.name}:{first_row + i}" for i in range(len(texts))]
@@ -136,6 +167,48 @@ class TabularFormat(InputFormat):
             values = {name: batch.column(name).take(offsets) for name in types}
         columns = {name: values[name].cast(kind) for name, kind in types.items()}
         return rows.chunk(index, unit, False, settings.id_type, columns)
+
+
+def all_valid(
+    index: int,
+    unit: int,
+    file: InputFile,
+    batch: pa.RecordBatch,
+    first_row: int,
+    settings: ReadSettings,
+) -> Chunk | None:
+    """The records of `batch` as a chunk, without a look at each, when every one is valid:
+    texts of valid UTF-8 and no null, ids strings or integers and no null, passthrough
+    values that fit their columns. None when one may not be (`TabularFormat.chunk` then
+    tells which)."""
+    texts = batch.column(settings.text_column)
+    id_column = settings.id_column
+    ids = None if id_column is None else batch.column(id_column)
+    for values, integers in ((texts, False), (ids, True)):
+        if values is None:
+            continue
+        kind = values.type
+        textual = pa.types.is_string(kind) or pa.types.is_large_string(kind)
+        if values.null_count or not (textual or (integers and pa.types.is_integer(kind))):
+            return None
+        try:
+            values.validate(full=True)  # strings of valid UTF-8
+        except pa.ArrowInvalid:
+            return None
+    positions = np.arange(first_row, first_row + batch.num_rows, dtype=np.int64)
+    if ids is None:
+        numbers = pa.array(positions).cast(pa.string())
+        ids = pc.binary_join_element_wise(f"{file.name}:", numbers, "")
+    elif pa.types.is_integer(settings.id_type) and not pa.types.is_integer(ids.type):
+        return None
+    try:
+        ids = ids.cast(settings.id_type)
+        columns = {
+            name: batch.column(name).cast(kind) for name, kind in settings.column_types.items()
+        }
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return None
+    return Chunk(index, unit, ids, texts.cast(pa.string()), False, [], positions, columns)
 
 
 class RecordFormat(InputFormat):
@@ -173,7 +246,7 @@ class RecordFormat(InputFormat):
                         yield self._chunk(rows, index, unit, True, source, settings)
                     rows = Rows()
                     unit = number // per_unit
-                elif len(rows) >= settings.chunk_size:
+                elif settings.chunk_full(len(rows), rows.text_bytes):
                     yield self._chunk(rows, index, unit, False, source, settings)
                     rows = Rows()
                 if part_name(index, unit) in skip or (self.lines and not item.strip()):

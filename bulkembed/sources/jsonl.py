@@ -1,15 +1,26 @@
 """JSON lines inputs (`.jsonl`, `.json`, `.jsonl.gz`): one unit per `records_per_unit`
-lines, read one line at a time; an uncompressed file can be read from a unit's offset."""
+lines; an uncompressed file can be read from a unit's offset.
+
+Lines are parsed a chunk at a time by Arrow's JSON reader (`_arrow_block`) where each line
+of the chunk is one object on its own and every record is valid; a chunk that is not
+(a malformed line, a blank one, a null text, a type that differs) is parsed again one line
+at a time (`RecordFormat.units_of`), which says which records are bad and why."""
 
 from __future__ import annotations
 
-from collections.abc import Container, Iterator
+import io
+from collections.abc import Container, Iterable, Iterator
 from typing import Any
 
-from bulkembed.sources.base import ReadSettings, RecordFormat
+import numpy as np
+import pyarrow as pa
+import pyarrow.json as pa_json
+
+from bulkembed.contracts import part_name
+from bulkembed.sources.base import ReadSettings, RecordFormat, all_valid
 from bulkembed.sources.columns import TYPE_SAMPLE_LINES
 from bulkembed.sources.files import READ_ERRORS, count_lines, open_lines, unit_offsets
-from bulkembed.sources.records import Chunk, InputFile
+from bulkembed.sources.records import BadRecord, Chunk, InputFile
 from bulkembed.sources.validate import parse_json_line
 from bulkembed.storage import open_binary_at, stop_on_store_failure
 
@@ -69,7 +80,7 @@ class JsonLinesFormat(RecordFormat):
             with open_lines(file.path) as f:
                 yield from f
 
-        return self.units_of(index, file, settings, skip, lines(), parse_json_line, READ_ERRORS)
+        return self._blocks(index, file, settings, skip, lines())
 
     def read_from(
         self,
@@ -87,7 +98,125 @@ class JsonLinesFormat(RecordFormat):
             with open_binary_at(file.path, offset) as f:
                 yield from f
 
-        first = unit * settings.records_per_unit
-        return self.units_of(
-            index, file, settings, skip, lines(), parse_json_line, READ_ERRORS, first=first
-        )
+        return self._blocks(index, file, settings, skip, lines(), unit * settings.records_per_unit)
+
+    def _blocks(
+        self,
+        index: int,
+        file: InputFile,
+        settings: ReadSettings,
+        skip: Container[str],
+        lines: Iterable[bytes],
+        first: int = 0,
+    ) -> Iterator[Chunk]:
+        """Chunks of `lines` (the first is number `first`), unit by unit: each chunk's
+        lines gathered, then parsed at once (`_parsed`). Lines of skipped units are not
+        parsed. A read error sets the rest of the file aside."""
+        per_unit = settings.records_per_unit
+        block: list[bytes] = []
+        size = 0
+        start = number = first
+        try:
+            for raw in lines:
+                if number // per_unit != start // per_unit:
+                    yield from self._parsed(index, file, settings, skip, block, start, True)
+                    block, size, start = [], 0, number
+                elif settings.chunk_full(len(block), size):
+                    yield from self._parsed(index, file, settings, skip, block, start, False)
+                    block, size, start = [], 0, number
+                block.append(raw)
+                size += len(raw)
+                number += 1
+        except READ_ERRORS as e:
+            stop_on_store_failure(file.path, e)
+            reason = f"unreadable after line {number}: {e or type(e).__name__}"
+            unreadable = BadRecord(str(file.path), reason, line=number + 1)
+            for chunk in self._parsed(index, file, settings, skip, block, start, True):
+                if chunk.last_in_unit:
+                    chunk.bad.append(unreadable)
+                yield chunk
+            return
+        yield from self._parsed(index, file, settings, skip, block, start, True)
+
+    def _parsed(
+        self,
+        index: int,
+        file: InputFile,
+        settings: ReadSettings,
+        skip: Container[str],
+        block: list[bytes],
+        start: int,
+        last: bool,
+    ) -> Iterator[Chunk]:
+        """The chunks of `block`, lines of one unit from line number `start` on (`last`:
+        the unit ends with them): one, parsed by Arrow where it can, else line by line."""
+        unit = start // settings.records_per_unit
+        if part_name(index, unit) in skip:
+            return
+        chunk = _arrow_block(index, unit, file, block, start, settings)
+        if chunk is not None:
+            chunk.last_in_unit = last
+            yield chunk
+            return
+        chunks = self.units_of(index, file, settings, (), block, parse_json_line, (), start)
+        for chunk in chunks:
+            chunk.last_in_unit = last and chunk.last_in_unit
+            yield chunk
+
+
+_OPEN, _CLOSE, _RETURN, _NEWLINE, _ARRAY = (ord(c) for c in "{}\r\n[")
+# A line with more opening brackets may nest deeper than Python's JSON parser reads (the
+# recursion limit, 1000): it is read line by line, and set aside if so.
+_MOST_BRACKETS = 500
+
+
+def _one_object_a_line(data: bytes, lines: int) -> bool:
+    """Whether each of the `lines` lines of `data` (each ending in a newline) starts with
+    `{` and ends with `}` (before an optional carriage return), with at most
+    `_MOST_BRACKETS` opening brackets: then no object spans two lines, a line with two
+    objects shows as one row too many, and no line nests deeper than a line read alone may."""
+    buffer = np.frombuffer(data, dtype=np.uint8)
+    ends = np.flatnonzero(buffer == _NEWLINE)
+    if len(ends) != lines or not lines:
+        return False
+    starts = np.concatenate([[0], ends[:-1] + 1])
+    if np.any(ends - starts < 2) or np.any(buffer[starts] != _OPEN):
+        return False
+    before = buffer[ends - 1]
+    closing = np.where(before == _RETURN, buffer[np.maximum(ends - 2, starts)], before)
+    if not np.all(closing == _CLOSE):
+        return False
+    brackets = np.flatnonzero((buffer == _OPEN) | (buffer == _ARRAY))
+    before_each_end = np.searchsorted(brackets, ends)
+    return bool(np.diff(before_each_end, prepend=0).max() <= _MOST_BRACKETS)
+
+
+def _arrow_block(
+    index: int, unit: int, file: InputFile, block: list[bytes], start: int, settings: ReadSettings
+) -> Chunk | None:
+    """The records of `block` as one chunk of Arrow arrays, parsed by Arrow's JSON reader,
+    when each line is one JSON object and every record is valid (`all_valid`); None when
+    one may not be."""
+    data = b"".join(block)
+    if data and not data.endswith(b"\n"):
+        data += b"\n"  # the file's last line
+    if not _one_object_a_line(data, len(block)):
+        return None
+    fields = {settings.text_column: pa.string(), **settings.column_types}
+    if settings.id_column is not None:
+        fields = {settings.id_column: settings.id_type, **fields}
+    options = pa_json.ParseOptions(
+        explicit_schema=pa.schema(list(fields.items())), unexpected_field_behavior="ignore"
+    )
+    # One block for the whole chunk, read on this thread.
+    reading = pa_json.ReadOptions(use_threads=False, block_size=len(data) + 1)
+    try:
+        table = pa_json.read_json(io.BytesIO(data), read_options=reading, parse_options=options)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return None
+    if table.num_rows != len(block):
+        return None
+    batch = table.combine_chunks().to_batches()
+    if len(batch) != 1:
+        return None
+    return all_valid(index, unit, file, batch[0], start, settings)

@@ -84,9 +84,9 @@ class ParquetFormat(TabularFormat):
         row = first_row
         bad: list[BadRecord] = []
         try:
-            batches = parquet.iter_batches(
-                batch_size=settings.chunk_size, row_groups=[group], columns=columns
-            )
+            metadata = parquet.metadata.row_group(group)
+            size = settings.chunk_rows(_column_bytes(metadata, columns[0]), metadata.num_rows)
+            batches = parquet.iter_batches(batch_size=size, row_groups=[group], columns=columns)
             for batch in batches:
                 if pending is not None:
                     yield pending
@@ -101,6 +101,15 @@ class ParquetFormat(TabularFormat):
         pending.last_in_unit = True
         pending.bad.extend(bad)
         yield pending
+
+
+def _column_bytes(row_group: Any, name: str) -> int:
+    """The bytes of column `name` in a row group's metadata, uncompressed."""
+    for number in range(row_group.num_columns):
+        column = row_group.column(number)
+        if column.path_in_schema == name:
+            return int(column.total_uncompressed_size)
+    return 0
 
 
 def _footer(file: InputFile) -> Any:

@@ -28,6 +28,8 @@ from bulkembed.sources.records import Chunk, InputFile
 
 DEFAULT_ID_COLUMN = "id"
 DEFAULT_CHUNK_SIZE = 512
+# What a run's chunks of short texts may grow to (`ReadSettings.chunk_rows`).
+SHORT_CHUNK_SIZE = 4096
 
 
 class RecordReader:
@@ -50,8 +52,10 @@ class RecordReader:
         chunk_size: int = DEFAULT_CHUNK_SIZE,
         records_per_unit: int = DEFAULT_RECORDS_PER_UNIT,
         keep_columns: tuple[str, ...] = (),
+        short_chunk_size: int | None = None,
     ) -> None:
         self.files = files
+        self.short_chunk_size = short_chunk_size or chunk_size
         self.text_column = text_column
         self.id_column = id_column
         self.chunk_size = chunk_size
@@ -117,6 +121,7 @@ class RecordReader:
             self.id_type,
             self.chunk_size,
             self.records_per_unit,
+            self.short_chunk_size,
         )
 
     def read(self, skip: Container[str] = ()) -> Iterator[Chunk]:

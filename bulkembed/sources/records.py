@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from bulkembed.contracts import part_name
@@ -78,55 +78,81 @@ class BadRecord:
         return self.source
 
 
+_NO_TEXT = pa.array([], pa.string())
+_NO_POSITION = np.empty(0, dtype=np.int64)
+_NO_HASH = np.empty(0, dtype="S16")
+
+
 @dataclass(slots=True)
 class Chunk:
     """Up to `chunk_size` consecutive records of one unit of work.
 
     `unit` numbers the unit within its file (a Parquet row group, or a range of rows or
     lines); the last chunk of each unit has `last_in_unit` set, even when it holds no row.
-    `ids`, `texts`, `positions`, `columns` (passthrough values, `--keep-columns`) and
-    `hashes` (content hashes, once computed) run in parallel, one entry per record.
-    `carried` holds the records whose embeddings come from a previous output instead;
-    `changed` counts the records here whose text differs from that output's."""
+    `ids`, `texts` (Arrow arrays), `positions` (int64: row or line number from 0),
+    `columns` (passthrough values, `--keep-columns`), `hashes` (the content hashes, 16-byte
+    BLAKE2b digests) and `id_hashes` (64-bit hashes of the ids, `id_hash`) run in parallel,
+    one entry per record; the hashes are computed where the texts are tokenized, and the
+    texts dropped there. `carried` holds the records whose embeddings come from a previous
+    output instead; `changed` counts the records here whose text differs from that
+    output's."""
 
     file: int
     unit: int
     ids: pa.Array
-    texts: list[str]
+    texts: pa.Array
     last_in_unit: bool
     bad: list[BadRecord] = field(default_factory=list)
-    positions: list[int] = field(default_factory=list)
+    positions: np.ndarray = field(default_factory=lambda: _NO_POSITION)
     columns: dict[str, pa.Array] = field(default_factory=dict)
-    hashes: list[str] = field(default_factory=list)
+    hashes: np.ndarray = field(default_factory=lambda: _NO_HASH)
+    id_hashes: np.ndarray | None = None
     carried: Carried | None = None
     changed: int = 0
+
+    def __len__(self) -> int:
+        return len(self.ids)
 
     @property
     def part(self) -> str:
         """The output part of this chunk's unit: `part-<file>-<unit>`."""
         return part_name(self.file, self.unit)
 
-    def rows(self, which: slice | Sequence[int]) -> Chunk:
-        """The chunk's records at `which` (a slice or indices), with no bad or carried ones."""
+    def rows(self, which: slice | np.ndarray) -> Chunk:
+        """The chunk's records at `which` (a slice, or indices in order), with no bad or
+        carried ones."""
         if isinstance(which, slice):
-            ids, columns = self.ids[which], {k: v[which] for k, v in self.columns.items()}
-            texts, positions, hashes = self.texts[which], self.positions[which], self.hashes[which]
+
+            def pick(values: pa.Array) -> pa.Array:
+                return values[which]
         else:
             indices = pa.array(which, pa.int64())
-            ids, columns = (
-                self.ids.take(indices),
-                {k: v.take(indices) for k, v in self.columns.items()},
-            )
-            texts = [self.texts[i] for i in which] if self.texts else []
-            positions = [self.positions[i] for i in which]
-            hashes = [self.hashes[i] for i in which] if self.hashes else []
-        return Chunk(self.file, self.unit, ids, texts, False, [], positions, columns, hashes)
 
-    def keep(self, which: slice | Sequence[int]) -> None:
+            def pick(values: pa.Array) -> pa.Array:
+                return values.take(indices)
+
+        texts = pick(self.texts) if len(self.texts) else self.texts
+        hashes = self.hashes[which] if len(self.hashes) else self.hashes
+        id_hashes = None if self.id_hashes is None else self.id_hashes[which]
+        columns = {k: pick(v) for k, v in self.columns.items()}
+        return Chunk(
+            self.file,
+            self.unit,
+            pick(self.ids),
+            texts,
+            False,
+            [],
+            self.positions[which],
+            columns,
+            hashes,
+            id_hashes,
+        )
+
+    def keep(self, which: slice | np.ndarray) -> None:
         """Keep only the records at `which`; bad records and carried ones stay."""
         rows = self.rows(which)
         self.ids, self.texts, self.positions = rows.ids, rows.texts, rows.positions
-        self.columns, self.hashes = rows.columns, rows.hashes
+        self.columns, self.hashes, self.id_hashes = rows.columns, rows.hashes, rows.id_hashes
 
 
 @dataclass(slots=True)
@@ -139,7 +165,7 @@ class Carried:
 
     def before(self, position: int) -> tuple[Carried | None, Carried | None]:
         """The records before input position `position`, and the others (None: none)."""
-        cut = sum(1 for p in self.records.positions if p < position)
+        cut = int(np.searchsorted(self.records.positions, position))
         if cut == 0:
             return None, self
         if cut == len(self.records.positions):
@@ -161,6 +187,7 @@ class Rows:
     bad: list[BadRecord] = field(default_factory=list)
     positions: list[int] = field(default_factory=list)
     values: dict[str, list[Any]] = field(default_factory=dict)
+    text_bytes: int = 0
 
     def __len__(self) -> int:
         return len(self.texts) + len(self.bad)
@@ -169,6 +196,7 @@ class Rows:
         self.ids.append(doc_id)
         self.texts.append(text)
         self.positions.append(position)
+        self.text_bytes += len(text)
 
     def drop(self, indices: set[int]) -> list[tuple[Any, int]]:
         """Remove the records at `indices`; return their (id, position) pairs."""
@@ -193,9 +221,9 @@ class Rows:
             file,
             unit,
             pa.array(ids, type=id_type),
-            self.texts,
+            pa.array(self.texts, pa.string()),
             last_in_unit,
             self.bad,
-            self.positions,
+            np.array(self.positions, dtype=np.int64),
             columns or {},
         )

@@ -1,0 +1,82 @@
+"""What of the tokenized records goes on to be embedded, in input order: the first record of
+each id (later ones become bad records), up to `--limit` documents, and with
+`--on-bad-record fail` nothing past a bad record.
+
+These steps run after the tokenizer processes, on the arrays they return (the ids hashed
+there), so that the run's own process does no work per record but for the few it sets
+aside.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+import numpy as np
+
+from bulkembed.errors import InputError
+from bulkembed.sources import BadRecord, InputFile, SeenIds, format_of
+from bulkembed.sources.records import DUPLICATE_ID
+from bulkembed.tokenize import TokenizedChunk
+
+
+def drop_duplicate_ids(
+    chunks: Iterable[TokenizedChunk], seen: SeenIds, files: list[InputFile]
+) -> Iterator[TokenizedChunk]:
+    """Keep the first record of each id (in input order); later ones become bad records."""
+    for tokenized in chunks:
+        chunk = tokenized.chunk
+        assert chunk.id_hashes is not None, "ids are hashed where they are tokenized"
+        first = seen.add_hashes(chunk.id_hashes)
+        if not first.all():
+            file = files[chunk.file]
+            lines = format_of(file).lines
+            for index in np.flatnonzero(~first).tolist():
+                position = int(chunk.positions[index])
+                bad = BadRecord(str(file.path), DUPLICATE_ID, chunk.ids[index].as_py())
+                if lines:
+                    bad.line = position + 1
+                else:
+                    bad.row = position
+                chunk.bad.append(bad)
+            tokenized.keep(np.flatnonzero(first))
+        yield tokenized
+
+
+def take(chunks: Iterable[TokenizedChunk], limit: int | None) -> Iterator[TokenizedChunk]:
+    """Stop after `limit` documents (None: no limit); the unit cut short ends there, and
+    bad records past the last document taken are not reported."""
+    if limit is None:
+        yield from chunks
+        return
+    remaining = limit
+    for tokenized in chunks:
+        chunk = tokenized.chunk
+        if len(chunk) >= remaining:
+            last = int(chunk.positions[remaining - 1]) if remaining else -1
+            tokenized.keep(np.arange(remaining))
+            chunk.bad = [b for b in chunk.bad if b.position is None or b.position < last]
+            chunk.last_in_unit = True
+            yield tokenized
+            return
+        remaining -= len(chunk)
+        yield tokenized
+
+
+def fail_on_bad_records(chunks: Iterable[TokenizedChunk]) -> Iterator[TokenizedChunk]:
+    """`--on-bad-record fail`: the chunks, until one holds a bad record."""
+    for tokenized in chunks:
+        if tokenized.chunk.bad:
+            bad = tokenized.chunk.bad[0]
+            raise InputError(
+                f"bad record at {bad.where()}: {bad.reason} "
+                "(--on-bad-record skip sets such records aside and goes on)"
+            )
+        yield tokenized
+
+
+def leave_id_hashes(chunks: Iterable[TokenizedChunk]) -> Iterator[TokenizedChunk]:
+    """The chunks on their way to the devices without their ids' hashes, which only
+    admission and carry-over read: 8 bytes a record less to send to a device process."""
+    for tokenized in chunks:
+        tokenized.chunk.id_hashes = None
+        yield tokenized
