@@ -7,7 +7,11 @@ checks, each with a pass criterion:
 1. stream: 40 flat batches of 16,384 tokens through `Encoder.embed_stream` under
    `torch.cuda.set_sync_debug_mode("warn")`: no synchronizing call, the compute stream
    busy (CUDA events around each batch) for at least 0.9 of the stream's wall time, and
-   vectors equal to the same batches embedded one by one; tokens/s and MFU;
+   vectors equal to the same batches embedded one by one; tokens/s and MFU; and the
+   tokens/s with each switch of the GPU path on and off (reported, not judged):
+   `BULKEMBED_COPY_BACK` side or compute, `BULKEMBED_FLASH_ATTENTION` fa3 or fa2 (where
+   flash-attention 3 is installed), and batches of 65,536 tokens (as large as a flat
+   budget on CUDA goes, `BULKEMBED_FLAT_BUDGET`) against 16,384;
 2. varlen: a batch mixing a document past 2,000 tokens with typical, 2- and 1-token ones,
    flat (the varlen kernel) against padded: dense, sparse and multi-vector outputs agree;
 3. devices: `bulkembed run --devices cuda:0,cuda:0` against `--devices cuda:0`, `--dtype
@@ -31,6 +35,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import sys
 import tempfile
 import time
@@ -186,6 +191,63 @@ def _busy_timed(encoder: Any, setting: Setting) -> list[Callable[[], float]]:
     return times
 
 
+@contextlib.contextmanager
+def _environment(values: dict[str, str]) -> Iterator[None]:
+    """The process's environment with `values` set, as it was after."""
+    before = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def _stream_rate(
+    setting: Setting, spec: Any, batches: list[Any], switches: dict[str, str]
+) -> float:
+    """Tokens/s of `batches` through the stream of an encoder started with `switches` in
+    the environment, after one warm-up batch."""
+    from bulkembed.encoders import start_encoder
+
+    with _environment(switches):
+        encoder, _ = start_encoder(spec, setting.device, setting.dtype, None, False)
+        list(encoder.embed_stream([(-1, batches[0])], lambda *_: None))
+        _synchronize(setting)
+        started = time.perf_counter()
+        for _ in encoder.embed_stream(enumerate(batches), lambda *_: None):
+            continue
+        _synchronize(setting)
+    tokens = sum(int(b.lengths.sum()) for b in batches)
+    return round(tokens / (time.perf_counter() - started), 1)
+
+
+def _switch_rates(setting: Setting, spec: Any, batches: list[Any]) -> dict[str, Any]:
+    """Tokens/s of the stream with each switch of the GPU path one way and the other."""
+    from bulkembed.encoders.transfer import COPY_BACK_VARIABLE
+    from bulkembed.encoders.varlen import FLASH_ATTENTION_VARIABLE, _flash_attention_3
+
+    rates: dict[str, Any] = {}
+    for way in ("side", "compute"):
+        rate = _stream_rate(setting, spec, batches, {COPY_BACK_VARIABLE: way})
+        rates[f"copy_back_{way}"] = rate
+    if _flash_attention_3() is not None:
+        for way in ("fa3", "fa2"):
+            rate = _stream_rate(setting, spec, batches, {FLASH_ATTENTION_VARIABLE: way})
+            rates[f"flash_attention_{way}"] = rate
+    else:
+        rates["flash_attention_fa3"] = "not installed"
+    # The stream's own batches against a quarter as many four times as large, in the
+    # default ways.
+    tokens = setting.batch_tokens * 4
+    wide = _batches(replace(setting, batch_tokens=tokens), spec, max(1, len(batches) // 4))
+    rates[f"batches_of_{tokens}_tokens"] = _stream_rate(setting, spec, wide, {})
+    return rates
+
+
 def check_stream(setting: Setting) -> Check:
     """Check 1: the pipelined stream (see the module's docstring)."""
     from bulkembed.encoders import start_encoder
@@ -218,6 +280,7 @@ def check_stream(setting: Setting) -> Check:
         "first_synchronizing_call": syncs[0] if syncs else None,
         "largest_difference_to_one_by_one": largest,
         "attention": "flat" if encoder.unpadded else "padded",
+        "switches": _switch_rates(setting, spec, batches),
     }
     passed = largest == 0.0 and not syncs and (setting.smoke or busy >= BUSY_FRACTION)
     return Check("stream", "pass" if passed else "fail", figures)
@@ -240,6 +303,7 @@ def _mixed_batch(setting: Setting, spec: Any) -> Any:
 def check_varlen(setting: Setting) -> Check:
     """Check 2: flat against padded batches at real shapes."""
     from bulkembed.encoders import build_encoder
+    from bulkembed.encoders.varlen import kernel_name
 
     model = setting.folder / "bge-m3"
     outputs = ("dense", "sparse", "multivector")
@@ -261,6 +325,7 @@ def check_varlen(setting: Setting) -> Check:
         ]
     )
     figures = {
+        "kernel": kernel_name(setting.device, setting.dtype),
         "lengths": _mixed_batch(setting, spec).lengths.tolist(),
         "layouts_ran": [found["padded-ran"], found["flat-ran"]],
         "dense_lowest_cosine": round(dense, 7),

@@ -71,6 +71,10 @@ class ModelSpec:
     sparse_top_k: int | None
     tokenizer_json: str
     compile: bool = False
+    # Whether `max_batch_tokens` was given (option, environment, `embed()`), not taken
+    # from the recipe or the default: flat batches on CUDA probe a larger budget only
+    # where it was not (`encoders.registry.tunes_budget`).
+    budget_given: bool = False
     # `--backend` and `--attention`, and the architecture they depend on (config.json
     # `model_type`).
     backend: str = "auto"
@@ -303,6 +307,7 @@ def resolve_model(config: RunConfig) -> ModelSpec:
         max_batch_tokens=config.max_batch_tokens
         or (recipe.max_batch_tokens if recipe else None)
         or DEFAULT_MAX_BATCH_TOKENS,
+        budget_given=config.max_batch_tokens is not None,
         tokenizer_json=tokenizer.backend_tokenizer.to_str(),
         compile=config.compile,
         backend=config.backend.value,

@@ -227,6 +227,29 @@ def test_cuda_batches_run_back_to_back_in_half_precision_match_the_cpu(tiny_bge_
         assert np.array_equal(a.dense, cuda.embed_batch(batch).dense)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_outputs_copied_back_on_their_own_stream_equal_those_on_the_compute_stream(
+    tiny_bge_m3, monkeypatch
+):
+    from bulkembed.encoders.transfer import COPY_BACK_VARIABLE
+
+    outputs = ("dense", "sparse", "multivector")
+    config = RunConfig(inputs=("x",), output="o", model=str(tiny_bge_m3), outputs=outputs)
+    spec = resolve_model(config)
+    batches = _batches(spec, sample_texts(40), 8)
+    found = {}
+    for way in ("side", "compute"):
+        monkeypatch.setenv(COPY_BACK_VARIABLE, way)
+        encoder = build_encoder(spec, "cuda:0", torch.bfloat16)
+        assert (encoder._landings is not None) == (way == "side")
+        found[way] = [e for _, e in encoder.embed_stream(enumerate(batches), lambda *_: None)]
+    for a, b in zip(found["side"], found["compute"], strict=True):
+        assert np.array_equal(a.dense, b.dense)
+        assert np.array_equal(a.sparse.values, b.sparse.values)
+        assert all(np.array_equal(x, y) for x, y in zip(a.multivector, b.multivector, strict=True))
+
+
 @given(
     st.lists(st.lists(st.integers(0, 50), max_size=6, unique=True), max_size=8),
     st.data(),

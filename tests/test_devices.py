@@ -161,6 +161,26 @@ def test_the_budget_probe_is_a_padded_batch_at_the_maximum_length(tiny_st):
     assert probe.padded_tokens == 8192
 
 
+def test_flat_batches_on_cuda_probe_their_budget_unless_one_was_given(tiny_st, monkeypatch):
+    from types import SimpleNamespace
+
+    from bulkembed.encoders.registry import FLAT_BUDGET_VARIABLE, tunes_budget
+
+    def encoder(device, unpadded, **options):
+        config = RunConfig(inputs=("x",), output="o", model=str(tiny_st("mean")), **options)
+        return SimpleNamespace(device=device, unpadded=unpadded, spec=resolve_model(config))
+
+    monkeypatch.delenv(FLAT_BUDGET_VARIABLE, raising=False)
+    assert tunes_budget(encoder("cuda:0", True), tune=False)
+    # A budget given, padded batches, a CPU: the budget stays, unless `auto` asked.
+    assert not tunes_budget(encoder("cuda:0", True, max_batch_tokens=16384), tune=False)
+    assert not tunes_budget(encoder("cuda:0", False), tune=False)
+    assert not tunes_budget(encoder("cpu", True), tune=False)
+    assert tunes_budget(encoder("cuda:0", False), tune=True)
+    monkeypatch.setenv(FLAT_BUDGET_VARIABLE, "recipe")
+    assert not tunes_budget(encoder("cuda:0", True), tune=False)
+
+
 def test_max_batch_tokens_auto_keeps_the_default_on_cpu(tmp_path, tiny_st):
     model = tiny_st("mean")
     tuned, out = embed_texts(tmp_path / "a", model, sample_texts(20), "--max-batch-tokens", "auto")

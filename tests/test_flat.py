@@ -273,13 +273,20 @@ def _flash_attn_varlen(*arguments):
     """Stands for flash-attn's varlen kernel in tests that only choose it."""
 
 
-def _a_gpu(monkeypatch, capability, kernel="torch", flash_built=True):
+def _flash_attention_3_varlen(*arguments):
+    """Stands for flash-attention 3's varlen kernel in tests that only choose it."""
+
+
+def _a_gpu(monkeypatch, capability, kernel="torch", flash_built=True, fa3=False):
     """This machine as one with a CUDA device of `capability`, and the varlen kernel of
-    PyTorch (in a build with flash attention or not), of flash-attn, or none."""
+    PyTorch (in a build with flash attention or not), of flash-attn, or none; and
+    flash-attention 3's where `fa3`."""
     kernels = {"torch": _torch_varlen, "flash-attn": _flash_attn_varlen, None: None}
     torch_kernel = _torch_varlen if kernel == "torch" else None
+    hopper = _flash_attention_3_varlen if fa3 else None
     monkeypatch.setattr(varlen, "_torch_kernel", lambda: torch_kernel)
     monkeypatch.setattr(varlen, "_kernel", lambda: kernels[kernel])
+    monkeypatch.setattr(varlen, "_flash_attention_3", lambda: hopper)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: capability)
     monkeypatch.setattr(torch.backends.cuda, "is_flash_attention_available", lambda: flash_built)
 
@@ -306,6 +313,41 @@ def test_auto_is_flat_where_a_kernel_runs_and_padded_elsewhere(tiny_st, monkeypa
     # flash-attn's kernel needs no flash attention in PyTorch's build.
     _a_gpu(monkeypatch, (8, 6), kernel="flash-attn", flash_built=False)
     assert choose_attention(spec, "cuda:0", torch.bfloat16) == (Attention.FLAT, None)
+
+
+def test_flash_attention_3_runs_on_hopper_unless_switched_off(monkeypatch):
+    monkeypatch.delenv(varlen.FLASH_ATTENTION_VARIABLE, raising=False)
+    _a_gpu(monkeypatch, (9, 0), fa3=True)
+    assert varlen._device_kernel("cuda:0") is _flash_attention_3_varlen
+    assert varlen.kernel_name("cuda:0", torch.bfloat16).startswith("flash-attention 3")
+    # Without PyTorch's flash kernel, flash-attention 3 alone makes flat batches run.
+    _a_gpu(monkeypatch, (9, 0), kernel=None, fa3=True)
+    assert varlen.kernel_runs("cuda:0", torch.float16)
+    monkeypatch.setenv(varlen.FLASH_ATTENTION_VARIABLE, "fa2")
+    assert not varlen.kernel_runs("cuda:0", torch.float16)
+    _a_gpu(monkeypatch, (9, 0), fa3=True)
+    assert varlen.kernel_name("cuda:0", torch.bfloat16) == "PyTorch varlen_attn"
+    # flash-attention 3 is Hopper's: an A100 or an L4 takes PyTorch's kernel.
+    monkeypatch.delenv(varlen.FLASH_ATTENTION_VARIABLE)
+    for capability in ((8, 0), (8, 9)):
+        _a_gpu(monkeypatch, capability, fa3=True)
+        assert varlen._device_kernel("cuda:0") is _torch_varlen
+    _a_gpu(monkeypatch, (8, 6), kernel="flash-attn")
+    assert varlen.kernel_name("cuda:0", torch.float16).startswith("flash-attn 2")
+    assert varlen.kernel_name("cuda:0", torch.float32).startswith("reference")
+
+
+def test_a_kernel_that_returns_the_log_sum_exp_too_gives_the_output(monkeypatch):
+    def stand_in(query, key, value, cu_q, cu_k, max_q, max_k):
+        lengths = np.diff(cu_q.numpy())
+        output = reference_attention(query, key, value, Sequences.on_host(lengths))
+        return output, torch.zeros(query.shape[1], query.shape[0])
+
+    monkeypatch.setattr(varlen, "_kernel", lambda: stand_in)
+    query, key, value = torch.randn(3, 5, 2, 4).unbind(0)
+    sequences = Sequences.on_host(np.array([3, 2]))
+    expected = reference_attention(query, key, value, sequences)
+    torch.testing.assert_close(kernel_attention(query, key, value, sequences), expected)
 
 
 @pytest.mark.skipif(not openvino_installed(), reason="needs the openvino package")

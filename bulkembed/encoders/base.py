@@ -237,6 +237,8 @@ class Encoder(ABC):
     def __init__(self, spec: ModelSpec, device: str, dtype: torch.dtype) -> None:
         import torch
 
+        from bulkembed.encoders.transfer import side_copy_back
+
         self.spec = spec
         self.device = device
         self.dtype = dtype
@@ -261,8 +263,11 @@ class Encoder(ABC):
         # device's busy seconds; the float32 twin that embeds such batches, made at the first.
         self.counts = DeviceCounts()
         self._float32: Encoder | None = None
-        # Inputs are copied to a CUDA device on their own stream, while the last batch runs.
-        self._copies = torch.cuda.Stream(device) if device.startswith("cuda") else None
+        # Inputs are copied to a CUDA device on their own stream, while the last batch runs;
+        # outputs come back on another, while the next batch runs (`side_copy_back`).
+        cuda = device.startswith("cuda")
+        self._copies = torch.cuda.Stream(device) if cuda else None
+        self._landings = torch.cuda.Stream(device) if cuda and side_copy_back() else None
 
     def load_transformer(self, masked_lm: bool = False) -> Any:
         """The transformer this encoder runs: compiled by OpenVINO (which then takes the
@@ -399,7 +404,7 @@ class Encoder(ABC):
             outputs = self.embed(inputs)
             if timed is not None:
                 timed[1].record(compute)
-            return Landing(outputs, inputs.batch.lengths, timed)
+            return Landing(outputs, inputs.batch.lengths, timed, self._landings)
 
     def embed_batch(self, batch: TokenBatch) -> Embeddings:
         """Embeddings for every document of `batch`, in batch order; checked by

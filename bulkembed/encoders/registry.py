@@ -7,6 +7,7 @@ import torch. Tests and plugins add families with `register_encoder`.
 from __future__ import annotations
 
 import importlib
+import os
 from typing import TYPE_CHECKING
 
 from bulkembed.errors import ModelError
@@ -69,4 +70,22 @@ def start_encoder(
     allow_tensor_cores(device, dtype)
     keep_memory_flat()
     encoder = build_encoder(spec, device, dtype)
-    return encoder, encoder.tune_batch_tokens() if tune else None
+    return encoder, encoder.tune_batch_tokens() if tunes_budget(encoder, tune) else None
+
+
+FLAT_BUDGET_VARIABLE = "BULKEMBED_FLAT_BUDGET"
+
+
+def tunes_budget(encoder: Encoder, tune: bool) -> bool:
+    """Whether `encoder` probes the token budget that fills its device
+    (`Encoder.tune_batch_tokens`, at most `MAX_TUNED_BATCH_TOKENS`): with
+    `--max-batch-tokens auto` (`tune`), and for flat batches on CUDA under a budget nobody
+    gave (the recipe's or the default). A flat batch pays no padding and no mask for its
+    size, and its matrix multiplies grow with it; `BULKEMBED_FLAT_BUDGET=recipe` keeps the
+    recipe's budget."""
+    if tune:
+        return True
+    if os.environ.get(FLAT_BUDGET_VARIABLE, "tuned").lower() == "recipe":
+        return False
+    cuda = encoder.device.startswith("cuda")
+    return cuda and encoder.unpadded and not encoder.spec.budget_given

@@ -11,6 +11,7 @@ waiting (CUDA) and splits it by document on the host, and says how long the devi
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -126,16 +127,33 @@ class DeviceOutputs:
     reduced_from: tuple[torch.Tensor, ...] = ()
 
 
+COPY_BACK_VARIABLE = "BULKEMBED_COPY_BACK"
+
+
+def side_copy_back() -> bool:
+    """Whether a batch's outputs are copied back on a stream of their own (the default),
+    so that the next batch's forward pass does not queue behind the copies; with
+    `BULKEMBED_COPY_BACK=compute` they queue on the compute stream."""
+    return os.environ.get(COPY_BACK_VARIABLE, "side").lower() != "compute"
+
+
 _COPIED = ("dense", "sparse_weights", "sparse_ids", "sparse_documents", "multivector")
 
 
 class Landing:
     """A batch's outputs on their way back to the host: copied into pinned memory without
     waiting (CUDA), with a flag saying whether every value is finite; `embeddings()`
-    waits for the copies (one synchronisation per batch) and splits them by document."""
+    waits for the copies (one synchronisation per batch) and splits them by document.
+
+    Given a `copy_stream`, the copies wait for the forward pass there instead of queueing
+    on the compute stream, so the next batch's forward pass runs while they do."""
 
     def __init__(
-        self, outputs: DeviceOutputs, lengths: np.ndarray, timed: tuple[Any, Any] | None = None
+        self,
+        outputs: DeviceOutputs,
+        lengths: np.ndarray,
+        timed: tuple[Any, Any] | None = None,
+        copy_stream: Any = None,
     ) -> None:
         self.lengths = lengths
         # CUDA events recorded before and after the forward pass on the compute stream.
@@ -149,12 +167,24 @@ class Landing:
         tensors = {name: getattr(outputs, name) for name in _COPIED}
         tensors["finite"] = torch.stack(finite).all() if finite else None
         self.event = None
-        cuda = [t.device for t in tensors.values() if t is not None and t.is_cuda]
-        self.host = {name: None if t is None else _to_host(t) for name, t in tensors.items()}
-        if cuda:
-            # Recorded on the stream of the outputs' device, whichever device is current.
+        on_device = [t for t in tensors.values() if t is not None and t.is_cuda]
+        if not on_device:
+            self.host = {name: None if t is None else _to_host(t) for name, t in tensors.items()}
+            return
+        # The stream of the outputs' device, whichever device is current.
+        stream = torch.cuda.current_stream(on_device[0].device)
+        if copy_stream is not None:
+            copy_stream.wait_stream(stream)
+            stream = copy_stream
+        with torch.cuda.stream(stream):
+            self.host = {name: None if t is None else _to_host(t) for name, t in tensors.items()}
             self.event = torch.cuda.Event()
-            self.event.record(torch.cuda.current_stream(cuda[0]))
+            self.event.record(stream)
+        if copy_stream is not None:
+            # Made on the compute stream, read on the copy stream: their memory is not
+            # reused before the copies are done.
+            for tensor in on_device:
+                tensor.record_stream(copy_stream)
 
     def busy_seconds(self) -> float:
         """Seconds the device computed the batch (0 without CUDA events); once landed."""

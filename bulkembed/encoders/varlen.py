@@ -6,9 +6,11 @@ document starts (`cu_seqlens`, as flash-attention names it: 0, then the running 
 lengths). Nothing is padded and no [documents, length, length] mask exists.
 
 Two implementations give the same result:
-- `kernel_attention`: one call of a CUDA flash kernel over `cu_seqlens` (PyTorch's
-  `torch.nn.attention.varlen.varlen_attn`, else flash-attn's `flash_attn_varlen_func`), for
-  float16 and bfloat16 on CUDA;
+- `kernel_attention`: one call of a CUDA flash kernel over `cu_seqlens`, for float16 and
+  bfloat16 on CUDA: on a Hopper GPU (compute capability 9.x) flash-attention 3's
+  `flash_attn_interface.flash_attn_varlen_func` where it is installed, unless
+  `BULKEMBED_FLASH_ATTENTION=fa2`; else PyTorch's `torch.nn.attention.varlen.varlen_attn`,
+  else flash-attn's (2) `flash_attn_varlen_func`;
 - `reference_attention`: PyTorch's scaled-dot-product attention on each run of documents of
   one length, stacked without padding or mask. It runs on any device and dtype, and is
   what the tests check the flat path with on the CPU.
@@ -22,6 +24,7 @@ implementation runs.
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -87,7 +90,8 @@ def _torch_kernel() -> Callable[..., Any] | None:
 
 @functools.cache
 def _kernel() -> Callable[..., Any] | None:
-    """The installed varlen flash kernel: PyTorch's, else flash-attn's."""
+    """The installed varlen flash kernel of any GPU from Ampere on: PyTorch's, else
+    flash-attn's (2)."""
     if _torch_kernel() is not None:
         return _torch_kernel()
     try:
@@ -97,26 +101,76 @@ def _kernel() -> Callable[..., Any] | None:
     return flash_attn_varlen_func
 
 
-# Flash attention's kernels run on compute capability 8.0 (Ampere) and later.
+FLASH_ATTENTION_VARIABLE = "BULKEMBED_FLASH_ATTENTION"
+
+
+@functools.cache
+def _flash_attention_3() -> Callable[..., Any] | None:
+    """flash-attention 3's varlen kernel: the `flash_attn_interface` module of its Hopper
+    build."""
+    try:
+        from flash_attn_interface import (  # type: ignore[import-not-found]
+            flash_attn_varlen_func,
+        )
+    except ImportError:
+        return None
+    return flash_attn_varlen_func
+
+
+def _hopper_kernel() -> Callable[..., Any] | None:
+    """flash-attention 3's varlen kernel where it is installed, unless
+    `BULKEMBED_FLASH_ATTENTION` is `fa2`."""
+    if os.environ.get(FLASH_ATTENTION_VARIABLE, "fa3").lower() == "fa2":
+        return None
+    return _flash_attention_3()
+
+
+# Flash attention's kernels run on compute capability 8.0 (Ampere) and later;
+# flash-attention 3's on 9.x (Hopper) only.
 _FLASH_CAPABILITY = (8, 0)
+_HOPPER_MAJOR = 9
+
+
+def _device_kernel(device: str | torch.device) -> Callable[..., Any] | None:
+    """The varlen kernel for a CUDA device: flash-attention 3 on a Hopper GPU where it is
+    installed (and not switched off), else the kernel of `_kernel` (on any device)."""
+    cuda = torch.device(device).type == "cuda"
+    if cuda and torch.cuda.get_device_capability(device)[0] == _HOPPER_MAJOR:
+        return _hopper_kernel() or _kernel()
+    return _kernel()
 
 
 def kernel_runs(device: str, dtype: torch.dtype) -> bool:
     """Whether a varlen flash kernel runs attention on `device` in `dtype`: CUDA, half
-    precision, a GPU of compute capability 8.0 or later, and PyTorch's kernel (in a build
-    with flash attention) or flash-attn installed."""
-    kernel = _kernel()
-    if not device.startswith("cuda") or dtype not in _HALF or kernel is None:
+    precision, a GPU of compute capability 8.0 or later, and flash-attention 3 (on Hopper),
+    PyTorch's kernel (in a build with flash attention) or flash-attn installed."""
+    if not device.startswith("cuda") or dtype not in _HALF:
         return False
     if torch.cuda.get_device_capability(device) < _FLASH_CAPABILITY:
         return False
+    kernel = _device_kernel(device)
+    if kernel is None:
+        return False
     return kernel is not _torch_kernel() or torch.backends.cuda.is_flash_attention_available()
+
+
+def kernel_name(device: str, dtype: torch.dtype) -> str:
+    """Which implementation computes variable-length attention on `device` in `dtype`, in
+    words (what the GPU check reports)."""
+    if not kernel_runs(device, dtype):
+        return "reference (scaled-dot-product attention per run of lengths)"
+    kernel = _device_kernel(device)
+    if kernel is _hopper_kernel():
+        return "flash-attention 3 (flash_attn_interface)"
+    if kernel is _torch_kernel():
+        return "PyTorch varlen_attn"
+    return "flash-attn 2 (flash_attn_varlen_func)"
 
 
 def kernel_attention(
     query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, sequences: Sequences
 ) -> torch.Tensor:
-    """The CUDA kernel's attention: both kernels take (q, k, v, cu_seqlens_q,
+    """The CUDA kernel's attention: the kernels take (q, k, v, cu_seqlens_q,
     cu_seqlens_k, max_q, max_k), scale by 1/sqrt(head size) and do not mask causally."""
     return _kernel_call(query, key, value, sequences.cu_seqlens, sequences.longest)
 
@@ -124,10 +178,12 @@ def kernel_attention(
 def _kernel_call(
     query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cu: torch.Tensor, longest: int
 ) -> torch.Tensor:
-    kernel = _kernel()
+    kernel = _device_kernel(query.device)
     assert kernel is not None
-    attended: torch.Tensor = kernel(query, key, value, cu, cu, longest, longest)
-    return attended
+    attended = kernel(query, key, value, cu, cu, longest, longest)
+    # flash-attention 3 returns (output, log-sum-exp) in some releases.
+    output: torch.Tensor = attended[0] if isinstance(attended, tuple) else attended
+    return output
 
 
 def reference_attention(

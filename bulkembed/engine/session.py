@@ -126,15 +126,16 @@ class DeviceSession:
         tell(self.reporter, notices, remarks, self._told)
 
     def _use_budget(self, budget: int | None, lower_only: bool = True) -> None:
-        """Batch by `budget` tokens from now on (`--max-batch-tokens auto`); unless told
-        otherwise, never more than a budget found before (batches packed by it must fit)."""
+        """Batch by `budget` tokens from now on (a probed budget: `--max-batch-tokens auto`,
+        or flat batches on CUDA, `tunes_budget`); unless told otherwise, never more than a
+        budget found before (batches packed by it must fit)."""
         if budget is None:
             return
         if self.tuned and lower_only:
             budget = min(budget, self.budget)
         self.tuned = True
         self.budget = budget
-        self.reporter.info(f"--max-batch-tokens auto: {budget} tokens per batch")
+        self.reporter.info(f"token budget probed: {budget} tokens per batch")
 
     def settle(self, window: list[TokenizedChunk]) -> bool:
         """While `--dtype auto` awaits its check, make it on `window`'s first documents
@@ -143,6 +144,7 @@ class DeviceSession:
         import torch
 
         from bulkembed.encoders import Encoder
+        from bulkembed.encoders.registry import tunes_budget
         from bulkembed.precision import check_on_window
 
         if not self.checking:
@@ -161,7 +163,7 @@ class DeviceSession:
         if len(self.devices) == 1:
             self.embedder = encoder
             self._tell(encoder.notices, encoder.remarks)
-            if self.tune and self.precision.passed:
+            if self.precision.passed and tunes_budget(encoder, self.tune):
                 # The probe at start ran in float32: the chosen dtype takes less memory.
                 self._use_budget(encoder.tune_batch_tokens(), lower_only=False)
             return True
