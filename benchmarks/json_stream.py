@@ -34,7 +34,8 @@ def sample_batch(rng: np.random.Generator) -> pa.RecordBatch:
     vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
     schema = output_schema(pa.string(), dense=pa.list_(pa.float32(), DIMENSION))
     ids = pa.array([f"doc-{i}" for i in range(ROWS)])
-    return record_batch(ids, Embeddings(dense=vectors), schema, ["0" * 32] * ROWS, {})
+    digests = np.zeros(ROWS, dtype="S16")
+    return record_batch(ids, Embeddings(dense=vectors), schema, digests, {})
 
 
 def docs_per_s(write: object, batch: pa.RecordBatch) -> float:

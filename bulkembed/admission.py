@@ -49,6 +49,8 @@ def take(chunks: Iterable[TokenizedChunk], limit: int | None) -> Iterator[Tokeni
         yield from chunks
         return
     remaining = limit
+    if remaining <= 0:
+        return
     for tokenized in chunks:
         chunk = tokenized.chunk
         if len(chunk) >= remaining:
@@ -78,5 +80,8 @@ def leave_id_hashes(chunks: Iterable[TokenizedChunk]) -> Iterator[TokenizedChunk
     """The chunks on their way to the devices without their ids' hashes, which only
     admission and carry-over read: 8 bytes a record less to send to a device process."""
     for tokenized in chunks:
-        tokenized.chunk.id_hashes = None
+        chunk = tokenized.chunk
+        chunk.id_hashes = None
+        if chunk.carried is not None:
+            chunk.carried.records.id_hashes = None
         yield tokenized

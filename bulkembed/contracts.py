@@ -132,9 +132,8 @@ class SparseRows(Sequence[SparseVector]):
 
     def take(self, rows: np.ndarray | slice) -> SparseRows:
         """The documents at `rows` (positions or a slice), in that order."""
-        if isinstance(rows, slice):
-            rows = np.arange(len(self))[rows]
-        rows = np.asarray(rows, dtype=np.int64)
+        # Positions (negative ones from the end), a boolean mask or a slice, as numpy reads them.
+        rows = np.arange(len(self), dtype=np.int64)[rows]
         starts, counts = self.offsets[rows], np.diff(self.offsets)[rows]
         offsets = np.zeros(len(rows) + 1, dtype=np.int64)
         np.cumsum(counts, out=offsets[1:])

@@ -96,7 +96,7 @@ def record_batch(
         elif field.name == "sparse":
             assert embeddings.sparse is not None
             sparse = embeddings.sparse
-            offsets = pa.array(sparse.offsets.astype(np.int32))
+            offsets = pa.array(sparse.offsets, pa.int32())
             indices, values = sparse.indices, sparse.values
             columns.append(
                 pa.StructArray.from_arrays(

@@ -113,3 +113,15 @@ def test_clean_lines_are_parsed_by_arrow_alone(tmp_path, monkeypatch):
     texts = [t for _, _, (_, chunk_texts, _), _, _ in found for t in chunk_texts]
     assert texts[2] == 'café "q" \n' and texts[1] == "crlf 1"
     assert [unit for unit, last, *_ in found if last] == [0, 1, 2, 3]
+
+
+def test_an_integer_a_float_column_cannot_hold_exactly_is_set_aside_whatever_its_chunk(tmp_path):
+    # The column's type comes from its first 100 values: floats.
+    lines = [b'{"id": "d%d", "text": "t", "score": 0.5}' % i for i in range(101)]
+    lines.append(b'{"id": "big", "text": "t", "score": 9007199254740993}')
+    path = tmp_path / "a.jsonl"
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    reader = RecordReader(list_inputs([str(path)]), id_column="id", keep_columns=("score",))
+    chunks = list(reader.read())
+    assert [i for c in chunks for i in c.ids.to_pylist()] == [f"d{i}" for i in range(101)]
+    assert [(b.id, b.line) for c in chunks for b in c.bad] == [("big", 102)]

@@ -231,6 +231,11 @@ def test_seen_ids_survive_the_merges_of_their_sorted_arrays():
     assert all(seen.add(f"id-{i}") for i in range(50))
     assert not any(seen.add(f"id-{i}") for i in range(50))
     assert seen.add(7) and not seen.add("7")
+    # An output's ids read back at once, more than one bulk of them.
+    from bulkembed.sources.filters import BULK
+
+    seen.add_all(f"out-{i}" for i in range(BULK + 10))
+    assert not seen.add(f"out-{BULK + 9}") and not seen.add("out-0") and seen.add("out-x")
 
 
 def _chunk_records(chunks):

@@ -96,8 +96,7 @@ def _admitted(
     config = plan.config
     seen = SeenIds()
     mine = {k: v for k, v in done.items() if plan.my_units is None or k in plan.my_units}
-    for doc_id in sink.committed_ids(mine):
-        seen.add(doc_id)
+    seen.add_all(sink.committed_ids(mine))
     chunks = drop_duplicate_ids(tokenized, seen, list(plan.files))
     if config.limit is not None:
         chunks = take(chunks, config.limit - sum(r.rows for r in done.values()))

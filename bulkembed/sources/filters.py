@@ -4,6 +4,7 @@ repeated ones."""
 from __future__ import annotations
 
 import hashlib
+import itertools
 from collections.abc import Iterable
 from typing import Any
 
@@ -18,6 +19,10 @@ def id_hash(doc_id: Any) -> int:
 def id_hashes(ids: Iterable[Any]) -> np.ndarray:
     """`id_hash` of each id, as uint64."""
     return np.fromiter(map(id_hash, ids), dtype=np.uint64)
+
+
+# Ids hashed and added at once by `SeenIds.add_all`.
+BULK = 1 << 16
 
 
 class SeenIds:
@@ -37,6 +42,12 @@ class SeenIds:
     def add(self, doc_id: Any) -> bool:
         """Record `doc_id`; False if it was already there."""
         return bool(self.add_hashes(np.array([id_hash(doc_id)], dtype=np.uint64))[0])
+
+    def add_all(self, ids: Iterable[Any]) -> None:
+        """Record every id of `ids` (an output's, read back), `BULK` at a time."""
+        pending = iter(ids)
+        while batch := list(itertools.islice(pending, BULK)):
+            self.add_hashes(id_hashes(batch))
 
     def add_hashes(self, hashes: np.ndarray) -> np.ndarray:
         """Record the ids of 64-bit `hashes`, in order; for each, whether it is the first

@@ -4,7 +4,8 @@ lines; an uncompressed file can be read from a unit's offset.
 Lines are parsed a chunk at a time by Arrow's JSON reader (`_arrow_block`) where each line
 of the chunk is one object on its own and every record is valid; a chunk that is not
 (a malformed line, a blank one, a null text, a type that differs) is parsed again one line
-at a time (`RecordFormat.units_of`), which says which records are bad and why."""
+at a time (`RecordFormat.units_of`), which says which records are bad and why; so is a
+chunk of 1 GiB or more, or one with a `--keep-columns` column of floating-point numbers."""
 
 from __future__ import annotations
 
@@ -168,6 +169,17 @@ _OPEN, _CLOSE, _RETURN, _NEWLINE, _ARRAY = (ord(c) for c in "{}\r\n[")
 # A line with more opening brackets may nest deeper than Python's JSON parser reads (the
 # recursion limit, 1000): it is read line by line, and set aside if so.
 _MOST_BRACKETS = 500
+# Arrow's JSON reader takes blocks of less than 2 GiB; larger chunks are read line by line.
+_LARGEST_BLOCK = 1 << 30
+
+
+def _has_floats(kind: pa.DataType) -> bool:
+    """Whether values of `kind` hold floating-point numbers. Arrow's JSON reader makes any
+    JSON integer a float there, 2^53 + 1 rounded; line by line such a record is set aside
+    (`misfit`), so chunks with such a column are read line by line."""
+    if pa.types.is_floating(kind):
+        return True
+    return any(_has_floats(kind.field(i).type) for i in range(kind.num_fields))
 
 
 def _one_object_a_line(data: bytes, lines: int) -> bool:
@@ -197,10 +209,12 @@ def _arrow_block(
     """The records of `block` as one chunk of Arrow arrays, parsed by Arrow's JSON reader,
     when each line is one JSON object and every record is valid (`all_valid`); None when
     one may not be."""
+    if any(_has_floats(kind) for kind in settings.column_types.values()):
+        return None
     data = b"".join(block)
     if data and not data.endswith(b"\n"):
         data += b"\n"  # the file's last line
-    if not _one_object_a_line(data, len(block)):
+    if len(data) > _LARGEST_BLOCK or not _one_object_a_line(data, len(block)):
         return None
     fields = {settings.text_column: pa.string(), **settings.column_types}
     if settings.id_column is not None:
