@@ -115,6 +115,41 @@ def test_shard_options_that_cannot_work_are_refused(tmp_path, tiny_st, extra, me
     assert "Traceback" not in result.output
 
 
+def test_a_shard_that_finds_another_shard_s_table_between_its_looks_goes_on(tmp_path):
+    """Shard 0 claims the output and makes its table between shard 1's look for a claim
+    and its look for foreign data: the claim, made first, shows the table is bulkembed's.
+    Without another shard's claim, or without --shard, foreign data is refused."""
+    from bulkembed.config import ShardSpec
+    from bulkembed.errors import OutputError
+    from bulkembed.run_dir import RunDirectory
+    from bulkembed.sinks import ParquetSink
+
+    class RacedSink(ParquetSink):
+        """Another shard claims the output while this one looks for foreign data."""
+
+        def __init__(self, directory, claimed):
+            super().__init__(directory)
+            self.claimed = claimed
+
+        def check_foreign(self, overwrite):
+            if self.claimed:
+                config = self.directory / "_bulkembed" / "config.json"
+                config.parent.mkdir(parents=True, exist_ok=True)
+                config.write_text(json.dumps({"fingerprint": {"max_length": 256}, "run": "r"}))
+            raise OutputError("holds a table 't' that bulkembed did not write")
+
+    def open_run(name, shard, claimed):
+        output = tmp_path / name
+        run = RunDirectory(output, shard=shard)
+        run.open({"max_length": 256}, False, RacedSink(output, claimed), mine=())
+        run.release_lock()
+
+    open_run("a", ShardSpec(1, 3), claimed=True)
+    for name, shard, claimed in (("b", ShardSpec(1, 3), False), ("c", None, True)):
+        with pytest.raises(OutputError, match="did not write"):
+            open_run(name, shard, claimed)
+
+
 def test_the_first_shard_fixes_the_settings_and_n_for_the_others(tmp_path):
     from bulkembed.config import ShardSpec
     from bulkembed.errors import OutputError

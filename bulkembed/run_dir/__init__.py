@@ -135,7 +135,7 @@ class RunDirectory:
             )
         if fresh and not marked:
             # With markers, the ledger shows what bulkembed wrote there.
-            sink.check_foreign(overwrite)
+            self._check_foreign(sink, overwrite)
         try:
             self.meta.mkdir(parents=True, exist_ok=True)
             self.lock.acquire()
@@ -175,6 +175,17 @@ class RunDirectory:
             if self._run_id is None:
                 raise OutputError(f"{self.config_path} names no run: the output is damaged")
         return self._run_id
+
+    def _check_foreign(self, sink: Sink, overwrite: bool) -> None:
+        """Refuse an output that holds what bulkembed did not write. Another `--shard` run
+        of the same job array may have claimed the output (its config) and written to it
+        since this one looked: what it wrote comes after its claim, so a claim found now
+        shows that it is bulkembed's."""
+        try:
+            sink.check_foreign(overwrite)
+        except OutputError:
+            if self.shard is None or not self.config_path.exists():
+                raise
 
     def _join_shards(self, fingerprint: dict[str, Any]) -> None:
         """The first `--shard` run to start fixes the settings and N, atomically; the others
