@@ -232,22 +232,15 @@ def _max_length(
     raise ModelError("the model does not say how long its inputs may be: pass --max-length")
 
 
-def resolve_model(config: RunConfig) -> ModelSpec:
-    """Find the model, read its settings and tokenizer, and merge them with the options."""
-    recipe, source = _pick_recipe(config)
-    if is_local(source):
-        source = str(Path(source).expanduser().resolve())
-    revision = config.revision or (recipe.revision if recipe else None)
-    config_file = find_model_config(source, revision)
-    st = read_sentence_transformers_info(source, revision)
-    model_config = read_json(config_file) or {}
-
-    family = _family(config, recipe, st, source, revision)
-    if family == "colbert" and st.colbert is None:
-        raise ModelError(
-            f"{source} is not a ColBERT model in the PyLate layout (modules.json with a "
-            "Dense module, document_prefix in config_sentence_transformers.json)"
-        )
+def _pooling(
+    config: RunConfig,
+    recipe: Recipe | None,
+    st: SentenceTransformersInfo,
+    family: str,
+    source: str,
+) -> tuple[Pooling | None, bool]:
+    """How a model of `family` pools its token vectors, and whether it normalizes: the
+    options, else the recipe, else the sentence-transformers folder."""
     if family != "dense" and (config.pooling is not None or config.normalize is not None):
         raise UsageError(
             f"--pooling and --normalize apply to dense models; a {family} model has its own"
@@ -264,10 +257,11 @@ def resolve_model(config: RunConfig) -> ModelSpec:
         if normalize is None:
             normalize = candidate
     # BGE-M3 and ColBERT vectors are always normalized; SPLADE weights never are.
-    normalize = family in ("bge-m3", "colbert") or (family == "dense" and normalize)
+    return pooling, family in ("bge-m3", "colbert") or (family == "dense" and bool(normalize))
 
-    outputs = _outputs(config, recipe, family)
 
+def _fast_tokenizer(source: str, revision: str | None) -> Any:
+    """The model's fast tokenizer (from its tokenizer.json); an error if it has none."""
     from transformers import AutoTokenizer
 
     try:
@@ -276,6 +270,28 @@ def resolve_model(config: RunConfig) -> ModelSpec:
         raise ModelError(f"cannot load the tokenizer of {source}: {e}") from e
     if not tokenizer.is_fast:
         raise ModelError(f"{source} has no fast tokenizer (tokenizer.json); bulkembed needs one")
+    return tokenizer
+
+
+def resolve_model(config: RunConfig) -> ModelSpec:
+    """Find the model, read its settings and tokenizer, and merge them with the options."""
+    recipe, source = _pick_recipe(config)
+    if is_local(source):
+        source = str(Path(source).expanduser().resolve())
+    revision = config.revision or (recipe.revision if recipe else None)
+    config_file = find_model_config(source, revision)
+    st = read_sentence_transformers_info(source, revision)
+    model_config = read_json(config_file) or {}
+
+    family = _family(config, recipe, st, source, revision)
+    if family == "colbert" and st.colbert is None:
+        raise ModelError(
+            f"{source} is not a ColBERT model in the PyLate layout (modules.json with a "
+            "Dense module, document_prefix in config_sentence_transformers.json)"
+        )
+    pooling, normalize = _pooling(config, recipe, st, family, source)
+    outputs = _outputs(config, recipe, family)
+    tokenizer = _fast_tokenizer(source, revision)
     pad_token_id = tokenizer.pad_token_id
     if pad_token_id is None:
         pad_token_id = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else 0
@@ -289,7 +305,7 @@ def resolve_model(config: RunConfig) -> ModelSpec:
         family=family,
         outputs=outputs,
         pooling=pooling if family != "splade" else None,
-        normalize=bool(normalize),
+        normalize=normalize,
         max_length=_max_length(config, recipe, st, _model_limit(tokenizer, model_config)),
         prompt=_prompt(config, recipe, st),
         lowercase=st.lowercase,

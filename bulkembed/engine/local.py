@@ -18,8 +18,6 @@ from dataclasses import dataclass, replace
 from itertools import chain
 from typing import TYPE_CHECKING
 
-import numpy as np
-
 from bulkembed.admission import drop_duplicate_ids, fail_on_bad_records, leave_id_hashes, take
 from bulkembed.config import Attention, OnBadRecord
 from bulkembed.devices import cpu_threads_per_worker
@@ -27,14 +25,16 @@ from bulkembed.engine.ahead import ReadAhead
 from bulkembed.engine.plan import RunOutcome, RunPlan
 from bulkembed.engine.session import DeviceSession, settle_dtype, tell
 from bulkembed.engine.stream import (
+    CalibratingFormat,
     EmbeddedWindow,
     embed_windows,
     gather_windows,
     part_schema,
+    resumed_output_format,
     writer_sink,
 )
 from bulkembed.engine.unit_pool import Counts, UnitPool, UnitWork
-from bulkembed.errors import BulkembedError, OutputError
+from bulkembed.errors import BulkembedError
 from bulkembed.incremental import PreviousOutput
 from bulkembed.progress import Reporter, RunStats
 from bulkembed.sinks import ParquetSink
@@ -42,46 +42,13 @@ from bulkembed.sources import SeenIds, count_records
 from bulkembed.tokenize import TokenizedChunk, TokenizerPool
 from bulkembed.units import SkippedUnits
 from bulkembed.windows import share_of_window
-from bulkembed.wording import counted
 from bulkembed.writer import PartWriter, WriteBehind
 
 if TYPE_CHECKING:
-    from bulkembed.contracts import Embeddings, UnitRecord
-    from bulkembed.encoders import VectorSizes
+    from bulkembed.contracts import UnitRecord
     from bulkembed.outputs import OutputFormat
     from bulkembed.run_dir import RunDirectory
     from bulkembed.sinks import Sink
-
-
-class _Formatter:
-    """Embeddings as the output stores them; int8/uint8 ranges are calibrated on the first
-    window and stored in the run directory before any part is written."""
-
-    def __init__(self, output_format: OutputFormat, run: RunDirectory) -> None:
-        self.output_format = output_format
-        self.run = run
-
-    def __call__(self, embedded: Embeddings) -> Embeddings:
-        if self.output_format.needs_ranges and embedded.dense is not None:
-            calibrated = self.output_format.calibrated(embedded.dense)
-            assert calibrated.ranges is not None and calibrated.quantize is not None
-            self.run.write_quantization_ranges(calibrated.quantize, calibrated.ranges.tolist())
-            self.output_format = calibrated
-        return self.output_format.apply(embedded)
-
-
-def _output_format(plan: RunPlan, run: RunDirectory, done: dict[str, UnitRecord]) -> OutputFormat:
-    """The run's output format, with the int8/uint8 ranges of an earlier run if any."""
-    ranges = run.read_quantization_ranges()
-    output_format = plan.output_format
-    if output_format.quantize in ("int8", "uint8") and ranges is None and done:
-        raise OutputError(
-            f"{run.quantization_path} is missing but units are done with its ranges: "
-            "restore it, or use --overwrite"
-        )
-    if ranges is None:
-        return output_format
-    return replace(output_format, ranges=np.asarray(ranges, dtype=np.float32))
 
 
 def _admitted(
@@ -122,35 +89,6 @@ def _start_counting(plan: RunPlan, reporter: Reporter) -> None:
     threading.Thread(target=count, name="bulkembed-count", daemon=True).start()
 
 
-def _describe(
-    plan: RunPlan, sizes: VectorSizes, budget: int, done: int, previous: PreviousOutput | None
-) -> str:
-    """The start-up line: model, devices, outputs and the figures derived from the settings."""
-    spec = plan.spec
-    outputs = []
-    if sizes.dense_dim is not None:
-        pooling = spec.pooling.value if spec.pooling else "cls"
-        outputs.append(f"dense {sizes.dense_dim}-d ({pooling} pooling)")
-    if "sparse" in spec.outputs:
-        outputs.append("sparse")
-    if sizes.multivector_dim is not None:
-        outputs.append(f"multivector {sizes.multivector_dim}-d")
-    return (
-        f"{spec.source} on {', '.join(plan.devices)} ({plan.dtype}): "
-        f"{', '.join(outputs)}; max length {spec.max_length}; batches of {budget} "
-        f"tokens = {max(1, budget // spec.max_length)} docs at max length; "
-        f"{counted(plan.workers, 'tokenizer process', 'tokenizer processes')}; "
-        f"{counted(len(plan.files), 'input file')}"
-        + (f"; resuming after {counted(done, 'done unit')}" if done else "")
-        + (
-            f"; reusing the vectors of {counted(previous.rows, 'document')} in "
-            f"{previous.path} where the text is unchanged"
-            if previous is not None
-            else ""
-        )
-    )
-
-
 def embed_locally(
     plan: RunPlan,
     run: RunDirectory,
@@ -169,7 +107,7 @@ def embed_locally(
     stats = RunStats(started=plan.started)
     chunks = stats.timed_iterator("read", plan.reader.read(skip=SkippedUnits(done, plan.my_units)))
     budget = plan.spec.max_batch_tokens
-    output_format = _output_format(plan, run, done)
+    output_format = resumed_output_format(plan.output_format, run, done)
     with TokenizerPool(plan.tokenizer_settings, plan.workers) as pool:
         admitted = _admitted(plan, sink, done, previous, pool.map(chunks))
         with ReadAhead(admitted, lambda c: share_of_window(c, budget)) as tokenized:
@@ -216,7 +154,7 @@ def _embed_in_session(
         plan.spec, devices, config.dtype, None, config.tune_batch_tokens, reporter
     )
     try:
-        reporter.info(_describe(plan, session.embedder, session.budget, len(done), previous))
+        reporter.info(plan.start_line(session.embedder, session.budget, len(done), previous))
         schema = part_schema(plan.reader, plan.spec, session.embedder, writing.output_format)
         upserts = None if writing.upserts is None else writing.upserts()
         writer = PartWriter(
@@ -229,7 +167,7 @@ def _embed_in_session(
             with WriteBehind[EmbeddedWindow](
                 lambda window: stats.timed_iterator("write", window.write(writer))
             ) as behind:
-                formatted = _Formatter(writing.output_format, run)
+                formatted = CalibratingFormat(writing.output_format, run)
                 gathered = gather_windows(tokenized, session.embedder, session.budget, stats)
                 embed_windows(gathered, session, formatted, behind.submit, stats, reporter)
                 behind.finish()
@@ -296,7 +234,7 @@ def _embed_on_devices(
     tell(reporter, pool.ready.notices, pool.ready.remarks)
     stopped = True
     try:
-        reporter.info(_describe(plan, pool, pool.budget, len(done), previous))
+        reporter.info(plan.start_line(pool, pool.budget, len(done), previous))
         # The device processes have loaded the model: the first group goes out now.
         stats.begin_embedding()
         reporter.start(stats)

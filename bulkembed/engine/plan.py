@@ -24,6 +24,8 @@ from bulkembed.units import counted_units, shard_parts
 from bulkembed.wording import counted
 
 if TYPE_CHECKING:
+    from bulkembed.encoders import VectorSizes
+    from bulkembed.incremental import PreviousOutput
     from bulkembed.model_spec import ModelSpec
     from bulkembed.precision import PrecisionCheck
     from bulkembed.progress import Reporter, RunStats
@@ -60,6 +62,35 @@ class RunPlan:
         spec = self.spec
         return TokenizerSettings(
             spec.tokenizer_json, spec.max_length, spec.prompt, spec.lowercase, spec.prefix_token_id
+        )
+
+    def start_line(
+        self, sizes: VectorSizes, budget: int, done: int, previous: PreviousOutput | None
+    ) -> str:
+        """The local engine's start-up line: model, devices, outputs and the figures
+        derived from the settings."""
+        spec = self.spec
+        outputs = []
+        if sizes.dense_dim is not None:
+            pooling = spec.pooling.value if spec.pooling else "cls"
+            outputs.append(f"dense {sizes.dense_dim}-d ({pooling} pooling)")
+        if "sparse" in spec.outputs:
+            outputs.append("sparse")
+        if sizes.multivector_dim is not None:
+            outputs.append(f"multivector {sizes.multivector_dim}-d")
+        return (
+            f"{spec.source} on {', '.join(self.devices)} ({self.dtype}): "
+            f"{', '.join(outputs)}; max length {spec.max_length}; batches of {budget} "
+            f"tokens = {max(1, budget // spec.max_length)} docs at max length; "
+            f"{counted(self.workers, 'tokenizer process', 'tokenizer processes')}; "
+            f"{counted(len(self.files), 'input file')}"
+            + (f"; resuming after {counted(done, 'done unit')}" if done else "")
+            + (
+                f"; reusing the vectors of {counted(previous.rows, 'document')} in "
+                f"{previous.path} where the text is unchanged"
+                if previous is not None
+                else ""
+            )
         )
 
     def run_info(self, outcome: RunOutcome | None = None) -> dict[str, Any]:

@@ -1,5 +1,6 @@
 """The unit loop both engines share: tokenized chunks of one unit or many, in input order,
-gathered into windows, embedded on a `DeviceSession`, put in the output's format and handed
+gathered into windows, embedded on a `DeviceSession`, put in the output's format
+(`CalibratingFormat`, with the ranges of an earlier run: `resumed_output_format`) and handed
 to a part writer. The local engine streams every pending unit through it; a Ray actor runs
 it on one unit at a time.
 """
@@ -9,13 +10,14 @@ from __future__ import annotations
 import copy
 import functools
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import chain
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from bulkembed.contracts import Embeddings
+from bulkembed.errors import OutputError
 from bulkembed.schema import output_schema
 from bulkembed.sinks import ParquetSink
 from bulkembed.storage import AnyPath
@@ -26,14 +28,48 @@ from bulkembed.writer import PartWriter, write_window
 if TYPE_CHECKING:
     import pyarrow as pa
 
+    from bulkembed.contracts import UnitRecord
     from bulkembed.encoders import VectorSizes
     from bulkembed.engine.session import DeviceSession
     from bulkembed.model_spec import ModelSpec
     from bulkembed.outputs import OutputFormat
     from bulkembed.progress import Reporter, RunStats
+    from bulkembed.run_dir import RunDirectory
     from bulkembed.sinks import Sink
     from bulkembed.sources import RecordReader
     from bulkembed.tokenize import TokenizedChunk
+
+
+class CalibratingFormat:
+    """Embeddings as the output stores them; int8/uint8 ranges are calibrated on the first
+    window and stored in the run directory before any part is written."""
+
+    def __init__(self, output_format: OutputFormat, run: RunDirectory) -> None:
+        self.output_format = output_format
+        self.run = run
+
+    def __call__(self, embedded: Embeddings) -> Embeddings:
+        if self.output_format.needs_ranges and embedded.dense is not None:
+            calibrated = self.output_format.calibrated(embedded.dense)
+            assert calibrated.ranges is not None and calibrated.quantize is not None
+            self.run.write_quantization_ranges(calibrated.quantize, calibrated.ranges.tolist())
+            self.output_format = calibrated
+        return self.output_format.apply(embedded)
+
+
+def resumed_output_format(
+    output_format: OutputFormat, run: RunDirectory, done: dict[str, UnitRecord]
+) -> OutputFormat:
+    """The run's output format, with the int8/uint8 ranges of an earlier run if any."""
+    ranges = run.read_quantization_ranges()
+    if output_format.quantize in ("int8", "uint8") and ranges is None and done:
+        raise OutputError(
+            f"{run.quantization_path} is missing but units are done with its ranges: "
+            "restore it, or use --overwrite"
+        )
+    if ranges is None:
+        return output_format
+    return replace(output_format, ranges=np.asarray(ranges, dtype=np.float32))
 
 
 @dataclass(frozen=True, slots=True)
