@@ -144,28 +144,40 @@ def peak_tflops(device: str, given: float | None) -> tuple[float | None, str]:
 
 
 @contextmanager
-def nvml_utilization(devices: list[int]) -> Iterator[list[list[int]]]:
-    """Samples of NVML utilization.gpu (percent) of each device, every `SAMPLE_SECONDS`,
-    taken on a thread while the block runs."""
+def nvml_sampling(sample: Callable[[Any], None], every: float) -> Iterator[None]:
+    """`sample(pynvml)` every `every` seconds on a thread while the block runs, with NVML
+    initialised around it."""
     import pynvml
 
     pynvml.nvmlInit()
-    handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in devices]
-    samples: list[list[int]] = []
     stop = threading.Event()
 
-    def sample() -> None:
-        while not stop.wait(SAMPLE_SECONDS):
-            samples.append([pynvml.nvmlDeviceGetUtilizationRates(h).gpu for h in handles])
+    def run() -> None:
+        while not stop.wait(every):
+            sample(pynvml)
 
-    thread = threading.Thread(target=sample, daemon=True)
+    thread = threading.Thread(target=run, daemon=True)
     thread.start()
     try:
-        yield samples
+        yield
     finally:
         stop.set()
         thread.join()
         pynvml.nvmlShutdown()
+
+
+@contextmanager
+def nvml_utilization(devices: list[int]) -> Iterator[list[list[int]]]:
+    """Samples of NVML utilization.gpu (percent) of each device, every `SAMPLE_SECONDS`,
+    taken on a thread while the block runs."""
+    samples: list[list[int]] = []
+
+    def sample(nvml: Any) -> None:
+        handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in devices]
+        samples.append([nvml.nvmlDeviceGetUtilizationRates(h).gpu for h in handles])
+
+    with nvml_sampling(sample, SAMPLE_SECONDS):
+        yield samples
 
 
 def nvml_indices(count: int) -> list[int]:

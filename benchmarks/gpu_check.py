@@ -344,35 +344,24 @@ def check_varlen(setting: Setting) -> Check:
 def _gpu_memory_per_process(setting: Setting) -> Iterator[dict[int, int]]:
     """The most GPU memory (MB) each process held while the block ran, sampled by NVML
     every 0.2 s; empty on a CPU or without `pynvml`."""
-    import threading
+    from importlib.util import find_spec
+
+    from gpu import nvml_sampling
 
     peaks: dict[int, int] = {}
-    try:
-        import pynvml
-    except ImportError:
+    if setting.smoke or find_spec("pynvml") is None:
         yield peaks
         return
-    if setting.smoke:
-        yield peaks
-        return
-    pynvml.nvmlInit()
-    handle = pynvml.nvmlDeviceGetHandleByIndex(int(setting.device.partition(":")[2] or 0))
-    stop = threading.Event()
+    index = int(setting.device.partition(":")[2] or 0)
 
-    def sample() -> None:
-        while not stop.wait(0.2):
-            for process in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
-                used = (process.usedGpuMemory or 0) // 2**20
-                peaks[process.pid] = max(peaks.get(process.pid, 0), used)
+    def sample(nvml: Any) -> None:
+        handle = nvml.nvmlDeviceGetHandleByIndex(index)
+        for process in nvml.nvmlDeviceGetComputeRunningProcesses(handle):
+            used = (process.usedGpuMemory or 0) // 2**20
+            peaks[process.pid] = max(peaks.get(process.pid, 0), used)
 
-    thread = threading.Thread(target=sample, daemon=True)
-    thread.start()
-    try:
+    with nvml_sampling(sample, 0.2):
         yield peaks
-    finally:
-        stop.set()
-        thread.join()
-        pynvml.nvmlShutdown()
 
 
 def check_devices(setting: Setting) -> Check:

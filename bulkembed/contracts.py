@@ -81,6 +81,19 @@ class TokenBatch:
         )
 
 
+def ragged_positions(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """The positions of runs of `lengths` items that begin at `starts`, run after run: each
+    item's run start, plus its place in the run.
+
+    >>> ragged_positions(np.array([5, 0]), np.array([2, 3])).tolist()
+    [5, 6, 0, 1, 2]
+    """
+    lengths = np.asarray(lengths, dtype=np.int64)
+    ends = np.cumsum(lengths)
+    total = int(ends[-1]) if len(ends) else 0
+    return np.repeat(np.asarray(starts, np.int64) - (ends - lengths), lengths) + np.arange(total)
+
+
 @dataclass(frozen=True, slots=True)
 class SparseVector:
     """Vocabulary ids (ascending) and their weights: the non-zero entries of a sparse vector."""
@@ -134,12 +147,10 @@ class SparseRows(Sequence[SparseVector]):
         """The documents at `rows` (positions or a slice), in that order."""
         # Positions (negative ones from the end), a boolean mask or a slice, as numpy reads them.
         rows = np.arange(len(self), dtype=np.int64)[rows]
-        starts, counts = self.offsets[rows], np.diff(self.offsets)[rows]
+        counts = np.diff(self.offsets)[rows]
         offsets = np.zeros(len(rows) + 1, dtype=np.int64)
         np.cumsum(counts, out=offsets[1:])
-        # Each entry taken: its document's start, plus its place in the document.
-        within = np.arange(offsets[-1]) - np.repeat(offsets[:-1], counts)
-        entries = np.repeat(starts, counts) + within
+        entries = ragged_positions(self.offsets[rows], counts)
         return SparseRows(self.indices[entries], self.values[entries], offsets)
 
     def __len__(self) -> int:

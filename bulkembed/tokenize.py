@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
+from bulkembed.contracts import ragged_positions
 from bulkembed.sources import Chunk, id_hashes
 from bulkembed.workers import WorkerPool
 
@@ -68,12 +69,9 @@ class TokenizedChunk:
 
     def keep(self, rows: np.ndarray) -> None:
         """Keep only the records at `rows` (indices, in order), their tokens with them."""
-        ends = np.cumsum(self.lengths, dtype=np.int64)
-        starts = ends - self.lengths
+        starts = np.cumsum(self.lengths, dtype=np.int64) - self.lengths
         lengths = self.lengths[rows]
-        # Each kept token's index: its record's start, plus its place in the record.
-        within = np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-        self.token_ids = self.token_ids[np.repeat(starts[rows], lengths) + within]
+        self.token_ids = self.token_ids[ragged_positions(starts[rows], lengths)]
         self.lengths, self.truncated_rows = lengths, self.truncated_rows[rows]
         self.chunk.keep(rows)
 
