@@ -309,8 +309,8 @@ class RunConfig:
 
     def _check_distribution(self) -> None:
         """`--shard` and `--engine ray` commit units from several processes at once into one
-        Parquet directory or LanceDB table: a stream, and what needs the whole corpus in one
-        process, are refused."""
+        output: what needs the whole corpus in one process is refused (an output that takes
+        rows from one process only is refused by the plan, which knows its kind)."""
         if self.ray_address is not None and self.engine is not Engine.RAY:
             raise UsageError("--ray-address applies to --engine ray only")
         if self.inputs.count("-") > 1:
@@ -323,11 +323,6 @@ class RunConfig:
         if self.shard is None and self.engine is Engine.LOCAL:
             return
         what = "--shard" if self.engine is Engine.LOCAL else "--engine ray"
-        if self.output == "-":
-            raise UsageError(
-                f"{what} writes from several processes: pass a directory or "
-                "lancedb://PATH as --output"
-            )
         refused = {
             "--limit": self.limit is not None,
             "--since": self.since is not None,
@@ -350,17 +345,12 @@ class RunConfig:
             )
         if len(set(self.keep_columns)) != len(self.keep_columns):
             raise UsageError("--keep-columns names a column twice")
-        lancedb = self.output.startswith("lancedb://")
         if self.stream_format is not None and self.output != "-":
             raise UsageError("--stream-format applies to --output - only")
-        if (self.index or self.fts) and not lancedb:
-            raise UsageError("--index and --fts apply to --output lancedb://... only")
         if self.index_partitions is not None and self.index_partitions < 1:
             raise UsageError("--index-partitions must be at least 1")
         if self.index and self.quantize is not None:
             raise UsageError("--index needs float vectors: leave out --quantize")
-        if self.fts and self.text_column not in self.keep_columns:
-            raise UsageError(f"--fts indexes the text: add '{self.text_column}' to --keep-columns")
 
 
 # The fields `RunConfig` takes as strings too, and the enum each becomes.

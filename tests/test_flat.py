@@ -489,7 +489,7 @@ def test_the_in_process_encoder_runs_flat_batches_too(tiny_bge_m3):
 def test_a_compiled_flat_model_has_no_graph_break_and_gives_the_eager_vectors(tiny_bert):
     from transformers import AutoModel
 
-    from bulkembed.encoders.flat import FlatTransformer
+    from bulkembed.encoders.flat.bert import FlatTransformer
 
     model = FlatTransformer(AutoModel.from_pretrained(tiny_bert)).eval()
     lengths = np.array([9, 9, 5, 2, 1])

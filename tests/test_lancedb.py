@@ -17,8 +17,8 @@ from bulkembed.cli import app
 from bulkembed.contracts import UnitRecord, part_name
 from bulkembed.errors import OutputError
 from bulkembed.run_dir.intents import Intents
-from bulkembed.sinks import LanceSink, parse_output
-from bulkembed.sinks import lance as lance_module
+from bulkembed.sinks import LanceSink, lance_index, parse_output
+from bulkembed.sinks.lance_index import IndexSettings
 
 lancedb = pytest.importorskip("lancedb")
 HARNESS = Path(__file__).with_name("fault_harness.py")
@@ -91,12 +91,12 @@ def test_index_and_full_text_index_are_built_at_the_end(tmp_path, tiny_st):
 
 
 def test_index_settings_follow_the_row_count():
-    auto = lance_module.IndexSettings()
+    auto = IndexSettings()
     assert auto.choose(300) == ("ivf_hnsw_sq", 1)
     assert auto.choose(5_000_000) == ("ivf_pq", 2236)
     assert auto.choose(2_000) == ("ivf_hnsw_sq", 1)
-    assert lance_module.IndexSettings("ivf_flat").choose(10_000) == ("ivf_flat", 39)
-    assert lance_module.IndexSettings("ivf_pq", partitions=8).choose(10) == ("ivf_pq", 8)
+    assert IndexSettings("ivf_flat").choose(10_000) == ("ivf_flat", 39)
+    assert IndexSettings("ivf_pq", partitions=8).choose(10) == ("ivf_pq", 8)
 
 
 SCHEMA = pa.schema([pa.field("id", pa.string(), nullable=False)])
@@ -222,9 +222,9 @@ def test_a_table_bulkembed_did_not_write_is_left_alone(tmp_path, tiny_st):
 
 def test_output_urls_are_parsed_and_checked(tmp_path):
     target = parse_output(f"lancedb://{tmp_path}/db?table=news")
-    assert (target.kind, target.path, target.table) == ("lancedb", tmp_path / "db", "news")
+    assert (target.kind, target.path, target.name) == ("lancedb", tmp_path / "db", "news")
     assert target.run_directory == tmp_path / "db" / "_bulkembed" / "news"
-    assert parse_output("lancedb://db").table == "embeddings"
+    assert parse_output("lancedb://db").name == "embeddings"
     assert parse_output("-").kind == "stdout"
     with pytest.raises(Exception, match="write lancedb://PATH or lancedb://PATH\\?table=NAME"):
         parse_output("lancedb://db?tabel=x")
@@ -288,7 +288,7 @@ def test_lancedb_options_need_a_lancedb_output(tmp_path, tiny_st):
     corpus, _ = _corpus(tmp_path, n=9)
     result = CliRunner().invoke(app, _arguments(corpus, tiny_st("mean"), tmp_path / "o", "--index"))
     assert result.exit_code == 2
-    assert "--index and --fts apply to --output lancedb://... only" in result.output
+    assert "--index and --fts apply to an output that keeps indexes" in result.output
     with pytest.raises(OutputError, match="LanceDB needs a directory"):
         (tmp_path / "file").write_text("x")
         LanceSink(tmp_path / "file").check_foreign(overwrite=True)
@@ -315,7 +315,7 @@ def test_a_run_stopped_while_indexing_finishes_on_rerun(tmp_path, tiny_st, monke
     def stopped(*args):
         raise Interrupted(2, "stopped by SIGINT: run the same command again to resume")
 
-    monkeypatch.setattr(lance_module, "_index_config", stopped)
+    monkeypatch.setattr(lance_index, "_index_config", stopped)
     first = CliRunner().invoke(app, list(map(str, arguments)))
     assert first.exit_code == 130, first.output
     monkeypatch.undo()

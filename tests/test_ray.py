@@ -131,7 +131,7 @@ def test_ray_options_that_cannot_work_are_refused(tmp_path, reference):
     arguments = run_arguments(corpus, model, "-", "--engine", "ray")
     result = CliRunner().invoke(app, arguments)
     assert result.exit_code == 2
-    message = "--engine ray writes from several processes: pass a directory or lancedb://PATH"
+    message = "--engine ray writes from several processes, and stdout takes rows from one"
     assert message in result.output
     result = CliRunner().invoke(
         app, [*run_arguments(corpus, model, tmp_path / "o"), "--ray-address", "x"]

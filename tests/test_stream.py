@@ -15,9 +15,10 @@ from helpers import sample_texts, write_jsonl, write_parquet
 from typer.testing import CliRunner
 
 from bulkembed.cli import app
+from bulkembed.config import StreamFormat
 from bulkembed.contracts import Embeddings, SparseRows, SparseVector
 from bulkembed.schema import output_schema, record_batch
-from bulkembed.sinks import StreamFormat, StreamSink
+from bulkembed.sinks import StreamSink
 from bulkembed.sinks.stream import json_lines
 
 READ_EVERY_LINE = (

@@ -267,8 +267,8 @@ def test_lancedb_since_must_name_the_output_table_and_a_table_bulkembed_wrote(sy
     refused = run_cli(folder / "v2", model, uri, *SETTINGS, "--since", other)
     assert refused.exit_code == 2
     assert refused.output.strip() == (
-        f"error: --since {other}: a LanceDB table can only be synced in place: pass the same "
-        "lancedb:// URI as --output"
+        f"error: --since {other}: a lancedb output can only be synced in place: pass the "
+        "same URI as --output"
     )
     limited = run_cli(folder / "v2", model, uri, *SETTINGS, "--since", uri, "--limit", "10")
     assert limited.exit_code == 2

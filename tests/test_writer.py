@@ -122,5 +122,5 @@ def test_a_dead_writer_s_temporary_parts_are_removed_and_nothing_else(tmp_path):
     foreign = tmp_path / ".notes.4242-a1b2c3.parquet.tmp"
     for path in (dead, alive, foreign):
         path.write_bytes(b"x")
-    ParquetSink(tmp_path).remove_temporaries([4242])
+    ParquetSink(tmp_path).abandon([4242])
     assert sorted(p.name for p in tmp_path.iterdir()) == [foreign.name, alive.name]

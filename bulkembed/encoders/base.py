@@ -28,6 +28,7 @@ from bulkembed.wording import counted
 if TYPE_CHECKING:
     import torch
 
+    from bulkembed.encoders.flat import FlatFamily
     from bulkembed.encoders.transfer import DeviceInputs, DeviceOutputs, Landing
     from bulkembed.model_spec import ModelSpec
 
@@ -278,7 +279,7 @@ class Encoder(ABC):
         asked for and one remark where `auto` would have taken it."""
         import torch
 
-        from bulkembed.encoders.flat import FlatTransformer
+        from bulkembed.encoders.flat import FlatFamily
 
         attention, why_padded = choose_attention(self.spec, self.device, self.dtype)
         if choose_backend(self.spec, self.device, self.dtype) is Backend.OPENVINO:
@@ -300,24 +301,24 @@ class Encoder(ABC):
                 self.backend, self.autocast = Backend.OPENVINO, False
                 return converted
         model = load_model(self.spec, self.device, self.weights_dtype, masked_lm)
-        reason = self._flat_support(model)
-        if attention is Attention.FLAT and reason is None:
+        family = self._flat_family(model)
+        if attention is Attention.FLAT and isinstance(family, FlatFamily):
             self.unpadded = True
-            model = FlatTransformer(model).eval()
+            model = family.build(model).eval()
         elif attention is Attention.FLAT:
             told = self.notices if self.spec.attention == Attention.FLAT.value else self.remarks
-            told.append(f"{self.spec.source} runs padded batches: {reason}")
-        elif why_padded is not None and reason is None:
+            told.append(f"{self.spec.source} runs padded batches: {family}")
+        elif why_padded is not None and isinstance(family, FlatFamily):
             self.remarks.append(why_padded)
         return compiled(model) if self.spec.compile else model
 
-    def _flat_support(self, model: Any) -> str | None:
-        """Why this encoder cannot run `model` on flat batches; None if it can."""
-        from bulkembed.encoders.flat import flat_support
+    def _flat_family(self, model: Any) -> FlatFamily | str:
+        """The family that runs `model` on flat batches for this encoder, or why none can."""
+        from bulkembed.encoders.flat import flat_family
 
         if not self.runs_flat:
             return f"the {self.spec.family} family reads padded batches"
-        return flat_support(model)
+        return flat_family(model)
 
     def in_dtype(self, dtype: torch.dtype) -> Encoder:
         """This encoder computing in `dtype`: on a CPU the same float32 weights under

@@ -168,31 +168,48 @@ def kernel_name(device: str, dtype: torch.dtype) -> str:
 
 
 def kernel_attention(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, sequences: Sequences
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    sequences: Sequences,
+    causal: bool = False,
 ) -> torch.Tensor:
     """The CUDA kernel's attention: the kernels take (q, k, v, cu_seqlens_q,
-    cu_seqlens_k, max_q, max_k), scale by 1/sqrt(head size) and do not mask causally."""
-    return _kernel_call(query, key, value, sequences.cu_seqlens, sequences.longest)
+    cu_seqlens_k, max_q, max_k) and scale by 1/sqrt(head size); `causal` masks each token
+    from the tokens after it (PyTorch's kernel says so by a window of (-1, 0))."""
+    return _kernel_call(query, key, value, sequences.cu_seqlens, sequences.longest, causal)
 
 
 def _kernel_call(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cu: torch.Tensor, longest: int
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    cu: torch.Tensor,
+    longest: int,
+    causal: bool,
 ) -> torch.Tensor:
     kernel = _device_kernel(query.device)
     assert kernel is not None
-    attended = kernel(query, key, value, cu, cu, longest, longest)
+    masking: dict[str, Any] = {}
+    if causal:
+        masking = {"window_size": (-1, 0)} if kernel is _torch_kernel() else {"causal": True}
+    attended = kernel(query, key, value, cu, cu, longest, longest, **masking)
     # flash-attention 3 returns (output, log-sum-exp) in some releases.
     output: torch.Tensor = attended[0] if isinstance(attended, tuple) else attended
     return output
 
 
 def reference_attention(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, sequences: Sequences
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    sequences: Sequences,
+    causal: bool = False,
 ) -> torch.Tensor:
     """Attention within each document, one scaled-dot-product call per run of consecutive
     documents of one length (a length-sorted batch has few): stacked as [documents, heads,
-    length, head size], with no mask and no padding."""
-    return _reference(query, key, value, sequences.runs)
+    length, head size], with no padding, and no mask but the causal one where asked."""
+    return _reference(query, key, value, sequences.runs, causal)
 
 
 def _reference(
@@ -200,6 +217,7 @@ def _reference(
     key: torch.Tensor,
     value: torch.Tensor,
     runs: Iterable[tuple[int, int] | list[int]],
+    causal: bool,
 ) -> torch.Tensor:
     output = torch.empty_like(query)
     tokens, heads, size = query.shape
@@ -209,7 +227,7 @@ def _reference(
         if length:
             shape = (count, length, heads, size)
             q, k, v = (t[start:end].view(shape).transpose(1, 2) for t in (query, key, value))
-            attended = F.scaled_dot_product_attention(q, k, v)
+            attended = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
             output[start:end] = attended.transpose(1, 2).reshape(end - start, heads, size)
         start = end
     return output
@@ -237,11 +255,12 @@ def _varlen_operator(
     cu_seqlens: torch.Tensor,
     run_table: torch.Tensor,
     longest: int,
+    causal: bool,
 ) -> torch.Tensor:
     """The flash kernel where it runs (`kernel_runs`), else the reference."""
     if kernel_runs(str(query.device), query.dtype):
-        return _kernel_call(query, key, value, cu_seqlens, longest)
-    return _reference(query, key, value, run_table.tolist())
+        return _kernel_call(query, key, value, cu_seqlens, longest, causal)
+    return _reference(query, key, value, run_table.tolist(), causal)
 
 
 @_varlen_operator.register_fake
@@ -252,14 +271,20 @@ def _(
     cu_seqlens: torch.Tensor,
     run_table: torch.Tensor,
     longest: int,
+    causal: bool,
 ) -> torch.Tensor:
     return torch.empty_like(query)
 
 
 def varlen_attention(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, sequences: Sequences
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    sequences: Sequences,
+    causal: bool = False,
 ) -> torch.Tensor:
     """Attention within each document of a flat batch, through the custom operator: the
-    flash kernel where it runs (`kernel_runs`), else the reference."""
+    flash kernel where it runs (`kernel_runs`), else the reference; `causal` for a decoder
+    (each token attends to its document's tokens up to itself)."""
     cu, table, longest = sequences.cu_seqlens, sequences.run_table, sequences.longest
-    return _varlen_operator(query, key, value, cu, table, longest)
+    return _varlen_operator(query, key, value, cu, table, longest, causal)

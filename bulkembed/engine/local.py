@@ -31,13 +31,11 @@ from bulkembed.engine.stream import (
     gather_windows,
     part_schema,
     resumed_output_format,
-    writer_sink,
 )
 from bulkembed.engine.unit_pool import Counts, UnitPool, UnitWork
 from bulkembed.errors import BulkembedError
 from bulkembed.incremental import PreviousOutput
 from bulkembed.progress import Reporter, RunStats
-from bulkembed.sinks import ParquetSink
 from bulkembed.sources import SeenIds, count_records
 from bulkembed.tokenize import TokenizedChunk, TokenizerPool
 from bulkembed.units import SkippedUnits
@@ -112,7 +110,8 @@ def embed_locally(
         admitted = _admitted(plan, sink, done, previous, pool.map(chunks))
         with ReadAhead(admitted, lambda c: share_of_window(c, budget)) as tokenized:
             # int8/uint8 ranges not calibrated yet are calibrated on the first window, here.
-            if len(devices) > 1 and sink.resumable and not output_format.needs_ranges:
+            many_writers = plan.target.capabilities.many_writers
+            if len(devices) > 1 and many_writers and not output_format.needs_ranges:
                 return _embed_on_devices(
                     plan,
                     run,
@@ -221,7 +220,7 @@ def _embed_on_devices(
         plan.spec,
         plan.reader,
         output_format,
-        writer_sink(sink, run.output),
+        sink.for_process,
         run.run_id,
         run.fence(),
         dtype,
@@ -264,9 +263,8 @@ def _embed_on_devices(
         # Stopped (an error, Ctrl-C), the device processes go at once, rather than commit
         # more units that this process would not mark done.
         pool.close(failed=stopped)
-        if isinstance(sink, ParquetSink):
-            # What a device process that died (or was stopped) was writing.
-            sink.remove_temporaries(pool.pids)
+        # What a device process that died (or was stopped) was writing.
+        sink.abandon(pool.pids)
     attention = Attention.ran(pool.unpadded).value
     return RunOutcome(
         stats, ",".join(devices), dtype.value, pool.budget, precision, None, attention

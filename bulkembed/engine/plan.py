@@ -147,6 +147,24 @@ class RunOutcome:
     attention: str | None = None
 
 
+def _check_target(config: RunConfig, target: OutputTarget) -> None:
+    """Refuse options that the kind of `--output` cannot take."""
+    capabilities = target.capabilities
+    if (config.shard is not None or config.engine is Engine.RAY) and not capabilities.many_writers:
+        what = "--shard" if config.shard is not None else "--engine ray"
+        raise UsageError(
+            f"{what} writes from several processes, and {target.label} takes rows from one: "
+            "pass a directory or lancedb://PATH as --output"
+        )
+    if (config.index or config.fts) and not capabilities.indexes:
+        raise UsageError(
+            f"--index and --fts apply to an output that keeps indexes (lancedb://...), "
+            f"not to {target.label}"
+        )
+    if config.fts and config.text_column not in config.keep_columns:
+        raise UsageError(f"--fts indexes the text: add '{config.text_column}' to --keep-columns")
+
+
 def plan_run(config: RunConfig, reporter: Reporter, started: float) -> RunPlan:
     """Find the inputs and check their columns, resolve the model and the devices, for a
     command that `started` at that time (monotonic clock)."""
@@ -164,9 +182,10 @@ def plan_run(config: RunConfig, reporter: Reporter, started: float) -> RunPlan:
             "version uses on S3 only: write to s3:// or a shared filesystem, or run one "
             "process (--engine ray for many machines)"
         )
+    _check_target(config, target)
     since = None
-    if config.since is not None and parse_output(config.since, options).kind != "lancedb":
-        # A LanceDB --since names the --output table, synced in place (`engine.sync`).
+    if config.since is not None and not parse_output(config.since, options).capabilities.in_place:
+        # Otherwise --since names the --output table, synced in place (`engine.sync`).
         since = location(config.since, options).resolve()
     if since is not None and target.path is not None and since == target.path.resolve():
         raise UsageError("--since must name another output than --output")

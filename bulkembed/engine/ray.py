@@ -36,7 +36,6 @@ from bulkembed.engine.stream import (
     embed_windows,
     gather_windows,
     part_schema,
-    writer_sink,
 )
 from bulkembed.errors import BulkembedError, UsageError
 from bulkembed.outputs import OutputFormat
@@ -287,7 +286,7 @@ def embed_on_ray(
                 dtype=plan.config.dtype,
                 output=run.output.resolve(),
                 meta=run.meta.resolve(),
-                sink=writer_sink(sink, run.output.resolve()),
+                sink=sink.for_process,
                 fence=run.fence(),
                 shard=plan.config.shard,
                 output_format=plan.output_format,

@@ -31,7 +31,7 @@ from bulkembed.incremental import ChangeSet, PreviousOutput
 from bulkembed.progress import QuietReporter, Reporter, RunStats
 from bulkembed.run_dir import LockedError, RunDirectory, fingerprint
 from bulkembed.run_dir.intents import Intents, finishing
-from bulkembed.sinks import Sink, make_sink
+from bulkembed.sinks import Sink, SinkSettings, make_sink
 from bulkembed.summary import (
     PreviousCounts,
     Summary,
@@ -101,11 +101,12 @@ def embed_corpus(config: RunConfig, reporter: Reporter | None = None) -> Summary
         else:
             refuse_synced(plan)
             run = RunDirectory.for_target(plan.target, config.shard, config.break_lock)
-            sink = make_sink(plan.target, config, plan.spec.normalize, Intents(run.meta))
+            settings = SinkSettings.of(config, plan.spec.normalize, Intents(run.meta))
+            sink = make_sink(plan.target, settings)
             try:
                 summary, precision = _run(plan, run, sink, reporter)
             finally:
-                if not sink.resumable and isinstance(run.meta, Path):
+                if not plan.target.capabilities.resumable and isinstance(run.meta, Path):
                     # A stream's bookkeeping: a temporary directory of its own.
                     shutil.rmtree(run.meta, ignore_errors=True)
     reporter.finish(summary.as_dict())
@@ -143,13 +144,14 @@ def _run(
     the `--dtype auto` check, if one was made. With `sync`, the run is an in-place sync of
     a LanceDB table, `run` and `sink` its own."""
     config = plan.config
+    resumable = plan.target.capabilities.resumable
     settings = fingerprint(config, plan.spec, list(plan.files))
     done = run.open(settings, config.overwrite, sink, plan.my_units)
     for repair in run.repairs:
         reporter.warn(repair)
     try:
         run.clear_failure()
-        if config.overwrite and sink.resumable:
+        if config.overwrite and resumable:
             ChangeSet(run.meta).remove()
         since = None if config.since is None else Incremental(plan, run, sink, settings, sync)
         complete = run.is_complete()
@@ -178,14 +180,14 @@ def _run(
         run.write_summary(summary.as_dict())
         return summary, outcome.precision
     except Exception as e:
-        if sink.resumable and not isinstance(e, (Interrupted, OutputLocked)):
+        if resumable and not isinstance(e, (Interrupted, OutputLocked)):
             # Where the record cannot be written either (the full disk that ended the run),
             # `status` says stopped, and the run's own error is what the caller sees.
             with contextlib.suppress(OSError, BulkembedError):
                 run.record_failure(exit_status(e), one_line(e))
         raise
     finally:
-        if not sink.resumable:
+        if not resumable:
             _report_bad_records(run, reporter)
         run.release_lock()
 

@@ -26,7 +26,7 @@ from bulkembed.deletions import allowed_deletes as allowed
 from bulkembed.errors import OutputError
 from bulkembed.incremental import ChangeSet, PreviousOutput
 from bulkembed.schema import CONTENT_HASH, EMBEDDING_COLUMNS
-from bulkembed.sinks import ParquetSink, Sink
+from bulkembed.sinks import Sink
 from bulkembed.storage import location, parquet_file
 from bulkembed.summary import over_bad_record_limit
 from bulkembed.writer import KeptUnits, PartWriter
@@ -114,7 +114,7 @@ class Incremental:
         else:
             since = location(config.since or "", self.plan.storage_options)
             self.previous = PreviousOutput(since, self.settings)
-            if isinstance(self.sink, ParquetSink):
+            if self.plan.target.capabilities.change_set:
                 self.changes = ChangeSet(self.run.meta)
                 self.changes.open(self.plan.my_units)
                 self.upserts = self.changes.upserts
@@ -227,10 +227,11 @@ class Incremental:
     def _part_schema(self, inputs: dict[str, UnitRecord]) -> pa.Schema:
         """The schema of the output's parts: an input part's, or, with none (no input
         unit has a row), the previous output's with this run's passthrough columns."""
-        assert isinstance(self.sink, ParquetSink) and self.previous is not None
+        assert self.previous is not None
         for part, record in inputs.items():
-            if record.rows:
-                return parquet_file(self.sink.part_path(part)).schema_arrow
+            schema = self.sink.part_schema(part) if record.rows else None
+            if schema is not None:
+                return schema
         first = parquet_file(self.previous.parts[0]).schema_arrow
         fields = [f for f in first if f.name in ("id", *EMBEDDING_COLUMNS, CONTENT_HASH)]
         types = self.plan.reader.column_types

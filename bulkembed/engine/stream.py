@@ -7,8 +7,6 @@ it on one unit at a time.
 
 from __future__ import annotations
 
-import copy
-import functools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from itertools import chain
@@ -19,8 +17,6 @@ import numpy as np
 from bulkembed.contracts import Embeddings
 from bulkembed.errors import OutputError
 from bulkembed.schema import output_schema
-from bulkembed.sinks import ParquetSink
-from bulkembed.storage import AnyPath
 from bulkembed.version import __version__
 from bulkembed.windows import embed_packed, window_tokens, windows
 from bulkembed.writer import PartWriter, write_window
@@ -35,7 +31,6 @@ if TYPE_CHECKING:
     from bulkembed.outputs import OutputFormat
     from bulkembed.progress import Reporter, RunStats
     from bulkembed.run_dir import RunDirectory
-    from bulkembed.sinks import Sink
     from bulkembed.sources import RecordReader
     from bulkembed.tokenize import TokenizedChunk
 
@@ -195,12 +190,3 @@ def embed_windows(
         stats.counts = counted.copy()
         stats.counts.add(session.counts.since(before))
         emit(packed.chunks, embedded, padded)
-
-
-def writer_sink(sink: Sink, output: AnyPath) -> Callable[[], Sink]:
-    """What makes the sink of a process that writes units beside this one (a device
-    process, a Ray actor): a Parquet sink of its own, whose temporary files carry that
-    process's id; a copy of a LanceDB sink, which connects anew there."""
-    if isinstance(sink, ParquetSink):
-        return functools.partial(ParquetSink, output)
-    return functools.partial(copy.copy, sink)

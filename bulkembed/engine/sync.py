@@ -23,7 +23,6 @@ have removed it). The next sync with other inputs starts its run directory over.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Any
@@ -35,30 +34,34 @@ from bulkembed.errors import UsageError
 from bulkembed.incremental import PreviousTable
 from bulkembed.run_dir import RunDirectory, describe_changes
 from bulkembed.run_dir.intents import Intents
-from bulkembed.sinks import LanceSink, Sink, make_sink, parse_output, sink_of
-from bulkembed.sinks.lance_sync import IdParts, TableMerge, delete_ids
-from bulkembed.sinks.target import OutputTarget
-from bulkembed.storage import StorageOptions
+from bulkembed.sinks import (
+    OutputTarget,
+    Sink,
+    SinkSettings,
+    in_place,
+    make_sink,
+    parse_output,
+    sink_of,
+)
 
 # The sync's run directory, below the table's.
 SYNC_DIRECTORY = "sync"
 
 
 def syncs_in_place(plan: RunPlan) -> bool:
-    """Whether `--since` names the `--output` LanceDB table (then updated in place); a
-    LanceDB `--since` that names another table is refused."""
+    """Whether `--since` names the `--output` table (then updated in place); a `--since`
+    of a kind synced in place that names another output is refused."""
     config = plan.config
     if config.since is None:
         return False
     since = parse_output(config.since, plan.storage_options)
-    if since.kind != "lancedb":
+    if not since.capabilities.in_place:
         return False
     target = plan.target
-    same = target.kind == "lancedb" and since.table == target.table
-    if not same or str(since.path) != str(target.path):
+    if (since.kind, since.label) != (target.kind, target.label):
         raise UsageError(
-            f"--since {config.since}: a LanceDB table can only be synced in place: pass the "
-            "same lancedb:// URI as --output"
+            f"--since {config.since}: a {since.kind} output can only be synced in place: "
+            "pass the same URI as --output"
         )
     if config.limit is not None:
         raise UsageError(
@@ -69,23 +72,23 @@ def syncs_in_place(plan: RunPlan) -> bool:
 
 
 def latest_run(target: OutputTarget) -> tuple[RunDirectory, Sink]:
-    """The run directory and sink that say where `target` stands: for a LanceDB table
-    synced in place, its latest sync (whose ledger covers every document of the table);
-    otherwise the run that wrote it."""
+    """The run directory and sink that say where `target` stands: for a table synced in
+    place, its latest sync (whose ledger covers every document of the table); otherwise
+    the run that wrote it."""
     run = RunDirectory.for_target(target, None)
-    sync = OutputTarget("parquet", run.meta / SYNC_DIRECTORY)
-    synced = RunDirectory.for_target(sync, None)
-    if target.kind == "lancedb" and synced.config_path.exists():
-        assert sync.path is not None
-        return synced, IdParts(sync.path)
-    return run, sink_of(target)
+    sink = sink_of(target)
+    if target.capabilities.in_place:
+        synced = RunDirectory(run.meta / SYNC_DIRECTORY)
+        if synced.config_path.exists():
+            return synced, in_place(target, sink).id_parts(synced.output)
+    return run, sink
 
 
 def refuse_synced(plan: RunPlan) -> None:
     """Refuse a run without `--since` into a table that a sync changed since its ledger was
     written (unless `--overwrite`): that ledger no longer describes the table."""
     config = plan.config
-    if plan.target.kind != "lancedb" or config.overwrite or config.since is not None:
+    if not plan.target.capabilities.in_place or config.overwrite or config.since is not None:
         return
     run = RunDirectory.for_target(plan.target, None)
     if run.config_path.exists() and run.read_config().get("synced"):
@@ -102,17 +105,16 @@ class TableSync:
         config = plan.config
         self.settings = settings
         self.table_run = RunDirectory.for_target(plan.target, None, config.break_lock)
-        sink = make_sink(plan.target, config, plan.spec.normalize, Intents(self.table_run.meta))
-        assert isinstance(sink, LanceSink)
-        self.table = sink
-        self.target = OutputTarget("parquet", self.table_run.meta / SYNC_DIRECTORY)
-        assert self.target.path is not None
+        intents = Intents(self.table_run.meta)
+        sink = make_sink(plan.target, SinkSettings.of(config, plan.spec.normalize, intents))
+        self.table = in_place(plan.target, sink)
+        self.directory = self.table_run.meta / SYNC_DIRECTORY
         # Named in messages by the table, not by where its sync keeps its ledger.
         label = f"the sync of {plan.target.label}"
-        self.run = RunDirectory(self.target.path, None, label, None, config.break_lock)
+        self.run = RunDirectory(self.directory, None, label, None, config.break_lock)
         self.version: int | None = None
 
-    def staging(self, plan: RunPlan) -> tuple[RunPlan, RunDirectory, IdParts]:
+    def staging(self, plan: RunPlan) -> tuple[RunPlan, RunDirectory, Sink]:
         """The sync's own run: its plan (writing the sync's directory, named by the table),
         run directory and sink of id parts. A sync that finished with other settings (last
         night's inputs) is started over."""
@@ -121,10 +123,9 @@ class TableSync:
         if self.run.config_path.exists() and self.run.is_complete():
             before = self.run.read_config().get("fingerprint", {})
             overwrite = overwrite or bool(describe_changes(before, self.settings))
-        staged = replace(config, output=str(self.target.path), overwrite=overwrite)
-        assert self.target.path is not None
+        staged = replace(config, output=str(self.directory), overwrite=overwrite)
         # The plan keeps the table as its target: what the summary and messages name.
-        return replace(plan, config=staged), self.run, IdParts(self.target.path)
+        return replace(plan, config=staged), self.run, self.table.id_parts(self.directory)
 
     def lock(self) -> None:
         """Hold the table's run directory: no other run writes the table meanwhile."""
@@ -142,14 +143,13 @@ class TableSync:
         """The table as it was when the sync began."""
         if self.run.config_path.exists():
             self.version = self.run.read_config().get("previous_version")
-        self.version = self.version or int(self.table.dataset().version)
+        self.version = self.version or self.table.version()
         found = self.table.dataset(self.version)
         return PreviousTable(self.table_run, found, self.settings, self.table_run.label)
 
-    def upserts(self) -> functools.partial[TableMerge]:
+    def upserts(self) -> Callable[[], Sink]:
         """What makes a sink that merges units' rows into the table (one per process)."""
-        options: StorageOptions | None = self.table.storage_options
-        return functools.partial(TableMerge, self.table.path, self.table.table_name, options)
+        return self.table.merging()
 
     def current(self) -> CurrentTable:
         """The table as it is now: the previous version's rows and those merged since."""
@@ -157,7 +157,7 @@ class TableSync:
 
     def delete(self, ids: list[pa.ChunkedArray]) -> None:
         """Delete the rows of `ids` from the table (ids gone already are no matter)."""
-        delete_ids(self.table, (i for array in ids for i in array.to_pylist()))
+        self.table.delete(i for array in ids for i in array.to_pylist())
 
     def finish(self, phase: Callable[[str], None]) -> None:
         """Every unit is merged and the deletes are done: compact the table and build its

@@ -1,24 +1,47 @@
-"""Where embeddings go: Parquet parts, a LanceDB table, or stdout.
+"""Where embeddings go: Parquet parts, a LanceDB table, stdout, or a kind of output
+registered by `register_sink` (`bulkembed.sinks.registry`).
 
 `--output` names the target: a directory, `lancedb://PATH[?table=NAME]`, or `-`.
 """
 
-from bulkembed.sinks.base import Sink
-from bulkembed.sinks.factory import make_sink, sink_of
-from bulkembed.sinks.lance import IndexSettings, LanceSink
+from bulkembed.sinks.base import InPlaceSync, IntentLog, Recovered, Sink
+from bulkembed.sinks.builtin import register_builtin_sinks
+from bulkembed.sinks.lance import LanceSink
 from bulkembed.sinks.parquet import ParquetSink
-from bulkembed.sinks.stream import StreamFormat, StreamSink
-from bulkembed.sinks.target import OutputTarget, parse_output
+from bulkembed.sinks.registry import (
+    Capabilities,
+    OutputTarget,
+    SinkKind,
+    SinkSettings,
+    in_place,
+    make_sink,
+    parse_output,
+    register_sink,
+    sink_kind,
+    sink_of,
+    unregister_sink,
+)
+from bulkembed.sinks.stream import StreamSink
+
+register_builtin_sinks()
 
 __all__ = [
-    "IndexSettings",
+    "Capabilities",
+    "InPlaceSync",
+    "IntentLog",
     "LanceSink",
     "OutputTarget",
     "ParquetSink",
+    "Recovered",
     "Sink",
-    "StreamFormat",
+    "SinkKind",
+    "SinkSettings",
     "StreamSink",
+    "in_place",
     "make_sink",
     "parse_output",
+    "register_sink",
+    "sink_kind",
     "sink_of",
+    "unregister_sink",
 ]

@@ -7,15 +7,17 @@ one invisible, or be able to take it back in `reconcile`.
 
 from __future__ import annotations
 
+import copy
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import pyarrow as pa
 
 if TYPE_CHECKING:
     from bulkembed.contracts import UnitRecord
+    from bulkembed.storage import AnyPath
 
 
 def unshown(phase: str) -> None:
@@ -36,13 +38,29 @@ class Recovered:
     lost: list[str] = field(default_factory=list)
 
 
+class IntentLog(Protocol):
+    """Where writers keep what they are about to commit, for a sink that commits in two
+    steps: the run directory's (`bulkembed.run_dir.intents`)."""
+
+    def write(self, part: str, intent: dict[str, Any]) -> None: ...
+
+    def read(self, part: str) -> dict[str, Any] | None: ...
+
+    def all(self) -> dict[str, dict[str, Any]]: ...
+
+    def forget(self, part: str) -> None: ...
+
+    def remove_temporaries(self, mine: Collection[str] | None) -> None: ...
+
+    def remove(self) -> None: ...
+
+
 class Sink(ABC):
     """Writes record batches into parts; a part is invisible until `commit`.
 
-    `resumable` sinks keep what earlier runs committed: `reconcile` brings them back to
-    exactly the committed units, and `committed_ids` lists those units' ids."""
-
-    resumable = True
+    A sink of a resumable kind (`Capabilities.resumable`) keeps what earlier runs
+    committed: `reconcile` brings it back to exactly the committed units, and
+    `committed_ids` lists those units' ids."""
 
     @property
     @abstractmethod
@@ -78,6 +96,19 @@ class Sink(ABC):
         """The ids of the rows of the units in `done`."""
         return iter(())
 
+    def part_schema(self, part: str) -> pa.Schema | None:
+        """The schema of committed part `part`, where the sink keeps one per part."""
+        return None
+
+    def for_process(self) -> Sink:
+        """A sink for another process that commits parts into the same output (a device
+        process, a Ray actor): a copy, unless the sink keeps state of its own writer."""
+        return copy.copy(self)
+
+    def abandon(self, writers: Collection[int]) -> None:  # noqa: B027 (as for check_foreign)
+        """Delete what the processes `writers` (process ids) left half-written: device
+        processes that died or were stopped."""
+
     @abstractmethod
     def start(self, schema: pa.Schema, fence: Callable[[], None] = unfenced) -> None:
         """Get ready to write rows of `schema`. `fence` raises when this run may no longer
@@ -102,3 +133,41 @@ class Sink(ABC):
     @abstractmethod
     def close(self) -> None:
         """Drop parts that were not committed."""
+
+
+class InPlaceSync(ABC):
+    """What an output that `--since` may sync in place offers (`Capabilities.in_place`):
+    its versions, the rows at one of them, a sink that merges units' rows by id, deletes
+    by id, and the sink of id-only parts that the sync's ledger keeps."""
+
+    @property
+    @abstractmethod
+    def description(self) -> str:
+        """The output, for messages."""
+
+    @abstractmethod
+    def version(self) -> int:
+        """The output's latest version."""
+
+    @abstractmethod
+    def dataset(self, version: int | None = None) -> Any:
+        """The output at `version` (the latest: None), readable as a Lance dataset is:
+        `schema`, `to_table(columns=...)`, `take(rows, columns=...)`."""
+
+    @abstractmethod
+    def merging(self) -> Callable[[], Sink]:
+        """What makes a sink that merges each committed unit's rows by id (one per
+        writing process)."""
+
+    @abstractmethod
+    def delete(self, ids: Iterable[Any]) -> int:
+        """Delete the rows of `ids` (ids gone already are no matter); return how many ids
+        were named."""
+
+    @abstractmethod
+    def id_parts(self, directory: AnyPath) -> Sink:
+        """The sink of the sync's own parts in `directory`: each unit's ids alone."""
+
+    @abstractmethod
+    def finish(self, phase: Callable[[str], None]) -> None:
+        """Every unit is merged and the deletes are done: compact, index."""

@@ -46,113 +46,33 @@ the done units are checked by their row count instead.
 from __future__ import annotations
 
 import contextlib
-import math
 import warnings
 from collections.abc import Callable, Collection, Iterator
-from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
 from bulkembed.errors import OutputError, UnaccountedRows
-from bulkembed.sinks.base import Recovered, Sink, unfenced, unshown
+from bulkembed.sinks.base import IntentLog, Recovered, Sink, unfenced, unshown
+from bulkembed.sinks.lance_index import (
+    DEFAULT_TABLE,
+    IndexSettings,
+    build_indexes,
+    lance_modules,
+    lance_storage_options,
+)
 from bulkembed.storage import AnyPath, ObjectPath, StorageOptions
 
 if TYPE_CHECKING:
     from bulkembed.contracts import UnitRecord
 
-DEFAULT_TABLE = "embeddings"
 # Rows of a unit wait in memory until they hold this many bytes or the unit ends: fewer,
 # larger data files than one per chunk.
 FLUSH_BYTES = 64 * 1024 * 1024
 # Commits of one unit that conflict with other writers' before the run gives up (each is
 # retried inside Lance too).
 COMMIT_ATTEMPTS = 8
-# IVF trains each partition on up to this many rows.
-ROWS_PER_PARTITION = 256
-# From this many rows `auto` takes IVF_PQ (compressed); below, IVF_HNSW_SQ.
-PQ_FROM_ROWS = 1_000_000
-# IVF_HNSW_SQ: one partition (one graph) per this many rows.
-ROWS_PER_HNSW_PARTITION = 1_000_000
-
-
-@dataclass(frozen=True, slots=True)
-class IndexSettings:
-    """`--index`: vector indexes to build once every unit is in."""
-
-    kind: str = "auto"
-    partitions: int | None = None
-    metric: str = "cosine"
-
-    def choose(self, rows: int) -> tuple[str, int]:
-        """The index type and number of IVF partitions for a table of `rows` rows."""
-        kind = self.kind
-        if kind == "auto":
-            kind = "ivf_pq" if rows >= PQ_FROM_ROWS else "ivf_hnsw_sq"
-        if self.partitions is not None:
-            return kind, self.partitions
-        trainable = max(1, rows // ROWS_PER_PARTITION)
-        if kind == "ivf_hnsw_sq":
-            return kind, min(trainable, max(1, rows // ROWS_PER_HNSW_PARTITION))
-        return kind, min(trainable, max(1, round(math.sqrt(rows))))
-
-
-class IntentLog(Protocol):
-    """Where writers keep their intents: the run directory's (`bulkembed.run_dir.intents`)."""
-
-    def write(self, part: str, intent: dict[str, Any]) -> None: ...
-
-    def read(self, part: str) -> dict[str, Any] | None: ...
-
-    def all(self) -> dict[str, dict[str, Any]]: ...
-
-    def forget(self, part: str) -> None: ...
-
-    def remove_temporaries(self, mine: Collection[str] | None) -> None: ...
-
-    def remove(self) -> None: ...
-
-
-def _lancedb() -> Any:
-    try:
-        import lance
-        import lancedb
-    except ImportError:
-        raise OutputError(
-            "LanceDB output needs the lance extra: pip install 'bulkembed[lance]'"
-        ) from None
-    # Both warn at every fork of a process that imported them. The processes a run forks
-    # (OpenVINO's telemetry sender) never touch a table.
-    warnings.filterwarnings("ignore", "lance is not fork-safe", UserWarning)
-    warnings.filterwarnings("ignore", "lancedb fork support is experimental", RuntimeWarning)
-    return lancedb, lance
-
-
-def _index_config(kind: str, partitions: int, metric: str) -> Any:
-    from lancedb.index import HnswSq, IvfFlat, IvfPq
-
-    config = {"ivf_pq": IvfPq, "ivf_hnsw_sq": HnswSq, "ivf_flat": IvfFlat}[kind]
-    return config(distance_type=metric, num_partitions=partitions)
-
-
-def lance_storage_options(options: StorageOptions, scheme: str) -> dict[str, str]:
-    """`--storage-option`s as Lance's object store takes them, for a store of `scheme`.
-    Credentials are not among them: Lance reads them from the environment
-    (`AWS_ACCESS_KEY_ID`, ...) as each cloud's tools do."""
-    mapped = {}
-    endpoint = options.endpoint(scheme)
-    if endpoint:
-        mapped["endpoint"] = endpoint
-        if endpoint.startswith("http://"):
-            mapped["allow_http"] = "true"
-    if scheme in ("az", "abfs") and options.get("account"):
-        mapped["account_name"] = str(options.get("account"))
-    if options.get("region"):
-        mapped["region"] = str(options.get("region"))
-    if options.anonymous:
-        mapped["skip_signature"] = "true"
-    return mapped
 
 
 def _files(fragment: Any) -> frozenset[str]:
@@ -228,7 +148,7 @@ class LanceSink(Sink):
     @property
     def db(self) -> Any:
         if self._db is None:
-            lancedb, _ = _lancedb()
+            lancedb, _ = lance_modules()
             self._db = lancedb.connect(str(self.path), storage_options=self._options)
         return self._db
 
@@ -246,7 +166,7 @@ class LanceSink(Sink):
 
     def dataset(self, version: int | None = None) -> Any:
         """The table at `version` (the latest: None), as a Lance dataset."""
-        _, lance = _lancedb()
+        _, lance = lance_modules()
         return lance.dataset(self._uri, version=version, storage_options=self._options)
 
     def _remove_files(self, names: Collection[str]) -> None:
@@ -339,7 +259,7 @@ class LanceSink(Sink):
 
     def _delete_fragments(self, ids: list[int]) -> None:
         """Take committed fragments back out of the table."""
-        _, lance = _lancedb()
+        _, lance = lance_modules()
         delete = lance.LanceOperation.Delete([], ids, "false")
         self._commit(
             delete, lambda dataset: not {f.fragment_id for f in dataset.get_fragments()} & set(ids)
@@ -348,7 +268,7 @@ class LanceSink(Sink):
     def _commit(self, operation: Any, landed: Any) -> int:
         """Commit `operation` on the latest version; on a conflict, look whether it
         `landed(dataset)` after all, else try again. Returns the version it made."""
-        _, lance = _lancedb()
+        _, lance = lance_modules()
         from lance.commit import CommitConflictError
 
         dataset = self._dataset()
@@ -456,7 +376,7 @@ class LanceSink(Sink):
 
     def _append(self, fragments: list[Any], files: frozenset[str]) -> int:
         """Commit the unit's fragments: the version that holds them."""
-        _, lance = _lancedb()
+        _, lance = lance_modules()
 
         def landed(dataset: Any) -> bool:
             return files <= _present(dataset)
@@ -473,20 +393,7 @@ class LanceSink(Sink):
             # needed once it is done.
             warnings.simplefilter("ignore", UserWarning)
             table.optimize(cleanup_older_than=timedelta(0), delete_unverified=True)
-        rows = table.count_rows()
-        names = table.schema.names
-        if self.index is not None and rows:
-            kind, partitions = self.index.choose(rows)
-            for column, metric in (("vector", self.index.metric), ("multivector", "cosine")):
-                if column in names:
-                    phase(f"building the {kind} index on {column} ({rows:,} rows)")
-                    config = _index_config(kind, partitions, metric)
-                    table.create_index(column, config=config)
-        if self.fts_column is not None:
-            from lancedb.index import FTS
-
-            phase(f"building the full-text index on {self.fts_column}")
-            table.create_index(self.fts_column, config=FTS(), replace=True)
+        build_indexes(table, self.index, self.fts_column, phase)
 
     def close(self) -> None:
         """Forget rows not written, and delete the data files of a unit not committed."""

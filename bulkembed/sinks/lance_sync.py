@@ -11,13 +11,14 @@ done-marker, cannot leave an id twice. Ids gone from the input are deleted at th
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import pyarrow as pa
 
 from bulkembed.errors import OutputError
-from bulkembed.sinks.base import Sink, unfenced
+from bulkembed.sinks.base import InPlaceSync, Sink, unfenced
 from bulkembed.sinks.lance import LanceSink
 from bulkembed.sinks.parquet import ParquetSink
 from bulkembed.storage import AnyPath, StorageOptions
@@ -122,3 +123,39 @@ class IdParts(ParquetSink):
 
     def write(self, part: str, batch: pa.RecordBatch) -> None:
         super().write(part, batch.select(["id"]))
+
+
+class TableInPlace(InPlaceSync):
+    """A LanceDB table, to be synced in place."""
+
+    def __init__(self, table: LanceSink) -> None:
+        self.table = table
+
+    @property
+    def description(self) -> str:
+        return self.table.description
+
+    def version(self) -> int:
+        return int(self.table.dataset().version)
+
+    def dataset(self, version: int | None = None) -> Any:
+        return self.table.dataset(version)
+
+    def merging(self) -> functools.partial[TableMerge]:
+        table = self.table
+        return functools.partial(TableMerge, table.path, table.table_name, table.storage_options)
+
+    def delete(self, ids: Iterable[Any]) -> int:
+        return delete_ids(self.table, ids)
+
+    def id_parts(self, directory: AnyPath) -> IdParts:
+        return IdParts(directory)
+
+    def finish(self, phase: Callable[[str], None]) -> None:
+        self.table.finish(phase)
+
+
+def in_place(sink: Sink) -> TableInPlace:
+    """What an in-place sync needs of a LanceDB table's sink."""
+    assert isinstance(sink, LanceSink)
+    return TableInPlace(sink)

@@ -36,7 +36,7 @@ from bulkembed.errors import OutputError
 from bulkembed.schema import EMBEDDING_COLUMNS
 from bulkembed.sinks.base import Recovered, Sink, unfenced
 from bulkembed.sources.files import READ_ERRORS
-from bulkembed.storage import AnyPath, ObjectPath, Spool, random_access
+from bulkembed.storage import AnyPath, ObjectPath, Spool, parquet_file, random_access
 
 if TYPE_CHECKING:
     from bulkembed.contracts import UnitRecord
@@ -164,7 +164,12 @@ class ParquetSink(Sink):
             return []
         return [p for p in self.directory.glob(".part-*") if _TEMPORARY.fullmatch(p.name)]
 
-    def remove_temporaries(self, writers: Collection[int]) -> None:
+    def for_process(self) -> ParquetSink:
+        """A sink of its own, whose temporary files carry its process's id (and which finds
+        the directory from another working directory)."""
+        return type(self)(self.directory.resolve())
+
+    def abandon(self, writers: Collection[int]) -> None:
         """Delete the temporary files that the processes `writers` (process ids) left: a
         device process that died while writing a part."""
         tags = tuple(f".{pid}-" for pid in writers)
@@ -286,6 +291,9 @@ class ParquetSink(Sink):
             else:
                 recovered.adopted.append({**label["unit"], "rows": label["rows"]})
         return recovered
+
+    def part_schema(self, part: str) -> pa.Schema:
+        return parquet_file(self.part_path(part)).schema_arrow
 
     def lost_units(self, done: dict[str, UnitRecord]) -> list[str]:
         return self._lost_units(done, self._part_files())

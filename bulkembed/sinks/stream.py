@@ -31,8 +31,6 @@ from bulkembed.wording import counted
 class StreamSink(Sink):
     """Every row, in input order, on one binary stream."""
 
-    resumable = False
-
     def __init__(self, stream: IO[bytes], stream_format: StreamFormat) -> None:
         self.stream = stream
         self.format = stream_format

@@ -1,4 +1,4 @@
-"""Flat (unpadded) execution of BERT-family encoders: the tokens of a batch laid end to end.
+"""The BERT family on flat batches (unpadded): the tokens of a batch laid end to end.
 
 A padded batch of documents of 500 and 20 tokens computes 1,000 token positions; laid end
 to end it computes 520. Every layer but attention works on each token alone, so it runs
@@ -19,23 +19,16 @@ from typing import Any
 import torch
 from torch import nn
 
+from bulkembed.encoders.flat.registry import FlatFamily
 from bulkembed.encoders.varlen import Sequences, varlen_attention
 
-# The architectures (config.json `model_type`) that run flat. RoBERTa and XLM-RoBERTa
-# number positions from the padding id + 1, BERT from 0.
-FLAT_MODEL_TYPES = frozenset({"bert", "roberta", "xlm-roberta"})
+# RoBERTa and XLM-RoBERTa number positions from the padding id + 1, BERT from 0.
 _POSITIONS_AFTER_PADDING = frozenset({"roberta", "xlm-roberta"})
 
 
-def flat_support(model: Any) -> str | None:
-    """Why `model` (a loaded transformers model) cannot run flat; None if it can."""
+def _support(model: Any) -> str | None:
+    """Why a model of the BERT family cannot run flat; None if it can."""
     config = model.config
-    if config.model_type not in FLAT_MODEL_TYPES:
-        return (
-            f"flat execution covers {', '.join(sorted(FLAT_MODEL_TYPES))}, not {config.model_type}"
-        )
-    if getattr(config, "is_decoder", False) or getattr(config, "add_cross_attention", False):
-        return "it is configured as a decoder"
     if getattr(config, "position_embedding_type", "absolute") != "absolute":
         return f"its position embeddings are {config.position_embedding_type}, not absolute"
     if getattr(config, "chunk_size_feed_forward", 0):
@@ -124,3 +117,8 @@ class FlatTransformer(nn.Module):
         for layer in self.layers:
             hidden = layer(hidden, sequences)
         return hidden
+
+
+BERT_FAMILY = FlatFamily(
+    "bert", frozenset({"bert", "roberta", "xlm-roberta"}), FlatTransformer, support=_support
+)

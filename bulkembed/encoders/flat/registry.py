@@ -1,0 +1,63 @@
+"""Model families that run on flat batches, by registry.
+
+A family (`FlatFamily`) names the architectures it covers (config.json `model_type`), says
+whether its attention is causal (a decoder: each token attends to the tokens before it in
+its document), and builds, from a loaded Hugging Face model, a module that takes a flat
+batch, `module(input_ids, sequences)` with `input_ids` [tokens], and gives the last hidden
+state [tokens, hidden]; the module keeps the model's `config` as its own. Its layers call `varlen.varlen_attention` with the family's
+`causal`. A family of another file is added with `register_flat_family`; the BERT family
+(BERT, RoBERTa, XLM-RoBERTa) is built in (`bulkembed.encoders.flat.bert`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+
+def _no_reason(model: Any) -> str | None:
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class FlatFamily:
+    """Architectures that run flat: `model_types`, `build` (a loaded model to its flat
+    module), `causal` attention or not, and `support`, which says why a model of the family
+    still cannot run flat (None: it can)."""
+
+    name: str
+    model_types: frozenset[str]
+    build: Callable[[Any], Any]
+    causal: bool = False
+    support: Callable[[Any], str | None] = _no_reason
+
+
+# Families by model type.
+_FAMILIES: dict[str, FlatFamily] = {}
+
+
+def register_flat_family(family: FlatFamily) -> None:
+    """Run the model types of `family` flat (replacing a family that covered them)."""
+    for model_type in family.model_types:
+        _FAMILIES[model_type] = family
+
+
+def unregister_flat_family(family: FlatFamily) -> None:
+    """Run the model types of `family` padded again."""
+    for model_type in family.model_types:
+        if _FAMILIES.get(model_type) is family:
+            del _FAMILIES[model_type]
+
+
+def flat_family(model: Any) -> FlatFamily | str:
+    """The family that runs `model` (a loaded transformers model) flat, or why none can."""
+    config = model.config
+    family = _FAMILIES.get(config.model_type)
+    if family is None:
+        covered = ", ".join(sorted(_FAMILIES))
+        return f"flat execution covers {covered}, not {config.model_type}"
+    decoder = getattr(config, "is_decoder", False) or getattr(config, "add_cross_attention", False)
+    if decoder and not family.causal:
+        return "it is configured as a decoder"
+    return family.support(model) or family

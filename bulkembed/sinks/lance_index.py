@@ -1,0 +1,108 @@
+"""A LanceDB table's surroundings: the lancedb and lance modules, where a table on object
+storage is reached, and the indexes built once every unit is in (`--index`, `--fts`)."""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from bulkembed.errors import OutputError
+from bulkembed.storage import StorageOptions
+
+DEFAULT_TABLE = "embeddings"
+# IVF trains each partition on up to this many rows.
+ROWS_PER_PARTITION = 256
+# From this many rows `auto` takes IVF_PQ (compressed); below, IVF_HNSW_SQ.
+PQ_FROM_ROWS = 1_000_000
+# IVF_HNSW_SQ: one partition (one graph) per this many rows.
+ROWS_PER_HNSW_PARTITION = 1_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class IndexSettings:
+    """`--index`: vector indexes to build once every unit is in."""
+
+    kind: str = "auto"
+    partitions: int | None = None
+    metric: str = "cosine"
+
+    def choose(self, rows: int) -> tuple[str, int]:
+        """The index type and number of IVF partitions for a table of `rows` rows."""
+        kind = self.kind
+        if kind == "auto":
+            kind = "ivf_pq" if rows >= PQ_FROM_ROWS else "ivf_hnsw_sq"
+        if self.partitions is not None:
+            return kind, self.partitions
+        trainable = max(1, rows // ROWS_PER_PARTITION)
+        if kind == "ivf_hnsw_sq":
+            return kind, min(trainable, max(1, rows // ROWS_PER_HNSW_PARTITION))
+        return kind, min(trainable, max(1, round(math.sqrt(rows))))
+
+
+def lance_modules() -> Any:
+    """The lancedb and lance modules, or a one-line error naming the extra."""
+    try:
+        import lance
+        import lancedb
+    except ImportError:
+        raise OutputError(
+            "LanceDB output needs the lance extra: pip install 'bulkembed[lance]'"
+        ) from None
+    # Both warn at every fork of a process that imported them. The processes a run forks
+    # (OpenVINO's telemetry sender) never touch a table.
+    warnings.filterwarnings("ignore", "lance is not fork-safe", UserWarning)
+    warnings.filterwarnings("ignore", "lancedb fork support is experimental", RuntimeWarning)
+    return lancedb, lance
+
+
+def _index_config(kind: str, partitions: int, metric: str) -> Any:
+    from lancedb.index import HnswSq, IvfFlat, IvfPq
+
+    config = {"ivf_pq": IvfPq, "ivf_hnsw_sq": HnswSq, "ivf_flat": IvfFlat}[kind]
+    return config(distance_type=metric, num_partitions=partitions)
+
+
+def lance_storage_options(options: StorageOptions, scheme: str) -> dict[str, str]:
+    """`--storage-option`s as Lance's object store takes them, for a store of `scheme`.
+    Credentials are not among them: Lance reads them from the environment
+    (`AWS_ACCESS_KEY_ID`, ...) as each cloud's tools do."""
+    mapped = {}
+    endpoint = options.endpoint(scheme)
+    if endpoint:
+        mapped["endpoint"] = endpoint
+        if endpoint.startswith("http://"):
+            mapped["allow_http"] = "true"
+    if scheme in ("az", "abfs") and options.get("account"):
+        mapped["account_name"] = str(options.get("account"))
+    if options.get("region"):
+        mapped["region"] = str(options.get("region"))
+    if options.anonymous:
+        mapped["skip_signature"] = "true"
+    return mapped
+
+
+def build_indexes(
+    table: Any,
+    index: IndexSettings | None,
+    fts_column: str | None,
+    phase: Callable[[str], None],
+) -> None:
+    """Build the vector indexes of `index` and the full-text index on `fts_column` (each
+    step named to `phase`) on a table that holds every row."""
+    rows = table.count_rows()
+    names = table.schema.names
+    if index is not None and rows:
+        kind, partitions = index.choose(rows)
+        for column, metric in (("vector", index.metric), ("multivector", "cosine")):
+            if column in names:
+                phase(f"building the {kind} index on {column} ({rows:,} rows)")
+                config = _index_config(kind, partitions, metric)
+                table.create_index(column, config=config)
+    if fts_column is not None:
+        from lancedb.index import FTS
+
+        phase(f"building the full-text index on {fts_column}")
+        table.create_index(fts_column, config=FTS(), replace=True)
