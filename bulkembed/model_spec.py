@@ -12,15 +12,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from bulkembed.config import (
-    DEFAULT_MAX_BATCH_TOKENS,
-    Pooling,
-    Recipe,
-    RunConfig,
-    find_recipe,
-    list_recipes,
-    load_recipe_file,
-)
+from bulkembed.config import DEFAULT_MAX_BATCH_TOKENS, Pooling, RunConfig
 from bulkembed.errors import ModelError, UsageError
 from bulkembed.model_files import (
     BGE_M3_HEAD_FILES,
@@ -30,6 +22,7 @@ from bulkembed.model_files import (
     model_version,
     read_json,
 )
+from bulkembed.recipes import Recipe, find_recipe, list_recipes, load_recipe_file
 from bulkembed.st_folder import SentenceTransformersInfo, read_sentence_transformers_info
 
 # What each family of encoder can produce; with no `--outputs`, all of it.

@@ -18,17 +18,14 @@ from typing import Any, Protocol, TypeVar
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, ProgressColumn, Task, TaskID, TextColumn
-from rich.table import Table
 from rich.text import Text
 
 from bulkembed.contracts import DeviceCounts
+from bulkembed.printing import summary_lines
 from bulkembed.rates import RunProgress, duration
-from bulkembed.wording import counted
 
 Item = TypeVar("Item")
 LOG_INTERVAL_SECONDS = 10.0
-# The closing summary's width: it fits a terminal of 80 columns.
-SUMMARY_WIDTH = 80
 # The stages of a run whose busy seconds `RunStats.stages` adds up, in pipeline order.
 STAGES = ("read", "tokenize", "pack", "model", "post-process", "write")
 
@@ -358,103 +355,3 @@ def make_reporter(quiet: bool) -> Reporter:
     if quiet:
         return QuietReporter()
     return BarReporter() if sys.stderr.isatty() else LogReporter()
-
-
-def _fit(line: str, width: int = SUMMARY_WIDTH) -> str:
-    """`line`, its middle cut out if it is wider than `width`."""
-    if len(line) <= width:
-        return line
-    keep = width - 1
-    return line[: keep // 2] + "…" + line[len(line) - (keep - keep // 2) :]
-
-
-def summary_lines(summary: dict[str, Any]) -> list[str]:
-    """The end of a run in at most 9 lines of at most 80 columns: what the output holds,
-    this run's speed, the model, changes against `--since` (and the rows it did not
-    delete), bad and truncated records, and where the full figures are (`summary.json`,
-    `bulkembed status`)."""
-    output = summary.get("output") or "stdout"
-    seconds = summary.get("seconds") or 0.0
-    lines = [
-        f"done: {summary.get('docs', 0):,} docs in {output}",
-        f"this run: {summary.get('docs_this_run', 0):,} docs embedded in {duration(seconds)}: "
-        f"{summary.get('docs_per_s', 0):,.0f} docs/s, {summary.get('tokens_per_s', 0):,.0f} "
-        "tok/s",
-        f"padding efficiency {summary.get('padding_efficiency', 1.0):.2f}, device idle "
-        f"{100 * (summary.get('device_idle_fraction') or 0):.0f}%, "
-        f"{counted(summary.get('batches_this_run', 0), 'batch', 'batches')}",
-        f"model {summary.get('model')} on {summary.get('device')} ({summary.get('dtype')}"
-        f"{', ' + summary['backend'] if summary.get('backend') else ''}"
-        f"{', flat' if summary.get('attention') == 'flat' else ''}): "
-        f"{summary.get('outputs')}",
-    ]
-    if summary.get("new") is not None:
-        lines += _since_lines(summary)
-    if summary.get("bad_records"):
-        lines.append(
-            f"{counted(summary['bad_records'], 'bad record')} set aside (bad_records.jsonl)"
-        )
-    if summary.get("truncated"):
-        lines.append(
-            f"{counted(summary['truncated'], 'doc')} cut at {summary.get('max_length')} tokens "
-            "(--max-length)"
-        )
-    if output != "stdout":
-        lines.append(f"full figures: bulkembed status {output} (and its summary.json)")
-    return [_fit(line) for line in lines]
-
-
-def _since_lines(summary: dict[str, Any]) -> list[str]:
-    """New, changed, unchanged and deleted documents; and, on a line of their own, the
-    previous rows the run did not delete although its input lacks them."""
-    deleted = summary.get("deleted")
-    lines = [
-        f"since the previous output: {summary['new']:,} new, {summary['changed']:,} changed, "
-        f"{summary['unchanged']:,} unchanged, "
-        + ("deleted unknown (--limit)" if deleted is None else f"{deleted:,} deleted")
-    ]
-    withheld = summary.get("deletes_withheld") or 0
-    kept = summary.get("kept_unread") or 0
-    held = [f"{withheld:,} gone ({summary.get('deletes_held_by')})"] if withheld else []
-    held += [f"{kept:,} not read (bad_records.jsonl)"] if kept else []
-    if held:
-        lines.append(f"not deleted: {', '.join(held)}")
-    return lines
-
-
-def summary_table(summary: dict[str, Any], title: str = "bulkembed summary") -> Table:
-    """Figures of a run as a two-column table."""
-    table = Table(title=title, show_header=False, title_justify="left")
-    table.add_column("figure", style="bold")
-    table.add_column("value", justify="right")
-    for key, value in summary.items():
-        if value is None:
-            text = "-"
-        elif isinstance(value, bool):
-            text = str(value).lower()
-        elif isinstance(value, float):
-            text = f"{value:,.3f}" if value < 100 else f"{value:,.0f}"
-        elif isinstance(value, int):
-            text = f"{value:,}"
-        elif isinstance(value, dict):
-            text = ", ".join(f"{name} {figure}" for name, figure in value.items())
-        else:
-            text = str(value)
-        table.add_row(key.replace("_", " "), text)
-    return table
-
-
-def print_status(status: dict[str, Any]) -> None:
-    """`bulkembed status`: the state of a run directory, on stdout; its message below the
-    figures."""
-    figures = {key: value for key, value in status.items() if key != "message"}
-    console = Console(highlight=False)
-    console.print(summary_table(figures, title="bulkembed status"))
-    console.print(status.get("message", ""), soft_wrap=True, markup=False)
-
-
-def print_error(message: str) -> None:
-    """One line on stderr, never wrapped."""
-    flat = " ".join(message.splitlines())
-    sys.stderr.write(f"error: {flat}\n")
-    sys.stderr.flush()

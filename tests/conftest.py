@@ -237,16 +237,17 @@ def s3(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch, request: pytest.Fix
     """The S3 server, with a new empty bucket `bulkembed-<n>` for this test and its
     endpoint and keys in the environment (this process and the ones it starts)."""
     from bulkembed import storage
+    from bulkembed.storage import s3 as storage_s3
 
     for key, value in s3_server.environment.items():
         monkeypatch.setenv(key, value)
     storage.filesystem.cache_clear()
-    storage._cached_s3_client.cache_clear()
+    storage_s3._cached_s3_client.cache_clear()
     _BUCKETS.append(f"bulkembed-{len(_BUCKETS)}")
     s3_server.client().create_bucket(Bucket=_BUCKETS[-1])
     yield S3Bucket(s3_server, _BUCKETS[-1])
     storage.filesystem.cache_clear()
-    storage._cached_s3_client.cache_clear()
+    storage_s3._cached_s3_client.cache_clear()
 
 
 _BUCKETS: list[str] = []

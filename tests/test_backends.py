@@ -16,7 +16,7 @@ from bulkembed.config import Backend, RunConfig
 from bulkembed.devices import cpu_accelerates_bfloat16
 from bulkembed.encoders import TokenBatch, build_encoder
 from bulkembed.encoders import openvino as ov_backend
-from bulkembed.encoders.base import choose_backend
+from bulkembed.encoders.backend import choose_backend
 from bulkembed.encoders.export_cache import MANIFEST, cached, key_digest, problem
 from bulkembed.errors import ModelError, UsageError
 from bulkembed.model_spec import resolve_model

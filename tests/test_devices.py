@@ -11,7 +11,8 @@ from bulkembed.cli import app
 from bulkembed.config import DEFAULT_MAX_BATCH_TOKENS, DType, RunConfig
 from bulkembed.devices import cpu_threads_per_worker, resolve_device, resolve_devices, resolve_dtype
 from bulkembed.encoders import TokenBatch, build_encoder
-from bulkembed.encoders.base import attention_implementation, tuned_batch_tokens
+from bulkembed.encoders.backend import attention_implementation
+from bulkembed.encoders.runtime import tuned_batch_tokens
 from bulkembed.errors import BulkembedError
 from bulkembed.model_spec import resolve_model
 from bulkembed.sources import Chunk

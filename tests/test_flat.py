@@ -25,12 +25,12 @@ from bulkembed import embed_corpus
 from bulkembed.config import Attention, Backend, DType, RunConfig
 from bulkembed.contracts import RUN_DIRECTORY
 from bulkembed.encoders import TokenBatch, build_encoder, varlen
-from bulkembed.encoders.base import choose_attention, choose_backend
+from bulkembed.encoders.backend import choose_attention, choose_backend
 from bulkembed.encoders.openvino import openvino_installed
 from bulkembed.encoders.varlen import Sequences, kernel_attention, reference_attention
 from bulkembed.errors import UsageError
 from bulkembed.model_spec import resolve_model
-from bulkembed.progress import summary_lines
+from bulkembed.printing import summary_lines
 from bulkembed.tokenize import TextTokenizer, TokenizerSettings
 
 

@@ -2,9 +2,10 @@ import json
 
 import pytest
 
-from bulkembed.config import Pooling, RunConfig, list_recipes
+from bulkembed.config import Pooling, RunConfig
 from bulkembed.errors import ModelError, UsageError
 from bulkembed.model_spec import resolve_model
+from bulkembed.recipes import list_recipes
 
 
 def _config(model, **options) -> RunConfig:

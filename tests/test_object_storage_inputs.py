@@ -30,7 +30,7 @@ from bulkembed import storage
 from bulkembed.cli import app
 from bulkembed.errors import InputError, UsageError
 from bulkembed.sources import RecordReader, count_records, list_inputs, unit_names
-from bulkembed.sources.files import content_digest
+from bulkembed.sources.opening import content_digest
 from bulkembed.storage import ObjectPath
 
 

@@ -34,6 +34,7 @@ from bulkembed.errors import OutputError
 from bulkembed.run_dir import LockedError, RunDirectory
 from bulkembed.run_dir.lease import LeaseLost, ObjectLease
 from bulkembed.storage import location
+from bulkembed.storage import s3 as storage_s3
 
 FLOAT32 = ("--dtype", "float32", "--max-batch-tokens", "256")
 
@@ -238,7 +239,7 @@ def test_an_s3_output_that_cannot_be_used_is_one_line_and_writes_nothing(
     else:
         monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
     storage.filesystem.cache_clear()
-    storage._cached_s3_client.cache_clear()
+    storage_s3._cached_s3_client.cache_clear()
     result = run_cli(corpus, tiny_st("mean"), out)
     assert result.exit_code != 0
     lines = [line for line in result.output.splitlines() if line.strip()]
@@ -248,7 +249,7 @@ def test_an_s3_output_that_cannot_be_used_is_one_line_and_writes_nothing(
     for key, value in s3.server.environment.items():
         os.environ[key] = value
     storage.filesystem.cache_clear()
-    storage._cached_s3_client.cache_clear()
+    storage_s3._cached_s3_client.cache_clear()
     assert s3.keys() == []
 
 

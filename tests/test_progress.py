@@ -12,7 +12,8 @@ from helpers import ROOT, records, write_jsonl
 from typer.testing import CliRunner
 
 from bulkembed.cli import app
-from bulkembed.progress import LogReporter, RunStats, summary_lines
+from bulkembed.printing import summary_lines
+from bulkembed.progress import LogReporter, RunStats
 from bulkembed.rates import RunProgress
 
 # 2026-11-25T10:41:07Z

@@ -73,8 +73,6 @@ from bulkembed.config import (
     OnBadRecord,
     RunConfig,
     ShardSpec,
-    find_recipe,
-    list_recipes,
 )
 from bulkembed.errors import (
     BulkembedError,
@@ -85,7 +83,8 @@ from bulkembed.errors import (
     UsageError,
     one_line,
 )
-from bulkembed.progress import print_error
+from bulkembed.printing import print_error
+from bulkembed.recipes import find_recipe, list_recipes
 
 app = typer.Typer(
     help="Turn a text corpus into embeddings, in bulk.",
@@ -319,7 +318,7 @@ def status(
 
     def action() -> None:
         from bulkembed.engine.sync import latest_run
-        from bulkembed.progress import print_status
+        from bulkembed.printing import print_status
         from bulkembed.run_dir.status import run_status
         from bulkembed.sinks import parse_output
         from bulkembed.storage import StorageOptions

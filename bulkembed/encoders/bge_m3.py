@@ -19,7 +19,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from bulkembed.encoders.base import Encoder, load_state
+from bulkembed.encoders.backend import load_state
+from bulkembed.encoders.base import Encoder
 from bulkembed.encoders.pooling import cls_pool
 from bulkembed.encoders.sparse import max_weight_per_id
 from bulkembed.encoders.transfer import DeviceInputs, DeviceOutputs

@@ -14,7 +14,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from bulkembed.encoders.base import Encoder, load_state
+from bulkembed.encoders.backend import load_state
+from bulkembed.encoders.base import Encoder
 from bulkembed.encoders.transfer import DeviceInputs, DeviceOutputs
 from bulkembed.errors import ModelError
 from bulkembed.model_files import model_file, read_json

@@ -39,7 +39,7 @@ def _inputs(config: RunConfig, spec: ModelSpec, files: list[InputFile]) -> list[
     """Each input by name, size and modification time, and with `--verify-inputs` a digest
     of its content."""
     from bulkembed.sources import format_of
-    from bulkembed.sources.files import content_digest
+    from bulkembed.sources.opening import content_digest
 
     found = []
     for file in files:

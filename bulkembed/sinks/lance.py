@@ -59,8 +59,11 @@ from bulkembed.sinks.lance_index import (
     DEFAULT_TABLE,
     IndexSettings,
     build_indexes,
+    fragment_files,
     lance_modules,
     lance_storage_options,
+    present_files,
+    table_files,
 )
 from bulkembed.storage import AnyPath, ObjectPath, StorageOptions
 
@@ -73,21 +76,6 @@ FLUSH_BYTES = 64 * 1024 * 1024
 # Commits of one unit that conflict with other writers' before the run gives up (each is
 # retried inside Lance too).
 COMMIT_ATTEMPTS = 8
-
-
-def _files(fragment: Any) -> frozenset[str]:
-    """The names of a fragment's data files (of its `FragmentMetadata`)."""
-    return frozenset(f.path for f in fragment.files)
-
-
-def _present(dataset: Any) -> frozenset[str]:
-    """Every data file of a dataset's version."""
-    return frozenset().union(*_table_files(dataset).values())
-
-
-def _table_files(dataset: Any) -> dict[int, frozenset[str]]:
-    """The data files of each fragment of a dataset's version, by fragment id."""
-    return {f.fragment_id: _files(f.metadata) for f in dataset.get_fragments()}
 
 
 class LanceSink(Sink):
@@ -207,7 +195,7 @@ class LanceSink(Sink):
         # The table first, then the intents: every file in this version was committed after
         # its intent was written, so a file that no intent names was not committed by a unit.
         dataset = self._dataset()
-        fragments = _table_files(dataset)
+        fragments = table_files(dataset)
         present = frozenset().union(*fragments.values())
         intents = self.intents.all()
         named = frozenset().union(*(i["files"] for i in intents.values()))
@@ -310,7 +298,7 @@ class LanceSink(Sink):
             *(i["files"] for p, i in self.intents.all().items() if p not in done)
         )
         for fragment in self._dataset().get_fragments():
-            if not _files(fragment.metadata) & others:
+            if not fragment_files(fragment.metadata) & others:
                 for batch in fragment.to_batches(columns=["id"]):
                     yield from batch.column("id").to_pylist()
 
@@ -356,7 +344,7 @@ class LanceSink(Sink):
         fragments, self._fragments = self._fragments, []
         if not fragments:
             return {}
-        files = frozenset().union(*map(_files, fragments))
+        files = frozenset().union(*map(fragment_files, fragments))
         try:
             # Writing the rows took a while: is the output still this run's?
             self._fence()
@@ -367,7 +355,7 @@ class LanceSink(Sink):
         if earlier is not None:
             # Another writer of this unit was lost: after its commit, or before.
             dataset = self._dataset()
-            if frozenset(earlier["files"]) <= _present(dataset):
+            if frozenset(earlier["files"]) <= present_files(dataset):
                 self._remove_files(files)
                 return {"version": int(dataset.version)}
             self._remove_files(earlier["files"])
@@ -379,7 +367,7 @@ class LanceSink(Sink):
         _, lance = lance_modules()
 
         def landed(dataset: Any) -> bool:
-            return files <= _present(dataset)
+            return files <= present_files(dataset)
 
         return self._commit(lance.LanceOperation.Append(fragments), landed)
 
@@ -401,4 +389,4 @@ class LanceSink(Sink):
         fragments, self._fragments = self._fragments, []
         # A failure here leaves the files to `finish`.
         with contextlib.suppress(OSError):
-            self._remove_files(frozenset().union(*map(_files, fragments)))
+            self._remove_files(frozenset().union(*map(fragment_files, fragments)))

@@ -1,5 +1,6 @@
 """A LanceDB table's surroundings: the lancedb and lance modules, where a table on object
-storage is reached, and the indexes built once every unit is in (`--index`, `--fts`)."""
+storage is reached, the data files of a version, and the indexes built once every unit is
+in (`--index`, `--fts`)."""
 
 from __future__ import annotations
 
@@ -106,3 +107,18 @@ def build_indexes(
 
         phase(f"building the full-text index on {fts_column}")
         table.create_index(fts_column, config=FTS(), replace=True)
+
+
+def fragment_files(fragment: Any) -> frozenset[str]:
+    """The names of a fragment's data files (of its `FragmentMetadata`)."""
+    return frozenset(f.path for f in fragment.files)
+
+
+def present_files(dataset: Any) -> frozenset[str]:
+    """Every data file of a dataset's version."""
+    return frozenset().union(*table_files(dataset).values())
+
+
+def table_files(dataset: Any) -> dict[int, frozenset[str]]:
+    """The data files of each fragment of a dataset's version, by fragment id."""
+    return {f.fragment_id: fragment_files(f.metadata) for f in dataset.get_fragments()}

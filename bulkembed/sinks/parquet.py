@@ -35,7 +35,7 @@ from bulkembed.contracts import RUN_DIRECTORY
 from bulkembed.errors import OutputError
 from bulkembed.schema import EMBEDDING_COLUMNS
 from bulkembed.sinks.base import Recovered, Sink, unfenced
-from bulkembed.sources.files import READ_ERRORS
+from bulkembed.sources.opening import READ_ERRORS
 from bulkembed.storage import AnyPath, ObjectPath, Spool, parquet_file, random_access
 
 if TYPE_CHECKING:

@@ -5,9 +5,10 @@ A unit of work is a Parquet row group or a fixed number of records of the other 
 it is the granularity of output parts and of resume.
 """
 
-from bulkembed.sources.files import list_inputs, unit_offsets
+from bulkembed.sources.files import list_inputs
 from bulkembed.sources.filters import SeenIds, id_hash, id_hashes
 from bulkembed.sources.formats import count_records, format_of, unit_names
+from bulkembed.sources.opening import unit_offsets
 from bulkembed.sources.reader import RecordReader
 from bulkembed.sources.records import BadRecord, Chunk, InputFile
 

@@ -9,7 +9,7 @@ import pyarrow as pa
 
 from bulkembed.contracts import part_name
 from bulkembed.sources.base import ReadSettings, TabularFormat
-from bulkembed.sources.files import READ_ERRORS, open_arrow
+from bulkembed.sources.opening import READ_ERRORS, open_arrow
 from bulkembed.sources.records import BadRecord, Chunk, InputFile
 from bulkembed.storage import stop_on_store_failure
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from bulkembed.contracts import part_name
 from bulkembed.sources.arrow import ArrowFormat
 from bulkembed.sources.base import InputFormat
-from bulkembed.sources.files import READ_ERRORS
 from bulkembed.sources.hf import DatasetFormat
 from bulkembed.sources.jsonl import JsonLinesFormat
+from bulkembed.sources.opening import READ_ERRORS
 from bulkembed.sources.parquet import ParquetFormat
 from bulkembed.sources.records import InputFile
 from bulkembed.storage import stop_on_store_failure

@@ -20,7 +20,7 @@ import pyarrow.json as pa_json
 from bulkembed.contracts import part_name
 from bulkembed.sources.base import ReadSettings, RecordFormat, all_valid
 from bulkembed.sources.columns import TYPE_SAMPLE_LINES
-from bulkembed.sources.files import READ_ERRORS, count_lines, open_lines, unit_offsets
+from bulkembed.sources.opening import READ_ERRORS, count_lines, open_lines, unit_offsets
 from bulkembed.sources.records import BadRecord, Chunk, InputFile
 from bulkembed.sources.validate import parse_json_line
 from bulkembed.storage import open_binary_at, stop_on_store_failure

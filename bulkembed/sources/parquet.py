@@ -11,7 +11,7 @@ import pyarrow as pa
 
 from bulkembed.contracts import part_name
 from bulkembed.sources.base import ReadSettings, TabularFormat
-from bulkembed.sources.files import READ_ERRORS
+from bulkembed.sources.opening import READ_ERRORS
 from bulkembed.sources.records import BadRecord, Chunk, InputFile
 from bulkembed.storage import random_access, stop_on_store_failure
 

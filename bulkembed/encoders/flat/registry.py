@@ -4,9 +4,10 @@ A family (`FlatFamily`) names the architectures it covers (config.json `model_ty
 whether its attention is causal (a decoder: each token attends to the tokens before it in
 its document), and builds, from a loaded Hugging Face model, a module that takes a flat
 batch, `module(input_ids, sequences)` with `input_ids` [tokens], and gives the last hidden
-state [tokens, hidden]; the module keeps the model's `config` as its own. Its layers call `varlen.varlen_attention` with the family's
-`causal`. A family of another file is added with `register_flat_family`; the BERT family
-(BERT, RoBERTa, XLM-RoBERTa) is built in (`bulkembed.encoders.flat.bert`).
+state [tokens, hidden]; the module keeps the model's `config` as its own. Its layers call
+`varlen.varlen_attention` with the family's `causal`. A family of another file is added
+with `register_flat_family`; the BERT family (BERT, RoBERTa, XLM-RoBERTa) is built in
+(`bulkembed.encoders.flat.bert`).
 """
 
 from __future__ import annotations
