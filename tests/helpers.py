@@ -17,6 +17,8 @@ from typer.testing import CliRunner, Result
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE = ROOT / "samples" / "python-docs.jsonl"
+# Runs a command and stops it at a chosen point (`fault_harness.py`).
+HARNESS = ROOT / "tests" / "fault_harness.py"
 
 
 def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:

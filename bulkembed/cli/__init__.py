@@ -14,15 +14,10 @@ from typing import Annotated, Any
 import typer
 
 from bulkembed.cli.embed import embed_command
+from bulkembed.cli.model_options import ModelOptions, names, with_group
 from bulkembed.cli.options import (
-    AttentionOption,
-    BackendOption,
     BreakLock,
-    Compile,
     Devices,
-    Dim,
-    DTypeOption,
-    DTypeOutOption,
     EngineOption,
     Fts,
     IdColumn,
@@ -33,41 +28,25 @@ from bulkembed.cli.options import (
     KeepColumns,
     Limit,
     MaxBadRecords,
-    MaxBatchTokens,
     MaxDeletes,
-    MaxLength,
     Model,
-    Normalize,
     OnBadRecordOption,
     Output,
-    Outputs,
     Overwrite,
-    PoolingOption,
-    Prompt,
-    PromptName,
-    QuantizeOption,
     Quiet,
     RayAddress,
-    Recipe,
     RecordsPerUnit,
-    Revision,
     ShardOption,
     Since,
-    SparseTopK,
     StorageOption,
     StreamFormatOption,
     TextColumn,
     TokenizeWorkers,
     VerifyInputs,
-    batch_tokens,
 )
 from bulkembed.config import (
     DEFAULT_MAX_DELETES,
     DEFAULT_RECORDS_PER_UNIT,
-    Attention,
-    Backend,
-    DType,
-    DTypeOut,
     Engine,
     IndexType,
     OnBadRecord,
@@ -118,11 +97,6 @@ def _guarded(action: Callable[[], Any]) -> Any:
             raise
         print_error(f"{one_line(e)} (set BULKEMBED_DEBUG=1 for the traceback)")
         raise typer.Exit(ExitCode.FAILED) from e
-
-
-def _names(option: str | None) -> tuple[str, ...]:
-    """A comma-separated option as a tuple of names."""
-    return tuple(n.strip() for n in (option or "").split(",") if n.strip())
 
 
 def _bad_record_limit(text: str | None) -> float | None:
@@ -192,32 +166,17 @@ def main_options(
 
 
 @app.command(epilog=EXIT_STATUS_HELP)
+@with_group(ModelOptions, "model_options")
 def run(
     inputs: Inputs,
     model: Model,
     output: Output,
-    recipe: Recipe = None,
-    revision: Revision = None,
+    model_options: ModelOptions,
     text_column: TextColumn = "text",
     id_column: IdColumn = None,
-    max_batch_tokens: MaxBatchTokens = None,
-    max_length: MaxLength = None,
     tokenize_workers: TokenizeWorkers = None,
     devices: Devices = "auto",
-    dtype: DTypeOption = DType.AUTO,
-    compile_model: Compile = False,
-    backend: BackendOption = Backend.AUTO,
-    attention: AttentionOption = Attention.AUTO,
-    pooling: PoolingOption = None,
-    normalize: Normalize = None,
-    prompt: Prompt = None,
-    prompt_name: PromptName = None,
     limit: Limit = None,
-    outputs: Outputs = None,
-    sparse_top_k: SparseTopK = None,
-    dim: Dim = None,
-    dtype_out: DTypeOutOption = DTypeOut.FLOAT32,
-    quantize: QuantizeOption = None,
     on_bad_record: OnBadRecordOption = OnBadRecord.SKIP,
     max_bad_records: MaxBadRecords = None,
     overwrite: Overwrite = False,
@@ -251,34 +210,17 @@ def run(
             inputs=tuple(inputs),
             output=output,
             model=model,
-            recipe=recipe,
-            revision=revision,
+            **model_options.settings(),
             text_column=text_column,
             id_column=id_column,
-            max_batch_tokens=batch_tokens(max_batch_tokens),
-            tune_batch_tokens=max_batch_tokens == "auto",
-            max_length=max_length,
             tokenize_workers=tokenize_workers,
             devices=devices,
-            dtype=dtype,
-            compile=compile_model,
-            backend=backend,
-            attention=attention,
-            pooling=pooling,
-            normalize=normalize,
-            prompt=prompt,
-            prompt_name=prompt_name,
             limit=limit,
-            outputs=_names(outputs) if outputs is not None else None,
-            sparse_top_k=sparse_top_k,
-            dim=dim,
-            dtype_out=dtype_out,
-            quantize=quantize,
             on_bad_record=on_bad_record,
             max_bad_records=_bad_record_limit(max_bad_records),
             overwrite=overwrite,
             quiet=quiet,
-            keep_columns=_names(keep_columns),
+            keep_columns=names(keep_columns),
             stream_format=stream_format,
             index=index,
             index_type=index_type,

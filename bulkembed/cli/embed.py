@@ -10,28 +10,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from bulkembed.cli.options import (
-    AttentionOption,
-    BackendOption,
-    Compile,
-    Dim,
-    DTypeOption,
-    DTypeOutOption,
-    MaxBatchTokens,
-    MaxLength,
-    Model,
-    Normalize,
-    Outputs,
-    PoolingOption,
-    Prompt,
-    PromptName,
-    QuantizeOption,
-    Recipe,
-    Revision,
-    SparseTopK,
-    batch_tokens,
-)
-from bulkembed.config import Attention, Backend, DType, DTypeOut
+from bulkembed.cli.model_options import ModelOptions, with_group
+from bulkembed.cli.options import Model
 from bulkembed.errors import OutputError, UsageError
 
 if TYPE_CHECKING:
@@ -91,31 +71,16 @@ def embed_command(guarded: Callable[[Callable[[], Any]], Any]) -> Callable[..., 
     """The `embed` command, whose errors `guarded` turns into the CLI's one-line errors and
     exit codes."""
 
+    @with_group(ModelOptions, "model_options")
     def embed(
         texts: Texts,
         model: Model,
+        model_options: ModelOptions,
         query: Query = False,
         output_format: Format = EmbedFormat.JSON,
         output: EmbedOutput = None,
         overwrite: Replace = False,
-        recipe: Recipe = None,
-        revision: Revision = None,
-        max_batch_tokens: MaxBatchTokens = None,
-        max_length: MaxLength = None,
         devices: EmbedDevices = "auto",
-        dtype: DTypeOption = DType.AUTO,
-        compile_model: Compile = False,
-        backend: BackendOption = Backend.AUTO,
-        attention: AttentionOption = Attention.AUTO,
-        pooling: PoolingOption = None,
-        normalize: Normalize = None,
-        prompt: Prompt = None,
-        prompt_name: PromptName = None,
-        outputs: Outputs = None,
-        sparse_top_k: SparseTopK = None,
-        dim: Dim = None,
-        dtype_out: DTypeOutOption = DTypeOut.FLOAT32,
-        quantize: QuantizeOption = None,
     ) -> None:
         """Embed TEXT... with a model in this process: one JSON line per text, in order.
 
@@ -124,7 +89,8 @@ def embed_command(guarded: Callable[[Callable[[], Any]], Any]) -> Callable[..., 
         def action() -> None:
             from bulkembed.api import load
 
-            if query and (prompt is not None or prompt_name is not None):
+            prompted = (model_options.prompt, model_options.prompt_name) != (None, None)
+            if query and prompted:
                 raise UsageError(
                     "--query applies the model's query prompt: leave out --prompt and --prompt-name"
                 )
@@ -134,29 +100,10 @@ def embed_command(guarded: Callable[[Callable[[], Any]], Any]) -> Callable[..., 
                 raise UsageError("--format npy writes a file: pass --output FILE.npy (or -)")
             if target is not None:
                 _check_output(target, overwrite)
-            settings: dict[str, Any] = {
-                "recipe": recipe,
-                "revision": revision,
-                "max_batch_tokens": "auto"
-                if max_batch_tokens == "auto"
-                else batch_tokens(max_batch_tokens),
-                "max_length": max_length,
-                "devices": devices,
-                "dtype": dtype,
-                "compile": compile_model,
-                "backend": backend,
-                "attention": attention,
-                "pooling": pooling,
-                "normalize": normalize,
-                "prompt": prompt,
-                "prompt_name": prompt_name,
-                "outputs": outputs,
-                "sparse_top_k": sparse_top_k,
-                "dim": dim,
-                "dtype_out": dtype_out,
-                "quantize": quantize,
-            }
-            with load(model, **settings) as encoder:
+            settings = model_options.settings()
+            if settings.pop("tune_batch_tokens"):
+                settings["max_batch_tokens"] = "auto"
+            with load(model, **settings, devices=devices) as encoder:
                 found = encoder.embed_query(texts) if query else encoder.embed(texts)
             _write(found, len(texts), output_format, target)
 

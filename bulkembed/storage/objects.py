@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 from bulkembed.storage.s3 import CONDITION_FAILED, error_code, s3_client, s3_put
 from bulkembed.storage.stores import (
-    _STORE_FAILURES,
     SCHEMES,
+    STORE_FAILURES,
     FileStatus,
     StorageError,
     StorageOptions,
@@ -354,5 +354,5 @@ def stop_on_store_failure(path: object, error: BaseException) -> None:
     a damaged file's records are set aside, but a store's failure must stop the run, which
     a rerun resumes, rather than lose the rest of a file."""
     text = str(error)
-    if isinstance(path, ObjectPath) and any(marker in text for marker in _STORE_FAILURES):
+    if isinstance(path, ObjectPath) and any(marker in text for marker in STORE_FAILURES):
         raise storage_error(str(path), error) from error

@@ -18,7 +18,7 @@ SCHEMES = {"s3": "s3", "gs": "gcs", "gcs": "gcs", "az": "azure", "abfs": "azure"
 # What `--storage-option` takes.
 OPTION_KEYS = ("account", "anonymous", "endpoint", "project", "region")
 # How pyarrow and the stores word a failed request, as against a damaged file.
-_STORE_FAILURES = (
+STORE_FAILURES = (
     "AWS Error",
     "google::cloud::Status",
     "Azure Error",

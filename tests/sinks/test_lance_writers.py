@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pytest
-from helpers import ROOT, run_arguments, sample_texts, write_jsonl, write_parquet
+from helpers import HARNESS, ROOT, run_arguments, sample_texts, write_jsonl, write_parquet
 from typer.testing import CliRunner
 
 from bulkembed.cli import app
@@ -22,7 +22,6 @@ from bulkembed.cli import app
 lancedb = pytest.importorskip("lancedb")
 pytestmark = pytest.mark.slow
 
-HARNESS = Path(__file__).with_name("fault_harness.py")
 # 100 records per JSONL unit: two files of 250 lines are three units each; the Parquet file's
 # five row groups are five more. 600 documents, 11 units.
 UNIT = ("--records-per-unit", "100")

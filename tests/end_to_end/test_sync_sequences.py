@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from helpers import sample_texts, write_jsonl, write_parquet
+from helpers import HARNESS, sample_texts, write_jsonl, write_parquet
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 from test_crash_sequences import DAMAGE, SEQUENCES, crash_sequence
@@ -25,7 +25,6 @@ from typer.testing import CliRunner
 
 from bulkembed.cli import app
 
-HARNESS = Path(__file__).with_name("fault_harness.py")
 # Units of the input: 4 row groups in each Parquet file, 1 JSON-lines unit.
 UNITS = 9
 GONE = ("doc-5", "doc-21")  # deleted from a.parquet, which is never damaged

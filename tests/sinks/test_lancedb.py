@@ -4,13 +4,12 @@ import json
 import subprocess
 import sys
 from dataclasses import asdict, replace
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from helpers import sample_texts, write_jsonl, write_parquet
+from helpers import HARNESS, sample_texts, write_jsonl, write_parquet
 from typer.testing import CliRunner
 
 from bulkembed.cli import app
@@ -21,7 +20,6 @@ from bulkembed.sinks import LanceSink, lance_index, parse_output
 from bulkembed.sinks.lance_index import IndexSettings
 
 lancedb = pytest.importorskip("lancedb")
-HARNESS = Path(__file__).with_name("fault_harness.py")
 
 
 def _corpus(tmp_path, n=120):

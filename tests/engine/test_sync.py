@@ -5,7 +5,6 @@ import json
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -13,12 +12,11 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 from fault_harness import run_forked
-from helpers import incremental_corpora, run_cli, write_jsonl
+from helpers import HARNESS, ROOT, incremental_corpora, run_cli, write_jsonl
 from typer.testing import CliRunner
 
 from bulkembed.cli import app
 
-HARNESS = Path(__file__).with_name("fault_harness.py")
 # float32 on every CPU, so that vectors compare at float32 precision across runs; a short
 # maximum length, so that some documents are truncated.
 SETTINGS = ("--dtype", "float32", "--max-length", "24")
@@ -144,7 +142,7 @@ def test_sigkill_during_since_then_rerun_gives_the_same_change_set(synced, tmp_p
 
 def test_readme_loader_applies_the_change_set(synced, tmp_path, monkeypatch):
     folder, _, _ = synced
-    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    readme = (ROOT / "README.md").read_text()
     section = readme.split("### Sync into a vector store", 1)[1]
     code = section.split("```python\n", 1)[1].split("```", 1)[0]
     (tmp_path / "out-2026-11-21").symlink_to(folder / "out-v1")
