@@ -49,7 +49,7 @@ import pyarrow.parquet as pq
 from bulkembed.errors import OutputError, UsageError
 from bulkembed.run_dir import RunDirectory, describe_changes
 from bulkembed.schema import CONTENT_HASH, EMBEDDING_COLUMNS
-from bulkembed.sinks import ParquetSink
+from bulkembed.sinks.parquet import ParquetSink
 from bulkembed.sources import BadRecord
 from bulkembed.sources.filters import id_hash
 from bulkembed.sources.records import (

@@ -56,9 +56,8 @@ def _row(name: str, hint: object, default: object) -> str:
 
 def reference() -> str:
     """A Markdown table of every argument and option of `bulkembed run`."""
-    hints = typing.get_type_hints(run, include_extras=True)
-    parameters = inspect.signature(run).parameters.values()
-    rows = [_row(p.name, hints[p.name], p.default) for p in parameters]
+    parameters = inspect.signature(run, eval_str=True).parameters.values()
+    rows = [_row(p.name, p.annotation, p.default) for p in parameters]
     header = "| option | type | default | meaning |\n| --- | --- | --- | --- |"
     return "\n".join([header, *rows])
 

@@ -115,7 +115,7 @@ def test_leaf_paths_are_the_columns_pyarrow_writes():
 
 
 def test_a_dead_writer_s_temporary_parts_are_removed_and_nothing_else(tmp_path):
-    from bulkembed.sinks import ParquetSink
+    from bulkembed.sinks.parquet import ParquetSink
 
     dead = tmp_path / ".part-00000-000000.4242-a1b2c3.parquet.tmp"
     alive = tmp_path / ".part-00000-000001.4243-a1b2c3.parquet.tmp"

@@ -204,19 +204,20 @@ class ModelOptions:
 
 def with_group(group: type[Any], name: str) -> Callable[[Command], Command]:
     """Give a command the options of `group` (a frozen dataclass whose fields carry their
-    typer annotations and defaults) after its own, and call it with the group built from
-    them as its parameter `name`."""
+    typer annotations and defaults) where its parameter `name` stands, and call it with the
+    group built from them as that parameter (every parameter is passed by name)."""
     hints = typing.get_type_hints(group, include_extras=True)
     fields = dataclasses.fields(group)
+    keyword = inspect.Parameter.KEYWORD_ONLY
     added = [
-        inspect.Parameter(
-            f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default, annotation=hints[f.name]
-        )
+        inspect.Parameter(f.name, keyword, default=f.default, annotation=hints[f.name])
         for f in fields
     ]
 
     def decorate(command: Command) -> Command:
-        own = inspect.signature(command, eval_str=True).parameters.values()
+        parameters: list[inspect.Parameter] = []
+        for parameter in inspect.signature(command, eval_str=True).parameters.values():
+            parameters += added if parameter.name == name else [parameter.replace(kind=keyword)]
 
         @functools.wraps(command)
         def taking_group(**values: Any) -> Any:
@@ -225,8 +226,7 @@ def with_group(group: type[Any], name: str) -> Callable[[Command], Command]:
 
         del taking_group.__wrapped__
         taking_group.__annotations__ = {}
-        parameters = [p for p in own if p.name != name]
-        taking_group.__signature__ = inspect.Signature([*parameters, *added])  # type: ignore[attr-defined]
+        taking_group.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]
         return typing.cast(Command, taking_group)
 
     return decorate

@@ -117,7 +117,7 @@ class Encoder(DeviceRuntime):
         asked for and one remark where `auto` would have taken it."""
         import torch
 
-        from bulkembed.encoders.flat import FlatFamily
+        from bulkembed.encoders.flat import FlatFamily, flat_module
 
         attention, why_padded = choose_attention(self.spec, self.device, self.dtype)
         if choose_backend(self.spec, self.device, self.dtype) is Backend.OPENVINO:
@@ -142,7 +142,7 @@ class Encoder(DeviceRuntime):
         family = self._flat_family(model)
         if attention is Attention.FLAT and isinstance(family, FlatFamily):
             self.unpadded = True
-            model = family.build(model).eval()
+            model = flat_module(family, model)
         elif attention is Attention.FLAT:
             told = self.notices if self.spec.attention == Attention.FLAT.value else self.remarks
             told.append(f"{self.spec.source} runs padded batches: {family}")

@@ -24,6 +24,7 @@ implementation runs.
 from __future__ import annotations
 
 import functools
+import inspect
 import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -190,13 +191,23 @@ def _kernel_call(
 ) -> torch.Tensor:
     kernel = _device_kernel(query.device)
     assert kernel is not None
-    masking: dict[str, Any] = {}
-    if causal:
-        masking = {"window_size": (-1, 0)} if kernel is _torch_kernel() else {"causal": True}
+    masking = _causal_arguments(kernel) if causal else {}
     attended = kernel(query, key, value, cu, cu, longest, longest, **masking)
     # flash-attention 3 returns (output, log-sum-exp) in some releases.
     output: torch.Tensor = attended[0] if isinstance(attended, tuple) else attended
     return output
+
+
+@functools.cache
+def _causal_arguments(kernel: Callable[..., Any]) -> dict[str, Any]:
+    """How `kernel` is told to mask causally: flash-attn's `causal`, PyTorch's `is_causal`
+    (2.9), or a window of (-1, 0) (PyTorch 2.10 on, which has no `is_causal`)."""
+    parameters = inspect.signature(kernel).parameters
+    if "causal" in parameters:
+        return {"causal": True}
+    if "is_causal" in parameters:
+        return {"is_causal": True}
+    return {"window_size": (-1, 0)}
 
 
 def reference_attention(

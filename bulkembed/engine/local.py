@@ -220,7 +220,7 @@ def _embed_on_devices(
         plan.spec,
         plan.reader,
         output_format,
-        sink.for_process,
+        sink.process_copies(),
         run.run_id,
         run.fence(),
         dtype,

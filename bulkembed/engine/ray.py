@@ -286,7 +286,7 @@ def embed_on_ray(
                 dtype=plan.config.dtype,
                 output=run.output.resolve(),
                 meta=run.meta.resolve(),
-                sink=sink.for_process,
+                sink=sink.process_copies(),
                 fence=run.fence(),
                 shard=plan.config.shard,
                 output_format=plan.output_format,

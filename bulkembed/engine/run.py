@@ -106,7 +106,7 @@ def embed_corpus(config: RunConfig, reporter: Reporter | None = None) -> Summary
             try:
                 summary, precision = _run(plan, run, sink, reporter)
             finally:
-                if not plan.target.capabilities.resumable and isinstance(run.meta, Path):
+                if plan.target.run_directory is None and isinstance(run.meta, Path):
                     # A stream's bookkeeping: a temporary directory of its own.
                     shutil.rmtree(run.meta, ignore_errors=True)
     reporter.finish(summary.as_dict())

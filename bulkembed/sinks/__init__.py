@@ -6,8 +6,6 @@ registered by `register_sink` (`bulkembed.sinks.registry`).
 
 from bulkembed.sinks.base import InPlaceSync, IntentLog, Recovered, Sink
 from bulkembed.sinks.builtin import register_builtin_sinks
-from bulkembed.sinks.lance import LanceSink
-from bulkembed.sinks.parquet import ParquetSink
 from bulkembed.sinks.registry import (
     Capabilities,
     OutputTarget,
@@ -21,7 +19,6 @@ from bulkembed.sinks.registry import (
     sink_of,
     unregister_sink,
 )
-from bulkembed.sinks.stream import StreamSink
 
 register_builtin_sinks()
 
@@ -29,14 +26,11 @@ __all__ = [
     "Capabilities",
     "InPlaceSync",
     "IntentLog",
-    "LanceSink",
     "OutputTarget",
-    "ParquetSink",
     "Recovered",
     "Sink",
     "SinkKind",
     "SinkSettings",
-    "StreamSink",
     "in_place",
     "make_sink",
     "parse_output",

@@ -8,6 +8,7 @@ one invisible, or be able to take it back in `reconcile`.
 from __future__ import annotations
 
 import copy
+import functools
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -100,10 +101,11 @@ class Sink(ABC):
         """The schema of committed part `part`, where the sink keeps one per part."""
         return None
 
-    def for_process(self) -> Sink:
-        """A sink for another process that commits parts into the same output (a device
-        process, a Ray actor): a copy, unless the sink keeps state of its own writer."""
-        return copy.copy(self)
+    def process_copies(self) -> Callable[[], Sink]:
+        """What makes, in another process that commits parts into the same output (a device
+        process, a Ray actor), that process's own sink; made here, before that process
+        starts, and sent to it (a copy of this sink, by default)."""
+        return functools.partial(copy.copy, self)
 
     def abandon(self, writers: Collection[int]) -> None:  # noqa: B027 (as for check_foreign)
         """Delete what the processes `writers` (process ids) left half-written: device

@@ -20,6 +20,7 @@ part but is not bulkembed's own is refused rather than overwritten.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import re
@@ -164,10 +165,10 @@ class ParquetSink(Sink):
             return []
         return [p for p in self.directory.glob(".part-*") if _TEMPORARY.fullmatch(p.name)]
 
-    def for_process(self) -> ParquetSink:
-        """A sink of its own, whose temporary files carry its process's id (and which finds
-        the directory from another working directory)."""
-        return type(self)(self.directory.resolve())
+    def process_copies(self) -> Callable[[], ParquetSink]:
+        """A sink of that process's own, whose temporary files carry its process's id, of
+        the directory resolved here (the process may run in another working directory)."""
+        return functools.partial(type(self), self.directory.resolve())
 
     def abandon(self, writers: Collection[int]) -> None:
         """Delete the temporary files that the processes `writers` (process ids) left: a

@@ -29,10 +29,12 @@ class Capabilities:
       which; a rerun resumes. Without it (a stream) the run keeps its bookkeeping in a
       temporary directory, and removes it at the end.
     - `many_writers`: processes beside the run's (device processes, `--shard` runs, Ray
-      actors) may commit parts into the output at the same time, each through the sink's
-      `for_process` copy. Without it every row is written by the run's own process.
+      actors) may commit parts into the output at the same time, each through its own sink
+      (`Sink.process_copies`). Without it every row is written by the run's own process.
     - `change_set`: a `--since` run into it writes the change set beside the output
-      (`bulkembed.incremental`), and ends by writing the previous rows it keeps as parts.
+      (`bulkembed.incremental`), and ends by writing the previous rows it keeps as parts:
+      its sink lists committed ids (`committed_ids`), gives a part's schema (`part_schema`)
+      and discards parts (`discard`).
     - `indexes`: it builds vector and full-text indexes (`--index`, `--fts`).
     - `in_place`: a `--since` naming the output itself updates it in place (the kind's
       `in_place` gives the `InPlaceSync`).
@@ -104,7 +106,11 @@ class SinkKind:
 
     def __post_init__(self) -> None:
         if self.capabilities.in_place != (self.in_place is not None):
-            raise ValueError(f"sink kind {self.name}: in_place is declared but not given")
+            said = "declared" if self.capabilities.in_place else "not declared"
+            raise ValueError(
+                f"sink kind {self.name}: the in_place capability is {said}, so give in_place "
+                "if and only if it is declared"
+            )
 
 
 # Kinds by name, in the order they were registered; the latest is asked first.
@@ -112,10 +118,9 @@ _KINDS: dict[str, SinkKind] = {}
 
 
 def register_sink(kind: SinkKind) -> None:
-    """Add a kind of output (or replace the one of the same name). Kinds registered later
-    are asked first, so that a kind with a scheme of its own comes before a plain
-    directory."""
-    _KINDS.pop(kind.name, None)
+    """Add a kind of output, or replace the one of the same name where it stands. Kinds
+    added later are asked first, so that a kind with a scheme of its own comes before a
+    plain directory."""
     _KINDS[kind.name] = kind
 
 
@@ -140,8 +145,14 @@ def parse_output(output: str, options: StorageOptions | None = None) -> OutputTa
         )
     for kind in reversed(_KINDS.values()):
         target = kind.parse(output, options)
-        if target is not None:
-            return target
+        if target is None:
+            continue
+        if kind.capabilities.resumable != (target.run_directory is not None):
+            raise ValueError(
+                f"sink kind {kind.name}: a resumable kind names its target's run directory, "
+                "and only such a kind does"
+            )
+        return target
     raise UsageError(f"--output {output}: no kind of output takes it")
 
 

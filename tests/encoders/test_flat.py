@@ -507,3 +507,15 @@ def test_a_compiled_flat_model_has_no_graph_break_and_gives_the_eager_vectors(ti
             torch.testing.assert_close(
                 compiled(input_ids, sequences), model(input_ids, sequences), atol=1e-5, rtol=1e-5
             )
+
+
+def test_each_kernel_is_told_to_mask_causally_in_its_own_words():
+    from bulkembed.encoders.varlen import _causal_arguments
+
+    def flash_attn(q, k, v, cu_q, cu_k, max_q, max_k, dropout_p=0.0, causal=False): ...
+    def torch_2_9(q, k, v, cu_q, cu_k, max_q, max_k, *, is_causal=False): ...
+    def torch_2_10(q, k, v, cu_q, cu_k, max_q, max_k, *, window_size=(-1, -1)): ...
+
+    assert _causal_arguments(flash_attn) == {"causal": True}
+    assert _causal_arguments(torch_2_9) == {"is_causal": True}
+    assert _causal_arguments(torch_2_10) == {"window_size": (-1, 0)}

@@ -21,7 +21,8 @@ TEXTS = 40
 
 
 class FlatGPT2(nn.Module):
-    """GPT-2 over a flat batch, from a loaded `GPT2Model` and its weights."""
+    """GPT-2 over a flat batch, from a loaded `GPT2Model` and its weights, attending as its
+    family says (`causal`)."""
 
     def __init__(self, model: nn.Module, causal: bool) -> None:
         super().__init__()
@@ -114,7 +115,7 @@ def test_a_registered_decoder_family_runs_flat(tmp_path, tiny_gpt2):
     assert layout == "padded"  # no family covers gpt2 yet
     assert np.allclose(np.stack([padded[f"d{i}"] for i in range(TEXTS)]), expected, atol=1e-5)
 
-    causal = FlatFamily("gpt2", frozenset({"gpt2"}), lambda m: FlatGPT2(m, True), causal=True)
+    causal = FlatFamily("gpt2", frozenset({"gpt2"}), FlatGPT2, causal=True)
     register_flat_family(causal)
     try:
         flat, layout = _run(corpus, tiny_gpt2, tmp_path / "flat")
@@ -124,8 +125,9 @@ def test_a_registered_decoder_family_runs_flat(tmp_path, tiny_gpt2):
     found = np.stack([flat[f"d{i}"] for i in range(TEXTS)])
     assert np.abs(found - expected).max() < 1e-5
 
-    # The same module attending both ways: not what the model computes.
-    both_ways = FlatFamily("gpt2", frozenset({"gpt2"}), lambda m: FlatGPT2(m, False))
+    # The same module in a family without the causal flag attends both ways: not what the
+    # model computes.
+    both_ways = FlatFamily("gpt2", frozenset({"gpt2"}), FlatGPT2)
     register_flat_family(both_ways)
     try:
         unmasked, layout = _run(corpus, tiny_gpt2, tmp_path / "unmasked")

@@ -27,7 +27,7 @@ from bulkembed import devices, embed_corpus, precision, windows
 from bulkembed.config import RunConfig
 from bulkembed.engine import pool, unit_pool
 from bulkembed.errors import BulkembedError
-from bulkembed.sinks import ParquetSink
+from bulkembed.sinks.parquet import ParquetSink
 
 # What a faulty device process (`_start_faulty_unit`) does, and the file its first fault claims.
 FAULT = "TEST_ENCODER_FAULT"

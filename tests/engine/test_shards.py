@@ -122,7 +122,7 @@ def test_a_shard_that_finds_another_shard_s_table_between_its_looks_goes_on(tmp_
     from bulkembed.config import ShardSpec
     from bulkembed.errors import OutputError
     from bulkembed.run_dir import RunDirectory
-    from bulkembed.sinks import ParquetSink
+    from bulkembed.sinks.parquet import ParquetSink
 
     class RacedSink(ParquetSink):
         """Another shard claims the output while this one looks for foreign data."""
@@ -154,7 +154,7 @@ def test_the_first_shard_fixes_the_settings_and_n_for_the_others(tmp_path):
     from bulkembed.config import ShardSpec
     from bulkembed.errors import OutputError
     from bulkembed.run_dir import RunDirectory
-    from bulkembed.sinks import ParquetSink
+    from bulkembed.sinks.parquet import ParquetSink
 
     def open_shard(index, count, fingerprint):
         run = RunDirectory(tmp_path, shard=ShardSpec(index, count))

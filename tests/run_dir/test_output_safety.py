@@ -281,7 +281,7 @@ def test_a_shard_leaves_the_markers_of_other_shards_alone(tmp_path):
     """A marker another shard is writing may look damaged for an instant: only a shard's
     own units are ever forgotten."""
     from bulkembed.config import ShardSpec
-    from bulkembed.sinks import ParquetSink
+    from bulkembed.sinks.parquet import ParquetSink
 
     run = RunDirectory(tmp_path / "out", shard=ShardSpec(0, 2))
     run.done_dir.mkdir(parents=True)

@@ -16,7 +16,8 @@ from bulkembed.cli import app
 from bulkembed.contracts import UnitRecord, part_name
 from bulkembed.errors import OutputError
 from bulkembed.run_dir.intents import Intents
-from bulkembed.sinks import LanceSink, lance_index, parse_output
+from bulkembed.sinks import lance_index, parse_output
+from bulkembed.sinks.lance import LanceSink
 from bulkembed.sinks.lance_index import IndexSettings
 
 lancedb = pytest.importorskip("lancedb")

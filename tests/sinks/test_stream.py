@@ -18,8 +18,7 @@ from bulkembed.cli import app
 from bulkembed.config import StreamFormat
 from bulkembed.contracts import Embeddings, SparseRows, SparseVector
 from bulkembed.schema import output_schema, record_batch
-from bulkembed.sinks import StreamSink
-from bulkembed.sinks.stream import json_lines
+from bulkembed.sinks.stream import StreamSink, json_lines
 
 READ_EVERY_LINE = (
     "import json, sys; rows = [json.loads(line) for line in sys.stdin]; "

@@ -43,8 +43,9 @@ class FlatLayer(nn.Module):
     each document, output projection, residual and layer norm; then the feed-forward
     block, residual and layer norm (post-norm, as BERT)."""
 
-    def __init__(self, layer: Any, heads: int) -> None:
+    def __init__(self, layer: Any, heads: int, causal: bool) -> None:
         super().__init__()
+        self.causal = causal
         attention = layer.attention.self
         parts = (attention.query, attention.key, attention.value)
         width = parts[0].out_features
@@ -67,7 +68,8 @@ class FlatLayer(nn.Module):
         tokens, width = hidden.shape
         projected = self.qkv(hidden).view(tokens, 3, self.heads, self.head_size)
         query, key, value = projected.unbind(1)
-        context = varlen_attention(query, key, value, sequences).reshape(tokens, width)
+        context = varlen_attention(query, key, value, sequences, self.causal)
+        context = context.reshape(tokens, width)
         hidden = self.attention_norm(self.attention_output(context) + hidden)
         expanded = self.activation(self.intermediate(hidden))
         return self.output_norm(self.output(expanded) + hidden)
@@ -77,7 +79,7 @@ class FlatTransformer(nn.Module):
     """A BERT-family encoder over a flat batch: `model(input_ids, sequences)` with
     `input_ids` [tokens] gives the last hidden state [tokens, hidden]."""
 
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: Any, causal: bool = False) -> None:
         super().__init__()
         self.config = model.config
         embeddings = model.embeddings
@@ -92,7 +94,9 @@ class FlatTransformer(nn.Module):
         if self.config.model_type in _POSITIONS_AFTER_PADDING:
             self.padding_id = int(self.config.pad_token_id)
         heads = int(self.config.num_attention_heads)
-        self.layers = nn.ModuleList(FlatLayer(layer, heads) for layer in model.encoder.layer)
+        self.layers = nn.ModuleList(
+            FlatLayer(layer, heads, causal) for layer in model.encoder.layer
+        )
 
     def positions(self, input_ids: torch.Tensor, sequences: Sequences) -> torch.Tensor:
         """Each token's position id: its place in its document, counted from 0 (BERT), or

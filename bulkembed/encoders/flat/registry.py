@@ -2,10 +2,10 @@
 
 A family (`FlatFamily`) names the architectures it covers (config.json `model_type`), says
 whether its attention is causal (a decoder: each token attends to the tokens before it in
-its document), and builds, from a loaded Hugging Face model, a module that takes a flat
-batch, `module(input_ids, sequences)` with `input_ids` [tokens], and gives the last hidden
-state [tokens, hidden]; the module keeps the model's `config` as its own. Its layers call
-`varlen.varlen_attention` with the family's `causal`. A family of another file is added
+its document), and builds, from a loaded Hugging Face model and that flag, a module that
+takes a flat batch, `module(input_ids, sequences)` with `input_ids` [tokens], and gives the
+last hidden state [tokens, hidden]; the module keeps the model's `config` as its own, and
+its layers pass the flag to `varlen.varlen_attention`. A family of another file is added
 with `register_flat_family`; the BERT family (BERT, RoBERTa, XLM-RoBERTa) is built in
 (`bulkembed.encoders.flat.bert`).
 """
@@ -23,13 +23,13 @@ def _no_reason(model: Any) -> str | None:
 
 @dataclass(frozen=True, slots=True)
 class FlatFamily:
-    """Architectures that run flat: `model_types`, `build` (a loaded model to its flat
-    module), `causal` attention or not, and `support`, which says why a model of the family
-    still cannot run flat (None: it can)."""
+    """Architectures that run flat: `model_types`, `build` (a loaded model and `causal` to
+    its flat module: see `flat_module`), `causal` attention or not, and `support`, which
+    says why a model of the family still cannot run flat (None: it can)."""
 
     name: str
     model_types: frozenset[str]
-    build: Callable[[Any], Any]
+    build: Callable[[Any, bool], Any]
     causal: bool = False
     support: Callable[[Any], str | None] = _no_reason
 
@@ -58,7 +58,13 @@ def flat_family(model: Any) -> FlatFamily | str:
     if family is None:
         covered = ", ".join(sorted(_FAMILIES))
         return f"flat execution covers {covered}, not {config.model_type}"
-    decoder = getattr(config, "is_decoder", False) or getattr(config, "add_cross_attention", False)
-    if decoder and not family.causal:
+    if getattr(config, "add_cross_attention", False):
+        return "it has cross-attention"
+    if getattr(config, "is_decoder", False) and not family.causal:
         return "it is configured as a decoder"
     return family.support(model) or family
+
+
+def flat_module(family: FlatFamily, model: Any) -> Any:
+    """The flat module of `model`, in eval mode, attending as its family says."""
+    return family.build(model, family.causal).eval()
