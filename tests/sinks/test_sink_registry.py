@@ -2,6 +2,7 @@
 and the capabilities, so a sink of this file runs and resumes as the built-in ones do."""
 
 from collections.abc import Callable, Collection, Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -165,3 +166,26 @@ def test_options_a_kind_cannot_take_are_refused(tmp_path, tiny_st, memory):
 
         target = parse_output("memory://x")
         in_place(target, make_sink(target, SinkSettings()))
+
+
+def test_a_kind_must_say_where_its_ledger_lives_exactly_when_it_resumes(tmp_path):
+    def parse(output: str, options: Any) -> OutputTarget | None:
+        return OutputTarget("careless", output) if output.startswith("careless://") else None
+
+    register_sink(SinkKind("careless", parse, lambda t, s: MemorySink({}, []), Capabilities()))
+    try:
+        with pytest.raises(ValueError, match="a resumable kind names its target's run directory"):
+            parse_output("careless://x")
+    finally:
+        unregister_sink("careless")
+    with pytest.raises(ValueError, match="the in_place capability is declared"):
+        SinkKind("half", parse, lambda t, s: MemorySink({}, []), Capabilities(in_place=True))
+
+
+def test_a_process_sink_writes_where_this_process_resolved_the_output(tmp_path, monkeypatch):
+    from bulkembed.sinks.parquet import ParquetSink
+
+    monkeypatch.chdir(tmp_path)
+    make = ParquetSink(Path("out")).process_copies()
+    monkeypatch.chdir(tmp_path.parent)  # a Ray actor's working directory is its own
+    assert make().directory == tmp_path / "out"
