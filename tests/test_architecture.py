@@ -1,6 +1,10 @@
-"""The package's import graph: no cycles, and the engines independent of each other."""
+"""The package's import graph: no cycles, and the engines independent of each other; no
+module over 400 lines, no function body over 80."""
+
+import ast
 
 import grimp
+from helpers import ROOT
 
 
 def _cycles(graph: grimp.ImportGraph) -> list[list[str]]:
@@ -59,3 +63,32 @@ def test_no_engine_imports_another():
     for engine, other in [("local", "ray"), ("ray", "local")]:
         chain = graph.find_shortest_chain(f"bulkembed.engine.{engine}", f"bulkembed.engine.{other}")
         assert chain is None, chain
+
+
+def _body_lines(function: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
+    """Lines of a function's body, its docstring excluded."""
+    body = function.body
+    if isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+        body = body[1:] or body
+    return (body[-1].end_lineno or body[-1].lineno) - body[0].lineno + 1
+
+
+def _sizes() -> tuple[dict[str, int], dict[str, int]]:
+    """Lines of each module of the package, and of each function body, by name."""
+    modules, functions = {}, {}
+    for path in sorted((ROOT / "bulkembed").rglob("*.py")):
+        name = str(path.relative_to(ROOT))
+        text = path.read_text(encoding="utf-8")
+        modules[name] = len(text.splitlines())
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                functions[f"{name}:{node.lineno} {node.name}"] = _body_lines(node)
+    return modules, functions
+
+
+def test_modules_and_functions_stay_small():
+    modules, functions = _sizes()
+    assert modules["bulkembed/engine/run.py"] > 100  # the package was read
+    assert {m: n for m, n in modules.items() if n > 400} == {}
+    assert modules["bulkembed/engine/local.py"] <= 300
+    assert {f: n for f, n in functions.items() if n > 80} == {}

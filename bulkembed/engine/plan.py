@@ -165,6 +165,16 @@ def _check_target(config: RunConfig, target: OutputTarget) -> None:
         raise UsageError(f"--fts indexes the text: add '{config.text_column}' to --keep-columns")
 
 
+def _check_since(config: RunConfig, target: OutputTarget, options: StorageOptions) -> None:
+    """Refuse a `--since` that names the `--output` itself, but for an output synced in
+    place (`engine.sync`)."""
+    if config.since is None or parse_output(config.since, options).capabilities.in_place:
+        return
+    since = location(config.since, options).resolve()
+    if target.path is not None and since == target.path.resolve():
+        raise UsageError("--since must name another output than --output")
+
+
 def plan_run(config: RunConfig, reporter: Reporter, started: float) -> RunPlan:
     """Find the inputs and check their columns, resolve the model and the devices, for a
     command that `started` at that time (monotonic clock)."""
@@ -183,12 +193,7 @@ def plan_run(config: RunConfig, reporter: Reporter, started: float) -> RunPlan:
             "process (--engine ray for many machines)"
         )
     _check_target(config, target)
-    since = None
-    if config.since is not None and not parse_output(config.since, options).capabilities.in_place:
-        # Otherwise --since names the --output table, synced in place (`engine.sync`).
-        since = location(config.since, options).resolve()
-    if since is not None and target.path is not None and since == target.path.resolve():
-        raise UsageError("--since must name another output than --output")
+    _check_since(config, target, options)
     meta = target.run_directory
     earlier = meta is not None and (meta / CONFIG_FILE).exists()
     if STDIN in config.inputs and earlier and not config.overwrite:
