@@ -2,6 +2,8 @@
 last-token pooling) whose batches run flat give the vectors of the model run on each text
 alone; without the causal flag they do not."""
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -71,6 +73,16 @@ def tiny_gpt2(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
+@contextlib.contextmanager
+def _registered(family: FlatFamily) -> Iterator[None]:
+    """`family` registered for the block's duration."""
+    register_flat_family(family)
+    try:
+        yield
+    finally:
+        unregister_flat_family(family)
+
+
 def _run(corpus: Path, model: Path, out: Path) -> tuple[dict[str, np.ndarray], str]:
     """The vectors a flat run writes, by id, and the layout it ran."""
     summary = embed_corpus(
@@ -115,23 +127,15 @@ def test_a_registered_decoder_family_runs_flat(tmp_path, tiny_gpt2):
     assert layout == "padded"  # no family covers gpt2 yet
     assert np.allclose(np.stack([padded[f"d{i}"] for i in range(TEXTS)]), expected, atol=1e-5)
 
-    causal = FlatFamily("gpt2", frozenset({"gpt2"}), FlatGPT2, causal=True)
-    register_flat_family(causal)
-    try:
+    with _registered(FlatFamily("gpt2", frozenset({"gpt2"}), FlatGPT2, causal=True)):
         flat, layout = _run(corpus, tiny_gpt2, tmp_path / "flat")
-    finally:
-        unregister_flat_family(causal)
     assert layout == "flat"
     found = np.stack([flat[f"d{i}"] for i in range(TEXTS)])
     assert np.abs(found - expected).max() < 1e-5
 
     # The same module in a family without the causal flag attends both ways: not what the
     # model computes.
-    both_ways = FlatFamily("gpt2", frozenset({"gpt2"}), FlatGPT2)
-    register_flat_family(both_ways)
-    try:
+    with _registered(FlatFamily("gpt2", frozenset({"gpt2"}), FlatGPT2)):
         unmasked, layout = _run(corpus, tiny_gpt2, tmp_path / "unmasked")
-    finally:
-        unregister_flat_family(both_ways)
     assert layout == "flat"
     assert np.abs(np.stack([unmasked[f"d{i}"] for i in range(TEXTS)]) - expected).max() > 1e-2
