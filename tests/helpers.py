@@ -105,20 +105,37 @@ def mixed_texts() -> list[str]:
     return texts
 
 
+def fail_at_commit(monkeypatch: pytest.MonkeyPatch, n: int, error: BaseException) -> None:
+    """Make the nth Parquet part commit raise `error` when it closes its file.
+
+    Only writers opened from now on count: a writer whose close failed in an earlier test
+    stays open, and closes when it is collected (`ParquetWriter.__del__`), at any time."""
+    import weakref
+
+    open_writer, close = pq.ParquetWriter.__init__, pq.ParquetWriter.close
+    opened: weakref.WeakSet[pq.ParquetWriter] = weakref.WeakSet()
+    calls = {"n": 0}
+
+    def open_counted(self: pq.ParquetWriter, *args: Any, **kwargs: Any) -> None:
+        open_writer(self, *args, **kwargs)
+        opened.add(self)
+
+    def close_until_it_fails(self: pq.ParquetWriter) -> None:
+        if self in opened:
+            calls["n"] += 1
+            if calls["n"] == n:
+                raise error
+        close(self)
+
+    monkeypatch.setattr(pq.ParquetWriter, "__init__", open_counted)
+    monkeypatch.setattr(pq.ParquetWriter, "close", close_until_it_fails)
+
+
 def fill_the_disk_at_commit(monkeypatch: pytest.MonkeyPatch, n: int) -> None:
     """Make the nth Parquet part commit fail as a full disk does (ENOSPC when closing)."""
     import errno
 
-    close = pq.ParquetWriter.close
-    calls = {"n": 0}
-
-    def close_until_the_disk_fills(self: pq.ParquetWriter) -> None:
-        calls["n"] += 1
-        if calls["n"] == n:
-            raise OSError(errno.ENOSPC, "No space left on device")
-        close(self)
-
-    monkeypatch.setattr(pq.ParquetWriter, "close", close_until_the_disk_fills)
+    fail_at_commit(monkeypatch, n, OSError(errno.ENOSPC, "No space left on device"))
 
 
 def embed_texts(tmp_path: Path, model: Path, texts: list[str], *extra: str):

@@ -8,7 +8,7 @@ import socket
 
 import pyarrow.parquet as pq
 import pytest
-from helpers import fill_the_disk_at_commit, records, run_cli, write_jsonl
+from helpers import fail_at_commit, fill_the_disk_at_commit, records, run_cli, write_jsonl
 from typer.testing import CliRunner
 
 from bulkembed.cli import app
@@ -184,16 +184,7 @@ def test_an_output_in_use_exits_75_and_status_says_running(tmp_path, tiny_st):
 def test_status_of_an_interrupted_run_is_stopped(tmp_path, tiny_st, monkeypatch):
     corpus = write_jsonl(tmp_path / "c.jsonl", records(20))
     out = tmp_path / "out"
-    close = pq.ParquetWriter.close
-    calls = {"n": 0}
-
-    def interrupted_at_the_second(self: pq.ParquetWriter) -> None:
-        calls["n"] += 1
-        if calls["n"] == 2:
-            raise Interrupted(15, "stopped by SIGTERM")
-        close(self)
-
-    monkeypatch.setattr(pq.ParquetWriter, "close", interrupted_at_the_second)
+    fail_at_commit(monkeypatch, 2, Interrupted(15, "stopped by SIGTERM"))
     result = run_cli(corpus, tiny_st("mean"), out, *FLOAT32)
     assert (result.exit_code, result.stderr) == (143, "error: stopped by SIGTERM\n")
     status = _status(out)
