@@ -142,11 +142,6 @@ class InPlaceSync(ABC):
     its versions, the rows at one of them, a sink that merges units' rows by id, deletes
     by id, and the sink of id-only parts that the sync's ledger keeps."""
 
-    @property
-    @abstractmethod
-    def description(self) -> str:
-        """The output, for messages."""
-
     @abstractmethod
     def version(self) -> int:
         """The output's latest version."""

@@ -131,10 +131,6 @@ class TableInPlace(InPlaceSync):
     def __init__(self, table: LanceSink) -> None:
         self.table = table
 
-    @property
-    def description(self) -> str:
-        return self.table.description
-
     def version(self) -> int:
         return int(self.table.dataset().version)
 
