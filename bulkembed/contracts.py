@@ -3,6 +3,9 @@ bulkembed. Sources, encoders, sinks and the run directory all speak in these."""
 
 from __future__ import annotations
 
+import base64
+import binascii
+import zlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, overload
@@ -48,6 +51,55 @@ class UnitRecord:
     carried_truncated: int = 0
     version: int | None = field(default=None)
     kept: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class RowCounts:
+    """Per row, in order: the tokens the model read (-1: not known, a row kept from a
+    previous output that never counted it) and whether its text was truncated. A part
+    keeps its rows' counts in its label, so that a later `--since` run carries a row
+    without tokenizing its text again."""
+
+    tokens: np.ndarray
+    truncated: np.ndarray
+
+    @classmethod
+    def unknown(cls, rows: int) -> RowCounts:
+        return cls(np.full(rows, -1, np.int32), np.zeros(rows, bool))
+
+    @classmethod
+    def joined(cls, counts: Sequence[RowCounts]) -> RowCounts:
+        if not counts:
+            return cls.unknown(0)
+        tokens = np.concatenate([c.tokens for c in counts]).astype(np.int32, copy=False)
+        return cls(tokens, np.concatenate([c.truncated for c in counts]).astype(bool))
+
+    def take(self, rows: np.ndarray | slice) -> RowCounts:
+        return RowCounts(self.tokens[rows], self.truncated[rows])
+
+    def encode(self) -> str:
+        """The counts as text for a label: little-endian int32 tokens, then a byte per
+        truncated flag, deflated, in base64 (a few bytes a row).
+
+        >>> RowCounts.decode(RowCounts(np.array([3, -1]), np.array([True, False])).encode(), 2)
+        RowCounts(tokens=array([ 3, -1], dtype=int32), truncated=array([ True, False]))
+        """
+        raw = self.tokens.astype("<i4").tobytes() + self.truncated.astype(np.uint8).tobytes()
+        return base64.b64encode(zlib.compress(raw, 6)).decode("ascii")
+
+    @classmethod
+    def decode(cls, text: object, rows: int) -> RowCounts | None:
+        """Counts of `rows` rows from `encode`'s text; None when they are not there whole."""
+        if not isinstance(text, str):
+            return None
+        try:
+            raw = zlib.decompress(base64.b64decode(text, validate=True))
+        except (binascii.Error, zlib.error, ValueError):
+            return None
+        if len(raw) != 5 * rows:
+            return None
+        tokens = np.frombuffer(raw, "<i4", rows).astype(np.int32)
+        return cls(tokens, np.frombuffer(raw, np.uint8, rows, 4 * rows).astype(bool))
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,7 +29,7 @@ import pyarrow as pa
 
 from bulkembed.errors import OutputError
 from bulkembed.schema import CONTENT_HASH, EMBEDDING_COLUMNS
-from bulkembed.sources.filters import id_hash
+from bulkembed.sources.filters import id_hash, sorted_contains
 from bulkembed.sources.records import DUPLICATE_ID, known_id
 from bulkembed.wording import counted
 
@@ -136,7 +136,7 @@ def missing_ids(
     for number, table in enumerate(previous.id_tables()):
         ids = table.column("id")
         hashes = np.fromiter(map(id_hash, ids.to_pylist()), np.uint64, len(ids))
-        missing = ~np.isin(hashes, held)
+        missing = ~sorted_contains(held, hashes)
         kept = missing & unread.keeps(hashes)
         yield Missing(number, ids, missing & ~kept, kept)
 

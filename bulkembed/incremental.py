@@ -36,22 +36,27 @@ not deleted.
 from __future__ import annotations
 
 import io
+import json
 import os
 import secrets
+import tempfile
 from collections import OrderedDict
 from collections.abc import Collection, Iterable, Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from bulkembed.contracts import RowCounts
 from bulkembed.errors import OutputError, UsageError
+from bulkembed.lookup import PartRows, PreviousLookup
 from bulkembed.run_dir import RunDirectory, describe_changes
-from bulkembed.schema import CONTENT_HASH, EMBEDDING_COLUMNS
-from bulkembed.sinks.parquet import ParquetSink
+from bulkembed.schema import CONTENT_HASH, EMBEDDING_COLUMNS, digests
+from bulkembed.sinks.parquet import LABEL_KEY, ParquetSink
 from bulkembed.sources import BadRecord
-from bulkembed.sources.filters import id_hash
+from bulkembed.sources.filters import id_hash, id_hashes
 from bulkembed.sources.records import (
     DUPLICATE_ID,
     PREVIOUS_ROW_KEPT,
@@ -97,9 +102,9 @@ def check_previous(run: RunDirectory, label: str, fingerprint: dict[str, Any]) -
 class PreviousOutput:
     """A finished Parquet output made with the same settings, to carry unchanged rows from.
 
-    `rows` is its number of documents; `run` its run directory. The lookup arrays are sorted
-    by id hash; ids of PREV that share a 64-bit hash (odds about n² / 2⁶⁵) are left out of
-    them, so those documents are embedded again, as if new."""
+    `rows` is its number of documents; `run` its run directory; `lookup` its documents
+    sorted by id hash, on disk (`bulkembed.lookup`), in a temporary folder removed by
+    `close`."""
 
     def __init__(self, path: AnyPath, fingerprint: dict[str, Any]) -> None:
         self.run = RunDirectory(path)
@@ -114,13 +119,23 @@ class PreviousOutput:
         # Whether the run keeps PREV's rows that it cannot read (a change set, a sync): its
         # bad records then say so.
         self.keeps_unread = False
-        self.rows = 0
         self._files: dict[int, tuple[pq.ParquetFile, np.ndarray]] = {}
         self._cache: OrderedDict[tuple[int, int], pa.Table] = OrderedDict()
-        self._load_lookup()
+        self._folder = tempfile.TemporaryDirectory(prefix="bulkembed-previous-")
+        self.rows = 0  # counted as the lookup is built
+        self.lookup = PreviousLookup.build(self._part_rows(), Path(self._folder.name))
+
+    def close(self) -> None:
+        """Remove the lookup's folder."""
+        self._folder.cleanup()
 
     def id_tables(self) -> Iterator[pa.Table]:
         """PREV's ids and content hashes, a part at a time."""
+        for table, _ in self._labelled_tables():
+            yield table
+
+    def _labelled_tables(self) -> Iterator[tuple[pa.Table, dict[str, Any] | None]]:
+        """Each part's ids and content hashes, and its label."""
         for path in self.parts:
             file = parquet_file(path)
             if CONTENT_HASH not in file.schema_arrow.names:
@@ -128,42 +143,26 @@ class PreviousOutput:
                     f"--since: {path} has no {CONTENT_HASH} column (written by an older "
                     "bulkembed); run without --since once"
                 )
-            yield file.read(columns=["id", CONTENT_HASH])
+            label = _json_or_none((file.metadata.metadata or {}).get(LABEL_KEY.encode()))
+            yield file.read(columns=["id", CONTENT_HASH]), label
 
-    def _load_lookup(self) -> None:
-        ids, hashes, parts, rows = [], [], [], []
-        for number, table in enumerate(self.id_tables()):
+    def _part_rows(self) -> Iterator[PartRows]:
+        """Each part's ids and content hashes, and its rows' counts where its label has
+        them (not known for a part written before labels held them)."""
+        for table, label in self._labelled_tables():
             count = table.num_rows
-            ids.append(np.fromiter(map(id_hash, table.column("id").to_pylist()), np.uint64, count))
-            digests = table.column(CONTENT_HASH).to_pylist()
-            hashes.append(np.array([bytes.fromhex(h) for h in digests], dtype="S16"))
-            parts.append(np.full(count, number, np.int32))
-            rows.append(np.arange(count, dtype=np.int64))
             self.rows += count
-        keys = np.concatenate(ids) if ids else np.empty(0, np.uint64)
-        order = np.argsort(keys, kind="stable")
-        keys = keys[order]
-        unique = np.ones(len(keys), dtype=bool)
-        shared = keys[1:] == keys[:-1]
-        unique[1:] &= ~shared
-        unique[:-1] &= ~shared
-        order = order[unique]
-        self._keys = keys[unique]
-        self._hashes = np.concatenate(hashes)[order] if hashes else np.empty(0, "S16")
-        self._parts = np.concatenate(parts)[order] if parts else np.empty(0, np.int32)
-        self._rows = np.concatenate(rows)[order] if rows else np.empty(0, np.int64)
+            keys = id_hashes(table.column("id").to_pylist())
+            counts = RowCounts.decode(label.get("counts"), count) if label else None
+            try:
+                hashes = digests(table.column(CONTENT_HASH))
+            except ValueError:
+                hashes = np.zeros(count, "S16")  # matches no text: embedded again
+            yield PartRows(keys, hashes, counts or RowCounts.unknown(count))
 
     def rows_at(self, number: int, positions: np.ndarray) -> pa.Table:
         """Every column of the rows at `positions` of PREV's part `number`."""
         return parquet_file(self.parts[number]).read().take(pa.array(positions, pa.int64()))
-
-    def _find(self, keys: np.ndarray) -> np.ndarray:
-        """For each id of 64-bit hash in `keys` (`id_hash`), its index in the lookup
-        arrays, or -1."""
-        if not len(self._keys):
-            return np.full(len(keys), -1, dtype=np.int64)
-        found = np.minimum(np.searchsorted(self._keys, keys), len(self._keys) - 1)
-        return np.where(self._keys[found] == keys, found, -1)
 
     def _file(self, number: int) -> tuple[pq.ParquetFile, np.ndarray]:
         """PREV's part `number`, and the first row of each of its row groups."""
@@ -191,7 +190,7 @@ class PreviousOutput:
         """PREV's output columns for lookup entries, in their order."""
         pieces = []
         for entry in entries:
-            number, row = int(self._parts[entry]), int(self._rows[entry])
+            number, row = int(self.lookup.parts[entry]), int(self.lookup.rows[entry])
             _, starts = self._file(number)
             group = int(np.searchsorted(starts, row, side="right")) - 1
             pieces.append((number, group, row - int(starts[group])))
@@ -212,7 +211,7 @@ class PreviousOutput:
                 continue
             if not known_id(record.id):
                 record.previous = PREVIOUS_ROWS_KEPT
-            elif self._find(np.array([id_hash(record.id)], np.uint64))[0] >= 0:
+            elif self.lookup.find(np.array([id_hash(record.id)], np.uint64))[0] >= 0:
                 record.previous = PREVIOUS_ROW_KEPT
 
     def carry_over(self, chunks: Iterable[TokenizedChunk]) -> Iterator[TokenizedChunk]:
@@ -223,17 +222,27 @@ class PreviousOutput:
             if self.keeps_unread:
                 self._note_kept(chunk.bad)
             assert chunk.id_hashes is not None, "ids are hashed where they are tokenized"
-            entries = self._find(chunk.id_hashes)
-            known = entries >= 0
-            if known.any():
-                same = known & (self._hashes[np.where(known, entries, 0)] == chunk.hashes)
-                chunk.changed = int((known & ~same).sum())
-                if same.any():
-                    unchanged = np.flatnonzero(same)
-                    records = chunk.rows(unchanged)
-                    chunk.carried = Carried(records, self._embeddings(entries[unchanged]))
-                    tokenized.count_as_carried(unchanged)
+            entries, same = self.lookup.same(chunk.id_hashes, chunk.hashes)
+            chunk.changed = int(((entries >= 0) & ~same).sum())
+            untokenized = tokenized.untokenized
+            assert untokenized is None or not (untokenized & ~same).any(), "left untokenized"
+            if same.any():
+                unchanged = np.flatnonzero(same)
+                counts = tokenized.counts(unchanged, self.lookup.counts(entries[unchanged]))
+                records = chunk.rows(unchanged)
+                embeddings = self._embeddings(entries[unchanged])
+                chunk.carried = Carried(records, embeddings, counts)
+                tokenized.count_as_carried(unchanged, counts)
             yield tokenized
+
+
+def _json_or_none(value: bytes | None) -> dict[str, Any] | None:
+    """A part's label, parsed; None if there is none or it is not a JSON object."""
+    try:
+        found = json.loads(value) if value is not None else None
+    except ValueError:
+        return None
+    return found if isinstance(found, dict) else None
 
 
 class ChangeSet:
@@ -304,12 +313,13 @@ class PreviousTable(PreviousOutput):
         self._dataset = dataset
         self._start()
 
-    def id_tables(self) -> Iterator[pa.Table]:
-        """The table's ids and content hashes, whole: its rows are found by their offset."""
-        yield self._dataset.to_table(columns=["id", CONTENT_HASH])
+    def _labelled_tables(self) -> Iterator[tuple[pa.Table, dict[str, Any] | None]]:
+        """The table's ids and content hashes, whole (its rows are found by their offset),
+        with no counts."""
+        yield self._dataset.to_table(columns=["id", CONTENT_HASH]), None
 
     def _embeddings(self, entries: np.ndarray) -> pa.Table:
         names = self._dataset.schema.names
         columns = [c for c in ("vector", *EMBEDDING_COLUMNS) if c in names]
-        rows = self._dataset.take(self._rows[entries].tolist(), columns=columns)
+        rows = self._dataset.take(self.lookup.rows[entries].tolist(), columns=columns)
         return rows.rename_columns(["dense" if c == "vector" else c for c in columns])

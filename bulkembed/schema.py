@@ -66,6 +66,35 @@ def hex_strings(digests: np.ndarray) -> pa.StringArray:
     return pa.StringArray.from_buffers(count, pa.py_buffer(offsets), pa.py_buffer(data))
 
 
+# Each ASCII byte's value as a hex digit (0 for a byte that is not one).
+_DIGIT = np.zeros(256, np.uint8)
+_DIGIT[np.frombuffer(b"0123456789abcdef", np.uint8)] = np.arange(16, dtype=np.uint8)
+_DIGIT[np.frombuffer(b"ABCDEF", np.uint8)] = np.arange(10, 16, dtype=np.uint8)
+
+
+def digests(hex_column: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """16-byte digests from content hashes as the output stores them (`hex_strings`), a
+    column at a time; a value that is not 32 characters raises ValueError.
+
+    >>> digests(hex_strings(np.array([bytes(range(16))], dtype="S16"))) == bytes(range(16))
+    array([ True])
+    """
+    column = hex_column.combine_chunks() if isinstance(hex_column, pa.ChunkedArray) else hex_column
+    column = column.cast(pa.string())
+    count = len(column)
+    if count == 0:
+        return np.empty(0, "S16")
+    if column.null_count:
+        raise ValueError("a content hash is null")
+    offsets = np.frombuffer(column.buffers()[1], np.int32, count + 1, column.offset * 4)
+    if not (np.diff(offsets) == 32).all():
+        raise ValueError("a content hash is not 32 hex digits")
+    data = np.frombuffer(column.buffers()[2], np.uint8, 32 * count, int(offsets[0]))
+    pairs = _DIGIT[data].reshape(count, 16, 2)
+    raw = (pairs[:, :, 0] << 4) | pairs[:, :, 1]
+    return np.ascontiguousarray(raw).view("S16").reshape(count)
+
+
 def _offsets(lengths: list[int]) -> pa.Array:
     return pa.array(np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)]), pa.int32())
 

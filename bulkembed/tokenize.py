@@ -17,11 +17,13 @@ import os
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 
-from bulkembed.contracts import ragged_positions
+from bulkembed.contracts import RowCounts, ragged_positions
+from bulkembed.lookup import PreviousLookup
 from bulkembed.sources import Chunk, id_hashes
 from bulkembed.workers import WorkerPool
 
@@ -52,7 +54,9 @@ class TokenizedChunk:
     """A chunk's token ids, flat, with one length per record and whether it was truncated
     (texts themselves are dropped), the seconds its tokenizer took, and the tokens and
     truncated texts of its records carried over from a previous output (counted, not
-    kept: they left the chunk)."""
+    kept: they left the chunk). `untokenized` marks the records whose text the previous
+    output holds unchanged, with their counts: they were not tokenized (length 0 here),
+    since they are carried over."""
 
     chunk: Chunk
     token_ids: np.ndarray
@@ -61,6 +65,7 @@ class TokenizedChunk:
     seconds: float = 0.0
     carried_tokens: int = 0
     carried_truncated: int = 0
+    untokenized: np.ndarray | None = None
 
     @property
     def truncated(self) -> int:
@@ -73,29 +78,49 @@ class TokenizedChunk:
         lengths = self.lengths[rows]
         self.token_ids = self.token_ids[ragged_positions(starts[rows], lengths)]
         self.lengths, self.truncated_rows = lengths, self.truncated_rows[rows]
+        if self.untokenized is not None:
+            self.untokenized = self.untokenized[rows]
         self.chunk.keep(rows)
 
-    def count_as_carried(self, rows: np.ndarray) -> None:
+    def counts(self, rows: np.ndarray, looked_up: RowCounts) -> RowCounts:
+        """The counts of the records at `rows`: their own where they were tokenized, else
+        `looked_up` (the previous output's, for the same records)."""
+        mine = RowCounts(self.lengths[rows], self.truncated_rows[rows])
+        if self.untokenized is None:
+            return mine
+        skipped = self.untokenized[rows]
+        return RowCounts(
+            np.where(skipped, looked_up.tokens, mine.tokens).astype(np.int32),
+            np.where(skipped, looked_up.truncated, mine.truncated),
+        )
+
+    def count_as_carried(self, rows: np.ndarray, counts: RowCounts) -> None:
         """The records at `rows` were carried over: count their tokens and truncated texts
-        as carried ones, and drop them (their vectors come from the previous output)."""
-        self.carried_tokens += int(self.lengths[rows].sum())
-        self.carried_truncated += int(self.truncated_rows[rows].sum())
-        others = np.setdiff1d(np.arange(len(self.lengths)), rows)
-        self.keep(others)
+        (`counts`) as carried ones, and drop them (their vectors come from the previous
+        output)."""
+        self.carried_tokens += int(counts.tokens.sum())
+        self.carried_truncated += int(counts.truncated.sum())
+        others = np.ones(len(self.lengths), dtype=bool)
+        others[rows] = False
+        self.keep(np.flatnonzero(others))
 
 
 # What a worker returns for a chunk: token ids, lengths, whether each text was truncated,
-# seconds, the content hashes (16-byte digests) and the ids' 64-bit hashes.
-Tokens = tuple[np.ndarray, np.ndarray, np.ndarray, float, np.ndarray, np.ndarray]
+# seconds, the content hashes (16-byte digests), the ids' 64-bit hashes, and which texts
+# were left untokenized (None: none).
+Tokens = tuple[np.ndarray, np.ndarray, np.ndarray, float, np.ndarray, np.ndarray, np.ndarray | None]
 
 
 class TextTokenizer:
-    """The model's fast tokenizer with truncation on and padding off."""
+    """The model's fast tokenizer with truncation on and padding off; with `previous`, the
+    lookup folder of a previous output (`bulkembed.lookup`), `timed` leaves alone the texts
+    that output holds unchanged with their counts."""
 
-    def __init__(self, settings: TokenizerSettings) -> None:
+    def __init__(self, settings: TokenizerSettings, previous: Path | None = None) -> None:
         from tokenizers import Tokenizer
 
         self.settings = settings
+        self.previous = None if previous is None else PreviousLookup(previous)
         self.tokenizer = Tokenizer.from_str(settings.tokenizer_json)
         self.tokenizer.no_padding()
         # A ColBERT document marker goes in after the first token and counts toward the limit.
@@ -125,11 +150,21 @@ class TextTokenizer:
         the hashes of the texts (as the model reads them) and of the ids."""
         texts, ids = texts_and_ids
         inputs = [self.settings.model_text(t) for t in texts.to_pylist()]
-        started = time.perf_counter()
-        flat, lengths, truncated = self._encoded(inputs)
-        seconds = time.perf_counter() - started
         digests = np.array([content_digest(t) for t in inputs], dtype="S16")
-        return flat, lengths, truncated, seconds, digests, id_hashes(ids.to_pylist())
+        keys = id_hashes(ids.to_pylist())
+        skipped = None if self.previous is None else self.previous.counted(keys, digests)
+        started = time.perf_counter()
+        if skipped is None or not skipped.any():
+            flat, lengths, truncated = self._encoded(inputs)
+        else:
+            others = np.flatnonzero(~skipped)
+            flat, some, some_truncated = self._encoded([inputs[i] for i in others])
+            lengths = np.zeros(len(inputs), np.int32)
+            lengths[others] = some
+            truncated = np.zeros(len(inputs), bool)
+            truncated[others] = some_truncated
+        seconds = time.perf_counter() - started
+        return flat, lengths, truncated, seconds, digests, keys, skipped
 
 
 def content_digest(text: str) -> bytes:
@@ -148,14 +183,14 @@ def tokenizer_threads(workers: int) -> int:
 
 
 def _start_tokenizer(
-    setting: tuple[TokenizerSettings, int],
+    setting: tuple[TokenizerSettings, int, Path | None],
 ) -> tuple[Callable[[tuple[pa.Array, pa.Array]], Tokens], None]:
     """A worker's tokenizer (`bulkembed.workers`): rebuilt once, from its JSON, and timed,
     with its batch encoding spread over `threads` (the tokenizers library's thread pool
     reads this variable when it first starts, in this new process)."""
-    settings, threads = setting
+    settings, threads, previous = setting
     os.environ["RAYON_NUM_THREADS"] = str(threads)
-    return TextTokenizer(settings).timed, None
+    return TextTokenizer(settings, previous).timed, None
 
 
 def _texts(chunk: Chunk) -> tuple[pa.Array, pa.Array]:
@@ -166,26 +201,34 @@ def _texts(chunk: Chunk) -> tuple[pa.Array, pa.Array]:
 def _tokenized(chunk: Chunk, result: Tokens) -> TokenizedChunk:
     """The chunk with its tokens and hashes; its texts are dropped, since a window must not
     hold megabytes of them once they are tokenized."""
-    flat, lengths, truncated, seconds, digests, ids = result
+    flat, lengths, truncated, seconds, digests, ids, skipped = result
     chunk.hashes, chunk.id_hashes = digests, ids
     # A new empty array: a slice of the texts would still pickle their whole buffer.
     chunk.texts = pa.array([], type=chunk.texts.type)
-    return TokenizedChunk(chunk, flat, lengths, truncated, seconds)
+    return TokenizedChunk(chunk, flat, lengths, truncated, seconds, untokenized=skipped)
 
 
 class TokenizerPool:
-    """Tokenize chunks on `workers` processes (0: in this process), in order, bounded."""
+    """Tokenize chunks on `workers` processes (0: in this process), in order, bounded; with
+    `previous` (a previous output's lookup folder), texts it holds unchanged are left
+    untokenized (`TextTokenizer`)."""
 
-    def __init__(self, settings: TokenizerSettings, workers: int, max_in_flight: int = 0) -> None:
+    def __init__(
+        self,
+        settings: TokenizerSettings,
+        workers: int,
+        max_in_flight: int = 0,
+        previous: Path | None = None,
+    ) -> None:
         self.max_in_flight = max_in_flight or max(2, 4 * workers)
         self._local: TextTokenizer | None = None
         self._pool: WorkerPool[tuple[pa.Array, pa.Array], Tokens] | None = None
         if workers == 0:
-            self._local = TextTokenizer(settings)
+            self._local = TextTokenizer(settings, previous)
         else:
             self._pool = WorkerPool(
                 _start_tokenizer,
-                [(settings, tokenizer_threads(workers))] * workers,
+                [(settings, tokenizer_threads(workers), previous)] * workers,
                 "tokenizer",
                 [f"process {n}" for n in range(workers)],
                 START_TIMEOUT_SECONDS,

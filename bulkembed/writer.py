@@ -25,7 +25,7 @@ from typing import Any, Generic, TypeVar
 import numpy as np
 import pyarrow as pa
 
-from bulkembed.contracts import Embeddings, UnitRecord, part_name
+from bulkembed.contracts import Embeddings, RowCounts, UnitRecord, part_name
 from bulkembed.schema import CONTENT_HASH, hex_strings, record_batch
 from bulkembed.sinks import Sink
 from bulkembed.sources.records import BadRecord, Carried
@@ -101,28 +101,34 @@ class PartWriter:
         # Bad records go to the quarantine with their unit's commit, so that a unit written
         # twice (a Ray actor lost halfway) does not report them twice.
         self.bad: dict[str, list[BadRecord]] = {}
+        # Each row's counts, in the order of the unit's part (kept in its label).
+        self.counts: dict[str, list[RowCounts]] = {}
         sink.start(schema, fence)
 
     def write(self, tokenized: TokenizedChunk, embeddings: Embeddings, padded: np.ndarray) -> None:
         chunk = tokenized.chunk
         tally = self.tallies.setdefault(chunk.part, _Tally())
         self.bad.setdefault(chunk.part, []).extend(chunk.bad)
-        batches = []
+        batches, counts = [], []
         if len(chunk.ids):
             batches.append(
                 record_batch(chunk.ids, embeddings, self.schema, chunk.hashes, chunk.columns)
             )
+            counts.append(RowCounts(tokenized.lengths, tokenized.truncated_rows))
             if self.upserts is not None:
                 self.upserts.write(chunk.part, batches[0])
         if chunk.carried is not None:
             batches.append(_carried_batch(chunk.carried, self.schema))
+            counts.append(chunk.carried.counts)
             tally.carried += len(chunk.carried.records.positions)
         if len(batches) > 1:
             assert chunk.carried is not None
             positions = np.concatenate([chunk.positions, chunk.carried.records.positions])
-            rows = pa.Table.from_batches(batches)
-            rows = rows.take(pa.array(np.argsort(positions, kind="stable"), pa.int64()))
+            order = np.argsort(positions, kind="stable")
+            rows = pa.Table.from_batches(batches).take(pa.array(order, pa.int64()))
             batches = rows.combine_chunks().to_batches()
+            counts = [RowCounts.joined(counts).take(order)]
+        self.counts.setdefault(chunk.part, []).extend(counts)
         for batch in batches:
             self.sink.write(chunk.part, batch)
             tally.rows += batch.num_rows
@@ -135,13 +141,19 @@ class PartWriter:
         tally.carried_truncated += tokenized.carried_truncated
         if chunk.last_in_unit:
             record = UnitRecord(chunk.part, **asdict(self.tallies.pop(chunk.part)))
-            self.commit(record, [b.fields() for b in self.bad.pop(chunk.part)])
+            rows = RowCounts.joined(self.counts.pop(chunk.part, []))
+            self.commit(record, [b.fields() for b in self.bad.pop(chunk.part)], rows)
 
-    def commit(self, record: UnitRecord, bad: list[dict[str, Any]]) -> None:
+    def commit(self, record: UnitRecord, bad: list[dict[str, Any]], counts: RowCounts) -> None:
         """Commit the part of `record` (and its upserts), labelled with the run's id, the
-        unit's counts and `bad`, its bad records; then tell `committed`."""
+        unit's counts and `bad`, its bad records, and its rows' counts; then tell
+        `committed`."""
         kept = bad if len(json.dumps(bad, default=str)) <= LABEL_BAD_RECORDS_BYTES else None
-        label = {"run": self.run_id, "unit": {**asdict(record), "bad": kept}}
+        label = {
+            "run": self.run_id,
+            "unit": {**asdict(record), "bad": kept},
+            "counts": counts.encode(),
+        }
         if self.upserts is not None:
             self.upserts.commit(record.part, label)
         found = self.sink.commit(record.part, label)
@@ -182,7 +194,8 @@ class KeptUnits:
         for table in self._pending:
             for batch in table.to_batches():
                 self.writer.sink.write(part, batch)
-        self.writer.commit(UnitRecord(part, self._rows, 0, 0, 0, 0, kept=self._rows), [])
+        record = UnitRecord(part, self._rows, 0, 0, 0, 0, kept=self._rows)
+        self.writer.commit(record, [], RowCounts.unknown(self._rows))
         self.units += 1
         self._pending, self._rows = [], 0
 

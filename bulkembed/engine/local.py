@@ -106,7 +106,8 @@ def embed_locally(
     chunks = stats.timed_iterator("read", plan.reader.read(skip=SkippedUnits(done, plan.my_units)))
     budget = plan.spec.max_batch_tokens
     output_format = resumed_output_format(plan.output_format, run, done)
-    with TokenizerPool(plan.tokenizer_settings, plan.workers) as pool:
+    lookup = None if previous is None else previous.lookup.folder
+    with TokenizerPool(plan.tokenizer_settings, plan.workers, previous=lookup) as pool:
         admitted = _admitted(plan, sink, done, previous, pool.map(chunks))
         with ReadAhead(admitted, lambda c: share_of_window(c, budget)) as tokenized:
             # int8/uint8 ranges not calibrated yet are calibrated on the first window, here.

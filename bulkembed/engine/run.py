@@ -149,6 +149,7 @@ def _run(
     done = run.open(settings, config.overwrite, sink, plan.my_units)
     for repair in run.repairs:
         reporter.warn(repair)
+    since: Incremental | None = None
     try:
         run.clear_failure()
         if config.overwrite and resumable:
@@ -187,6 +188,8 @@ def _run(
                 run.record_failure(exit_status(e), one_line(e))
         raise
     finally:
+        if since is not None:
+            since.close()
         if not resumable:
             _report_bad_records(run, reporter)
         run.release_lock()

@@ -122,6 +122,11 @@ class Incremental:
         self.previous_rows = self.previous.rows
         _share_quantization(self.plan, self.run, self.previous)
 
+    def close(self) -> None:
+        """Let go of the previous output's lookup."""
+        if self.previous is not None:
+            self.previous.close()
+
     def config_state(self) -> dict[str, Any]:
         """What the run's configuration keeps of the incremental run across restarts."""
         deletions = None if self.deletions is None else self.deletions.as_dict()

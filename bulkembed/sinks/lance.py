@@ -359,7 +359,9 @@ class LanceSink(Sink):
                 self._remove_files(files)
                 return {"version": int(dataset.version)}
             self._remove_files(earlier["files"])
-        self.intents.write(part, {"files": sorted(files), "label": label})
+        # The rows' counts stay out: a table is carried from by its rows, not its parts.
+        unit_label = {k: v for k, v in label.items() if k != "counts"}
+        self.intents.write(part, {"files": sorted(files), "label": unit_label})
         return {"version": self._append(fragments, files)}
 
     def _append(self, fragments: list[Any], files: frozenset[str]) -> int:

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from bulkembed.contracts import part_name
+from bulkembed.contracts import RowCounts, part_name
 from bulkembed.storage import AnyPath
 
 
@@ -157,11 +157,13 @@ class Chunk:
 
 @dataclass(slots=True)
 class Carried:
-    """Records whose text is unchanged since a previous output, and their output columns
-    from it (`embeddings`: dense, sparse, multivector as that output wrote them)."""
+    """Records whose text is unchanged since a previous output, their output columns from
+    it (`embeddings`: dense, sparse, multivector as that output wrote them) and their
+    counts."""
 
     records: Chunk
     embeddings: pa.Table
+    counts: RowCounts
 
     def before(self, position: int) -> tuple[Carried | None, Carried | None]:
         """The records before input position `position`, and the others (None: none)."""
@@ -172,8 +174,8 @@ class Carried:
             return self, None
         head, tail = slice(0, cut), slice(cut, None)
         return (
-            Carried(self.records.rows(head), self.embeddings.slice(0, cut)),
-            Carried(self.records.rows(tail), self.embeddings.slice(cut)),
+            Carried(self.records.rows(head), self.embeddings.slice(0, cut), self.counts.take(head)),
+            Carried(self.records.rows(tail), self.embeddings.slice(cut), self.counts.take(tail)),
         )
 
 

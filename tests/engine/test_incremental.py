@@ -221,3 +221,62 @@ def test_a_finished_incremental_run_does_not_read_the_previous_output_again(tmp_
     again = run_cli(tmp_path / "c.jsonl", model, tmp_path / "new", *since, *FLOAT32)
     assert again.exit_code == 0, again.output
     assert _summary(tmp_path / "new")["unchanged"] == 30
+
+
+def _count_tokenized_texts(monkeypatch):
+    """Texts passed through the tokenizer (`--tokenize-workers 0`: in this process)."""
+    from bulkembed.tokenize import TextTokenizer
+
+    seen = []
+    encoded = TextTokenizer._encoded
+
+    def counting(self, inputs):
+        seen.append(len(inputs))
+        return encoded(self, inputs)
+
+    monkeypatch.setattr(TextTokenizer, "_encoded", counting)
+    return seen
+
+
+def _drop_row_counts(out):
+    """Rewrite each part of `out` as an older bulkembed wrote it: no rows' counts in its
+    label."""
+    for path in sorted(out.glob("part-*.parquet")):
+        table = pq.read_table(path)
+        metadata = dict(table.schema.metadata)
+        label = json.loads(pq.read_metadata(path).metadata[b"bulkembed.unit"])
+        del label["counts"]
+        metadata[b"bulkembed.unit"] = json.dumps(label).encode()
+        pq.write_table(table.replace_schema_metadata(metadata), path)
+
+
+@pytest.mark.parametrize("labelled", [True, False], ids=["with-counts", "older-parts"])
+def test_carried_texts_are_not_tokenized_and_keep_their_counts(
+    tmp_path, tiny_st, monkeypatch, labelled
+):
+    model = tiny_st("mean")
+    incremental_corpora(tmp_path)
+    workers = ("--tokenize-workers", "0", "--max-length", "16", *FLOAT32)
+    assert run_cli(tmp_path / "v1", model, tmp_path / "out-v1", *workers).exit_code == 0
+    if not labelled:
+        _drop_row_counts(tmp_path / "out-v1")
+    assert run_cli(tmp_path / "v2", model, tmp_path / "full", *workers).exit_code == 0
+
+    tokenized = _count_tokenized_texts(monkeypatch)
+    since = ("--since", tmp_path / "out-v1")
+    assert run_cli(tmp_path / "v2", model, tmp_path / "out-v2", *since, *workers).exit_code == 0
+    # The 3 new and 5 changed texts; with older parts, the 993 unchanged ones too.
+    assert sum(tokenized) == (8 if labelled else 1001)
+    full, incremental = _summary(tmp_path / "full"), _summary(tmp_path / "out-v2")
+    assert incremental["unchanged"] == 993
+    assert 0 < full["truncated"] < full["docs"]
+    for key in ("tokens", "truncated", "docs"):
+        assert incremental[key] == full[key], key
+
+    # The counts travel on: a run against the incremental output tokenizes nothing.
+    tokenized.clear()
+    since = ("--since", tmp_path / "out-v2")
+    assert run_cli(tmp_path / "v2", model, tmp_path / "out-v3", *since, *workers).exit_code == 0
+    assert sum(tokenized) == 0
+    again = _summary(tmp_path / "out-v3")
+    assert (again["tokens"], again["truncated"]) == (full["tokens"], full["truncated"])

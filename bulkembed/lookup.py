@@ -1,0 +1,110 @@
+"""The previous output of an incremental run, as a lookup on disk: for each of its
+documents, sorted by the 64-bit hash of its id, the hash of its text, its counts (tokens,
+truncated) and where its row is (part number, row in the part).
+
+The arrays are `.npy` files in a folder of their own, memory-mapped wherever they are read:
+by the run's process, which carries unchanged rows over, and by each tokenizer process,
+which leaves unchanged texts untokenized. Their pages are the operating system's cache,
+shared by every process and given back under pressure, not memory each process holds.
+
+Ids of the previous output that share a 64-bit hash (odds about n² / 2⁶⁵) are left out, so
+those documents are embedded again, as if new.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from bulkembed.contracts import RowCounts
+
+# The arrays, by file name, and their types.
+_ARRAYS: dict[str, np.dtype] = {
+    "keys": np.dtype(np.uint64),
+    "hashes": np.dtype("S16"),
+    "tokens": np.dtype(np.int32),
+    "truncated": np.dtype(bool),
+    "parts": np.dtype(np.int32),
+    "rows": np.dtype(np.int64),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class PartRows:
+    """One part of the previous output: its ids' 64-bit hashes, its texts' hashes and its
+    rows' counts, in row order."""
+
+    keys: np.ndarray
+    hashes: np.ndarray
+    counts: RowCounts
+
+
+class PreviousLookup:
+    """The lookup arrays in `folder` (see the module's docstring), memory-mapped."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        arrays = {name: np.load(folder / f"{name}.npy", mmap_mode="r") for name in _ARRAYS}
+        self.keys, self.hashes = arrays["keys"], arrays["hashes"]
+        self.tokens, self.truncated = arrays["tokens"], arrays["truncated"]
+        self.parts, self.rows = arrays["parts"], arrays["rows"]
+
+    @classmethod
+    def build(cls, parts: Iterable[PartRows], folder: Path) -> PreviousLookup:
+        """Sort the rows of `parts` by id hash into `folder`, and open it."""
+        pieces: dict[str, list[np.ndarray]] = {name: [] for name in _ARRAYS}
+        for number, part in enumerate(parts):
+            count = len(part.keys)
+            pieces["keys"].append(part.keys)
+            pieces["hashes"].append(part.hashes)
+            pieces["tokens"].append(part.counts.tokens)
+            pieces["truncated"].append(part.counts.truncated)
+            pieces["parts"].append(np.full(count, number, np.int32))
+            pieces["rows"].append(np.arange(count, dtype=np.int64))
+        joined = {
+            name: np.concatenate(arrays).astype(_ARRAYS[name], copy=False)
+            if arrays
+            else np.empty(0, _ARRAYS[name])
+            for name, arrays in pieces.items()
+        }
+        keys = joined["keys"]
+        order = np.argsort(keys, kind="stable")
+        keys = keys[order]
+        unique = np.ones(len(keys), dtype=bool)
+        shared = keys[1:] == keys[:-1]
+        unique[1:] &= ~shared
+        unique[:-1] &= ~shared
+        order = order[unique]
+        folder.mkdir(parents=True, exist_ok=True)
+        for name, values in joined.items():
+            np.save(folder / f"{name}.npy", values[order])
+        return cls(folder)
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def find(self, keys: np.ndarray) -> np.ndarray:
+        """For each id of 64-bit hash in `keys`, its entry in the arrays, or -1."""
+        if not len(self.keys):
+            return np.full(len(keys), -1, dtype=np.int64)
+        found = np.minimum(np.searchsorted(self.keys, keys), len(self.keys) - 1)
+        return np.where(self.keys[found] == keys, found, -1)
+
+    def same(self, keys: np.ndarray, hashes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The entries of `keys` (`find`), and which of them hold the same text hash."""
+        entries = self.find(keys)
+        known = entries >= 0
+        return entries, known & (self.hashes[np.where(known, entries, 0)] == hashes)
+
+    def counted(self, keys: np.ndarray, hashes: np.ndarray) -> np.ndarray:
+        """Which of the documents need no tokenizing: their text is unchanged and their
+        counts are known (they are carried over, counted as the previous output counted
+        them)."""
+        entries, same = self.same(keys, hashes)
+        return same & (self.tokens[np.where(same, entries, 0)] >= 0)
+
+    def counts(self, entries: np.ndarray) -> RowCounts:
+        return RowCounts(np.asarray(self.tokens[entries]), np.asarray(self.truncated[entries]))
