@@ -80,6 +80,7 @@ bench: install $(BENCH_VENV)/.installed $(INFINITY_VENV)/.installed
 	HF_HUB_OFFLINE=1 $(BENCH_VENV)/bin/python benchmarks/cpu_backends.py --onnxruntime
 	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/host_ceiling.py
 	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/object_storage.py
+	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/incremental.py
 
 # On a machine with a GPU, first: five checks of the GPU path in a few minutes, offline,
 # then the GPU tests.

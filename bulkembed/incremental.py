@@ -187,20 +187,20 @@ class PreviousOutput:
         return table
 
     def _embeddings(self, entries: np.ndarray) -> pa.Table:
-        """PREV's output columns for lookup entries, in their order."""
-        pieces = []
-        for entry in entries:
-            number, row = int(self.lookup.parts[entry]), int(self.lookup.rows[entry])
-            _, starts = self._file(number)
-            group = int(np.searchsorted(starts, row, side="right")) - 1
-            pieces.append((number, group, row - int(starts[group])))
+        """PREV's output columns for lookup entries, in their order: a `take` from each
+        row group, for each run of entries in one row group."""
+        numbers = np.asarray(self.lookup.parts[entries])
+        rows = np.asarray(self.lookup.rows[entries])
         tables = []
-        start = 0
-        for end in range(1, len(pieces) + 1):
-            if end == len(pieces) or pieces[end][:2] != pieces[start][:2]:
-                rows = pa.array([p[2] for p in pieces[start:end]], pa.int64())
-                tables.append(self._group(*pieces[start][:2]).take(rows))
-                start = end
+        for start, end in _runs(numbers):
+            number = int(numbers[start])
+            _, starts = self._file(number)
+            part_rows = rows[start:end]
+            groups = np.searchsorted(starts, part_rows, side="right") - 1
+            for first, last in _runs(groups):
+                group = int(groups[first])
+                offsets = pa.array(part_rows[first:last] - starts[group], pa.int64())
+                tables.append(self._group(number, group).take(offsets))
         return pa.concat_tables(tables)
 
     def _note_kept(self, bad: list[BadRecord]) -> None:
@@ -234,6 +234,18 @@ class PreviousOutput:
                 chunk.carried = Carried(records, embeddings, counts)
                 tokenized.count_as_carried(unchanged, counts)
             yield tokenized
+
+
+def _runs(values: np.ndarray) -> list[tuple[int, int]]:
+    """(start, end) of each run of equal neighbours in `values`.
+
+    >>> _runs(np.array([4, 4, 1, 4]))
+    [(0, 2), (2, 3), (3, 4)]
+    """
+    if not len(values):
+        return []
+    edges = [0, *(np.flatnonzero(np.diff(values)) + 1).tolist(), len(values)]
+    return list(zip(edges[:-1], edges[1:], strict=True))
 
 
 def _json_or_none(value: bytes | None) -> dict[str, Any] | None:

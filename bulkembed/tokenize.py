@@ -221,6 +221,8 @@ class TokenizerPool:
         previous: Path | None = None,
     ) -> None:
         self.max_in_flight = max_in_flight or max(2, 4 * workers)
+        # Whether `map` was left with results it did not read.
+        self._unread = False
         self._local: TextTokenizer | None = None
         self._pool: WorkerPool[tuple[pa.Array, pa.Array], Tokens] | None = None
         if workers == 0:
@@ -244,14 +246,17 @@ class TokenizerPool:
             return
         assert self._pool is not None
         texts = ((chunk, _texts(chunk)) for chunk in chunks)
+        self._unread = True
         for chunk, result in self._pool.map(texts, self.max_in_flight):
             yield _tokenized(chunk, result)
+        self._unread = False
 
     def close(self, failed: bool = False) -> None:
         """Stop the workers; after a failure they are killed rather than waited for, since
-        one of them may be stuck."""
+        one of them may be stuck. So are they when their results were left unread (`--limit`
+        reached): a worker would wait to hand over a result that no one takes."""
         if self._pool is not None:
-            self._pool.close(failed)
+            self._pool.close(failed or self._unread)
             self._pool = None
 
     def __enter__(self) -> TokenizerPool:

@@ -116,3 +116,26 @@ def test_a_stuck_worker_times_out_and_is_killed(tiny_bert, monkeypatch):
     assert time.monotonic() - started < 30
     time.sleep(0.5)
     assert multiprocessing.active_children() == []
+
+
+def test_workers_left_with_unread_results_are_stopped_at_once(tiny_bert, monkeypatch):
+    # A run that stops reading (`--limit` reached) leaves results no one takes: the workers
+    # are not waited for, which would last until the stop timeout.
+    monkeypatch.setattr("bulkembed.workers.STOP_SECONDS", 120.0)
+    texts = sample_texts(50)
+    with TokenizerPool(_settings(tiny_bert), 1, max_in_flight=8) as pool:
+        results = pool.map(_chunks(texts * 400, 500))
+        next(results)
+        workers = multiprocessing.active_children()
+        started = time.monotonic()
+    for worker in workers:
+        worker.join()
+    assert [w.exitcode for w in workers] == [-signal.SIGKILL] * len(workers)
+    assert time.monotonic() - started < 60
+
+
+def test_workers_that_handed_over_every_result_stop_on_their_own(tiny_bert):
+    with TokenizerPool(_settings(tiny_bert), 1, max_in_flight=2) as pool:
+        assert sum(len(t.lengths) for t in pool.map(_chunks(sample_texts(50), 5))) == 50
+        workers = multiprocessing.active_children()
+    assert [w.exitcode for w in workers] == [0] * len(workers)
