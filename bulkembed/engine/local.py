@@ -13,7 +13,7 @@ that embed and commit them themselves (`UnitPool`), and this process marks their
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 from itertools import chain
 from typing import TYPE_CHECKING
@@ -22,6 +22,7 @@ from bulkembed.admission import drop_duplicate_ids, fail_on_bad_records, leave_i
 from bulkembed.config import Attention, OnBadRecord
 from bulkembed.devices import cpu_threads_per_worker
 from bulkembed.engine.ahead import ReadAhead
+from bulkembed.engine.modes import RunMode
 from bulkembed.engine.plan import RunOutcome, RunPlan
 from bulkembed.engine.session import DeviceSession, settle_dtype, tell
 from bulkembed.engine.stream import (
@@ -34,7 +35,6 @@ from bulkembed.engine.stream import (
 )
 from bulkembed.engine.unit_pool import Counts, UnitPool, UnitWork
 from bulkembed.errors import BulkembedError
-from bulkembed.incremental import PreviousOutput
 from bulkembed.progress import Reporter, RunStats
 from bulkembed.sources import SeenIds, count_records
 from bulkembed.tokenize import TokenizedChunk, TokenizerPool
@@ -53,11 +53,11 @@ def _admitted(
     plan: RunPlan,
     sink: Sink,
     done: dict[str, UnitRecord],
-    previous: PreviousOutput | None,
+    mode: RunMode,
     tokenized: Iterable[TokenizedChunk],
 ) -> Iterator[TokenizedChunk]:
     """The tokenized records still to embed: first id wins (the ids of done units count
-    as seen), up to the limit; with `previous`, unchanged records carried over."""
+    as seen), up to the limit; the mode carries over those it can."""
     config = plan.config
     seen = SeenIds()
     mine = {k: v for k, v in done.items() if plan.my_units is None or k in plan.my_units}
@@ -67,9 +67,7 @@ def _admitted(
         chunks = take(chunks, config.limit - sum(r.rows for r in done.values()))
     if config.on_bad_record is OnBadRecord.FAIL:
         chunks = fail_on_bad_records(chunks)
-    if previous is not None:
-        chunks = previous.carry_over(chunks)
-    return leave_id_hashes(chunks)
+    return leave_id_hashes(mode.carry(chunks))
 
 
 def _start_counting(plan: RunPlan, reporter: Reporter) -> None:
@@ -92,12 +90,11 @@ def embed_locally(
     run: RunDirectory,
     sink: Sink,
     done: dict[str, UnitRecord],
-    previous: PreviousOutput | None,
+    mode: RunMode,
     reporter: Reporter,
-    upserts: Callable[[], Sink] | None = None,
 ) -> RunOutcome:
-    """Embed every unit not in `done` (nor outside this `--shard`'s share) into `sink`;
-    with `upserts` (`--since`), each unit's embedded rows into a sink that it makes too.
+    """Embed every unit not in `done` (nor outside this `--shard`'s share) into `sink`, as
+    `mode` says (rows carried over, each unit's upserts).
 
     Reading and tokenizing start first, on a thread (`ReadAhead`), so that the first window
     is tokenized while the model loads."""
@@ -106,9 +103,8 @@ def embed_locally(
     chunks = stats.timed_iterator("read", plan.reader.read(skip=SkippedUnits(done, plan.my_units)))
     budget = plan.spec.max_batch_tokens
     output_format = resumed_output_format(plan.output_format, run, done)
-    lookup = None if previous is None else previous.lookup.folder
-    with TokenizerPool(plan.tokenizer_settings, plan.workers, previous=lookup) as pool:
-        admitted = _admitted(plan, sink, done, previous, pool.map(chunks))
+    with TokenizerPool(plan.tokenizer_settings, plan.workers, previous=mode.lookup()) as pool:
+        admitted = _admitted(plan, sink, done, mode, pool.map(chunks))
         with ReadAhead(admitted, lambda c: share_of_window(c, budget)) as tokenized:
             # int8/uint8 ranges not calibrated yet are calibrated on the first window, here.
             many_writers = plan.target.capabilities.many_writers
@@ -121,12 +117,11 @@ def embed_locally(
                     output_format,
                     stats,
                     done,
-                    previous,
+                    mode,
                     reporter,
-                    upserts,
                 )
-            writer = _Writing(run, sink, output_format, upserts)
-            return _embed_in_session(plan, writer, iter(tokenized), stats, done, previous, reporter)
+            writing = _Writing(run, sink, output_format, mode)
+            return _embed_in_session(plan, writing, iter(tokenized), stats, done, reporter)
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,7 +131,7 @@ class _Writing:
     run: RunDirectory
     sink: Sink
     output_format: OutputFormat
-    upserts: Callable[[], Sink] | None
+    mode: RunMode
 
 
 def _embed_in_session(
@@ -145,7 +140,6 @@ def _embed_in_session(
     tokenized: Iterator[TokenizedChunk],
     stats: RunStats,
     done: dict[str, UnitRecord],
-    previous: PreviousOutput | None,
     reporter: Reporter,
 ) -> RunOutcome:
     """Embed on the run's devices in this process, and write behind."""
@@ -154,9 +148,10 @@ def _embed_in_session(
         plan.spec, devices, config.dtype, None, config.tune_batch_tokens, reporter
     )
     try:
-        reporter.info(plan.start_line(session.embedder, session.budget, len(done), previous))
+        mode = writing.mode.describe()
+        reporter.info(plan.start_line(session.embedder, session.budget, len(done), mode))
         schema = part_schema(plan.reader, plan.spec, session.embedder, writing.output_format)
-        upserts = None if writing.upserts is None else writing.upserts()
+        upserts = writing.mode.upserts()()
         writer = PartWriter(
             run.run_id, writing.sink, schema, run.committed, run.lock.check, upserts
         )
@@ -207,9 +202,8 @@ def _embed_on_devices(
     output_format: OutputFormat,
     stats: RunStats,
     done: dict[str, UnitRecord],
-    previous: PreviousOutput | None,
+    mode: RunMode,
     reporter: Reporter,
-    upserts: Callable[[], Sink] | None,
 ) -> RunOutcome:
     """Several devices and a Parquet or LanceDB output: one process per device embeds whole
     units and commits their parts (`UnitPool`); this process reads, tokenizes, and writes
@@ -227,14 +221,14 @@ def _embed_on_devices(
         dtype,
         cpu_threads_per_worker(devices),
         config.tune_batch_tokens,
-        upserts=upserts,
+        upserts=mode.upserts(),
     )
     reporter.phase(f"loading the model on {', '.join(devices)}")
     pool = UnitPool(work, devices, reporter.warn)
     tell(reporter, pool.ready.notices, pool.ready.remarks)
     stopped = True
     try:
-        reporter.info(plan.start_line(pool, pool.budget, len(done), previous))
+        reporter.info(plan.start_line(pool, pool.budget, len(done), mode.describe()))
         # The device processes have loaded the model: the first group goes out now.
         stats.begin_embedding()
         reporter.start(stats)

@@ -25,7 +25,6 @@ from bulkembed.wording import counted
 
 if TYPE_CHECKING:
     from bulkembed.encoders import VectorSizes
-    from bulkembed.incremental import PreviousOutput
     from bulkembed.model_spec import ModelSpec
     from bulkembed.precision import PrecisionCheck
     from bulkembed.progress import Reporter, RunStats
@@ -64,11 +63,9 @@ class RunPlan:
             spec.tokenizer_json, spec.max_length, spec.prompt, spec.lowercase, spec.prefix_token_id
         )
 
-    def start_line(
-        self, sizes: VectorSizes, budget: int, done: int, previous: PreviousOutput | None
-    ) -> str:
+    def start_line(self, sizes: VectorSizes, budget: int, done: int, mode: str) -> str:
         """The local engine's start-up line: model, devices, outputs and the figures
-        derived from the settings."""
+        derived from the settings, and `mode`, the run mode's words."""
         spec = self.spec
         outputs = []
         if sizes.dense_dim is not None:
@@ -85,12 +82,7 @@ class RunPlan:
             f"{counted(self.workers, 'tokenizer process', 'tokenizer processes')}; "
             f"{counted(len(self.files), 'input file')}"
             + (f"; resuming after {counted(done, 'done unit')}" if done else "")
-            + (
-                f"; reusing the vectors of {counted(previous.rows, 'document')} in "
-                f"{previous.path} where the text is unchanged"
-                if previous is not None
-                else ""
-            )
+            + (f"; {mode}" if mode else "")
         )
 
     def run_info(self, outcome: RunOutcome | None = None) -> dict[str, Any]:

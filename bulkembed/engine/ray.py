@@ -29,7 +29,10 @@ import numpy as np
 from bulkembed.admission import drop_duplicate_ids, fail_on_bad_records
 from bulkembed.config import DType, OnBadRecord, ShardSpec
 from bulkembed.contracts import UnitRecord, part_unit
+from bulkembed.engine.modes import RunMode, UpsertSinks
 from bulkembed.engine.plan import RunOutcome, RunPlan
+from bulkembed.engine.ray_cluster import actors as pool_actors
+from bulkembed.engine.ray_cluster import connect
 from bulkembed.engine.session import DeviceSession
 from bulkembed.engine.stream import (
     EmbeddedWindow,
@@ -37,7 +40,7 @@ from bulkembed.engine.stream import (
     gather_windows,
     part_schema,
 )
-from bulkembed.errors import BulkembedError, UsageError
+from bulkembed.errors import BulkembedError
 from bulkembed.outputs import OutputFormat
 from bulkembed.precision import PrecisionCheck
 from bulkembed.progress import QuietReporter, Reporter, RunStats
@@ -86,6 +89,7 @@ class _Work:
     output: AnyPath
     meta: AnyPath
     sink: Callable[[], Sink]
+    upserts: UpsertSinks
     fence: Callable[[], None]
     shard: ShardSpec | None
     output_format: OutputFormat
@@ -139,7 +143,8 @@ class _UnitEmbedder:
         output = work.output
         schema = part_schema(work.reader, work.spec, self.session.embedder, work.output_format)
         run = RunDirectory(output, meta=work.meta, shard=work.shard)
-        self.writer = PartWriter(run.run_id, work.sink(), schema, run.committed, work.fence)
+        sink, upserts = work.sink(), work.upserts()
+        self.writer = PartWriter(run.run_id, sink, schema, run.committed, work.fence, upserts)
 
     def _write(self, window: EmbeddedWindow) -> None:
         for _ in window.write(self.writer):
@@ -178,63 +183,6 @@ class _UnitEmbedder:
         return rows
 
 
-def _connect(address: str | None) -> bool:
-    """Join the cluster at `address` (default: `auto`, a running one), or the one this
-    process is already connected to; without one, start a local instance. True when this
-    process started it (and must stop it)."""
-    import ray
-
-    if ray.is_initialized():
-        return False
-    options: dict[str, Any] = {"logging_level": logging.ERROR, "log_to_driver": False}
-    if address is not None:
-        try:
-            ray.init(address=address, **options)
-        except (ConnectionError, ValueError) as e:
-            raise BulkembedError(f"--ray-address {address}: cannot join the cluster: {e}") from e
-        return False
-    try:
-        ray.init(address="auto", **options)
-        return False
-    except ConnectionError:
-        ray.init(include_dashboard=False, **options)
-        return True
-
-
-def _actors(devices: str) -> tuple[str, int, int]:
-    """(device, actors, threads per actor) on the cluster: `auto` takes every GPU, else one
-    CPU actor; `cpu,cpu` or `cuda:0,cuda:1` ask for that many actors of the kind. A CPU
-    actor takes the CPUs of the largest node but one, shared among the actors, so that the
-    tokenizing tasks always have a CPU."""
-    import ray
-
-    gpus = int(ray.cluster_resources().get("GPU", 0))
-    node_cpus = max(
-        (int(n["Resources"].get("CPU", 0)) for n in ray.nodes() if n.get("Alive")), default=1
-    )
-    entries = [d.strip() for d in devices.split(",") if d.strip()]
-    if entries == ["auto"]:
-        entries = ["cuda"] * gpus or ["cpu"]
-    kinds = {"cpu" if d == "cpu" else "cuda" if d.startswith("cuda") else d for d in entries}
-    if len(kinds) != 1 or not kinds <= {"cpu", "cuda"}:
-        raise UsageError(
-            f"--devices {devices} with --engine ray: pass auto, or a list of cpu or of cuda "
-            "entries (one actor each)"
-        )
-    device = kinds.pop()
-    if device == "cuda" and gpus < len(entries):
-        raise UsageError(
-            f"--devices {devices}: the Ray cluster has {counted(gpus, 'GPU')}; pass --devices auto"
-        )
-    if device == "cpu" and len(entries) > max(1, node_cpus - 1):
-        raise UsageError(
-            f"--devices {devices}: {len(entries)} CPU actors need {len(entries) + 1} CPUs on "
-            f"one node (one for the tokenizing tasks), and the largest has {node_cpus}"
-        )
-    threads = max(1, (node_cpus - 1) // len(entries)) if device == "cpu" else 1
-    return device, len(entries), threads
-
-
 def _pending(plan: RunPlan, done: dict[str, UnitRecord]) -> list[dict[str, Any]]:
     """The units to embed, each with the byte offset where it starts in an uncompressed
     JSONL file (-1 elsewhere), so that its task reads only its own lines."""
@@ -253,18 +201,24 @@ def _pending(plan: RunPlan, done: dict[str, UnitRecord]) -> list[dict[str, Any]]
 
 
 def embed_on_ray(
-    plan: RunPlan, run: RunDirectory, sink: Sink, done: dict[str, UnitRecord], reporter: Reporter
+    plan: RunPlan,
+    run: RunDirectory,
+    sink: Sink,
+    done: dict[str, UnitRecord],
+    mode: RunMode,
+    reporter: Reporter,
 ) -> RunOutcome:
-    """Embed every pending unit on a Ray cluster, into `sink`, the output of `run`."""
+    """Embed every pending unit on a Ray cluster, into `sink`, the output of `run` (and the
+    upserts `mode` asks for). `RunConfig` refuses `--since` here: no task looks one up."""
     try:
         import ray
         import ray.data
     except ImportError as e:
         raise BulkembedError("--engine ray needs Ray Data: pip install 'bulkembed[ray]'") from e
     pending = _pending(plan, done)
-    started = _connect(plan.config.ray_address)
+    started = connect(plan.config.ray_address)
     try:
-        device, actors, threads = _actors(plan.config.devices)
+        device, actors, threads = pool_actors(plan.config.devices)
         reporter.info(
             f"{plan.spec.source} on Ray: {counted(actors, device + ' actor')}"
             + (f" of {counted(threads, 'thread')}" if device == "cpu" else "")
@@ -287,6 +241,7 @@ def embed_on_ray(
                 output=run.output.resolve(),
                 meta=run.meta.resolve(),
                 sink=sink.process_copies(),
+                upserts=mode.upserts(),
                 fence=run.fence(),
                 shard=plan.config.shard,
                 output_format=plan.output_format,

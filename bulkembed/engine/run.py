@@ -23,22 +23,17 @@ from typing import TYPE_CHECKING, Any
 
 from bulkembed.config import Engine, RunConfig
 from bulkembed.contracts import UnitRecord
+from bulkembed.engine.modes import PlainRun, RunMode
 from bulkembed.engine.plan import RunOutcome, RunPlan, plan_run
-from bulkembed.engine.since import Incremental
+from bulkembed.engine.since import mode_of
 from bulkembed.engine.sync import TableSync, refuse_synced, syncs_in_place
 from bulkembed.errors import BulkembedError, Interrupted, OutputLocked, exit_status, one_line
-from bulkembed.incremental import ChangeSet, PreviousOutput
+from bulkembed.incremental import ChangeSet
 from bulkembed.progress import QuietReporter, Reporter, RunStats
 from bulkembed.run_dir import LockedError, RunDirectory, fingerprint
 from bulkembed.run_dir.intents import Intents, finishing
 from bulkembed.sinks import Sink, SinkSettings, make_sink
-from bulkembed.summary import (
-    PreviousCounts,
-    Summary,
-    check_bad_records,
-    check_deletes,
-    summarize,
-)
+from bulkembed.summary import Summary, check_bad_records, check_deletes, summarize
 from bulkembed.version import __version__
 from bulkembed.wording import counted
 
@@ -149,35 +144,26 @@ def _run(
     done = run.open(settings, config.overwrite, sink, plan.my_units)
     for repair in run.repairs:
         reporter.warn(repair)
-    since: Incremental | None = None
+    mode: RunMode = PlainRun()
     try:
         run.clear_failure()
         if config.overwrite and resumable:
             ChangeSet(run.meta).remove()
-        since = None if config.since is None else Incremental(plan, run, sink, settings, sync)
-        complete = run.is_complete()
-        reopened = complete and since is not None and since.reopens(done)
-        if since is not None:
-            since.prepare(complete and not reopened)
-            if reopened:
-                since.reopen()
-        complete = complete and not reopened
-        _write_config(plan, run, settings, since)
+        mode = mode_of(plan, run, sink, settings, sync)
+        complete = mode.start(done, run.is_complete())
+        _write_config(plan, run, settings, mode)
         limited = config.limit is not None
         if complete:
             reporter.info(f"nothing to do: {plan.target.label} already holds every document")
             stats = RunStats(started=plan.started)
-            return summarize(done, stats, plan.run_info(), _changes(since), limited), None
-        previous = None if since is None else since.previous
-        upserts = None if since is None else since.upserts
-        outcome = _dispatch(plan, run, sink, done, previous, upserts, reporter)
-        end = None if since is None else since.end(reporter.phase)
-        _finish_if_whole(plan, run, sink, reporter, end)
+            return summarize(done, stats, plan.run_info(), mode.changes(), limited), None
+        outcome = _dispatch(plan, run, sink, done, mode, reporter)
+        _finish_if_whole(plan, run, sink, reporter, mode.end(reporter.phase))
         done = run.done_units()
         # Lines a unit written twice (a lost Ray actor's) appended twice go.
         run.rebuild_quarantine(done, plan.my_units)
         info = plan.run_info(outcome)
-        summary = summarize(done, outcome.stats, info, _changes(since), limited)
+        summary = summarize(done, outcome.stats, info, mode.changes(), limited)
         run.write_summary(summary.as_dict())
         return summary, outcome.precision
     except Exception as e:
@@ -188,15 +174,14 @@ def _run(
                 run.record_failure(exit_status(e), one_line(e))
         raise
     finally:
-        if since is not None:
-            since.close()
+        mode.close()
         if not resumable:
             _report_bad_records(run, reporter)
         run.release_lock()
 
 
 def _write_config(
-    plan: RunPlan, run: RunDirectory, settings: dict[str, Any], since: Incremental | None
+    plan: RunPlan, run: RunDirectory, settings: dict[str, Any], mode: RunMode
 ) -> None:
     """`config.json`: the fingerprint, the inputs, the model, and what an incremental run
     keeps across restarts; `vocab.json` for sparse outputs."""
@@ -208,7 +193,7 @@ def _write_config(
             "fingerprint": settings,
             "input_paths": paths,
             "model": spec_fields,
-            **({"previous_rows": None} if since is None else since.config_state()),
+            **mode.state(),
             "records_per_unit": plan.config.records_per_unit,
             **plan.run_info(),
         }
@@ -217,30 +202,22 @@ def _write_config(
         _write_vocabulary(run, plan)
 
 
-def _changes(since: Incremental | None) -> PreviousCounts | None:
-    """What the summary counts against the previous output."""
-    if since is None or since.previous_rows is None:
-        return None
-    return PreviousCounts(since.previous_rows, since.deletions)
-
-
 def _dispatch(
     plan: RunPlan,
     run: RunDirectory,
     sink: Sink,
     done: dict[str, UnitRecord],
-    previous: PreviousOutput | None,
-    upserts: Callable[[], Sink] | None,
+    mode: RunMode,
     reporter: Reporter,
 ) -> RunOutcome:
     """Hand the pending units to the engine the configuration names."""
     if plan.config.engine is Engine.RAY:
         from bulkembed.engine.ray import embed_on_ray
 
-        return embed_on_ray(plan, run, sink, done, reporter)
+        return embed_on_ray(plan, run, sink, done, mode, reporter)
     from bulkembed.engine.local import embed_locally
 
-    return embed_locally(plan, run, sink, done, previous, reporter, upserts)
+    return embed_locally(plan, run, sink, done, mode, reporter)
 
 
 def _finish_if_whole(

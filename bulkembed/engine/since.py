@@ -15,7 +15,8 @@ limits that allow them (`reopens`).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -23,12 +24,14 @@ import pyarrow as pa
 from bulkembed.contracts import UnitRecord
 from bulkembed.deletions import Deletions, Missing, Unread, decide, kept_rows, missing_ids
 from bulkembed.deletions import allowed_deletes as allowed
+from bulkembed.engine.modes import PlainRun, RunMode, UpsertSinks, no_upserts
 from bulkembed.errors import OutputError
 from bulkembed.incremental import ChangeSet, PreviousOutput
 from bulkembed.schema import CONTENT_HASH, EMBEDDING_COLUMNS
 from bulkembed.sinks import Sink
 from bulkembed.storage import location, parquet_file
-from bulkembed.summary import over_bad_record_limit
+from bulkembed.summary import PreviousCounts, over_bad_record_limit
+from bulkembed.wording import counted
 from bulkembed.writer import KeptUnits, PartWriter
 
 if TYPE_CHECKING:
@@ -37,6 +40,22 @@ if TYPE_CHECKING:
     from bulkembed.engine.plan import RunPlan
     from bulkembed.engine.sync import TableSync
     from bulkembed.run_dir import RunDirectory
+    from bulkembed.tokenize import TokenizedChunk
+
+
+def mode_of(
+    plan: RunPlan,
+    run: RunDirectory,
+    sink: Sink,
+    settings: dict[str, Any],
+    sync: TableSync | None = None,
+) -> RunMode:
+    """The mode of a run writing `sink` with run directory `run` (`bulkembed.engine.modes`):
+    incremental with `--since` (`sync` when it updates a LanceDB table in place), else
+    plain."""
+    if plan.config.since is None:
+        return PlainRun()
+    return Incremental(plan, run, sink, settings, sync)
 
 
 def _split(done: dict[str, UnitRecord]) -> tuple[dict[str, UnitRecord], dict[str, UnitRecord]]:
@@ -73,8 +92,40 @@ class Incremental:
         if sync is not None and sync.version is None:
             sync.version = before.get("previous_version")
         self.previous: PreviousOutput | None = None
-        self.changes: ChangeSet | None = None
-        self.upserts: Callable[[], Sink] | None = None
+        self.change_set: ChangeSet | None = None
+        self._upserts: UpsertSinks = no_upserts
+
+    def start(self, done: dict[str, UnitRecord], complete: bool) -> bool:
+        reopened = complete and self.reopens(done)
+        self.prepare(complete and not reopened)
+        if reopened:
+            self.reopen()
+        return complete and not reopened
+
+    def describe(self) -> str:
+        previous = self.previous
+        if previous is None:
+            return ""
+        return (
+            f"reusing the vectors of {counted(previous.rows, 'document')} in {previous.path} "
+            "where the text is unchanged"
+        )
+
+    def lookup(self) -> Path | None:
+        return None if self.previous is None else self.previous.lookup.folder
+
+    def carry(self, chunks: Iterable[TokenizedChunk]) -> Iterator[TokenizedChunk]:
+        if self.previous is None:
+            return iter(chunks)
+        return self.previous.carry_over(chunks)
+
+    def upserts(self) -> UpsertSinks:
+        return self._upserts
+
+    def changes(self) -> PreviousCounts | None:
+        if self.previous_rows is None:
+            return None
+        return PreviousCounts(self.previous_rows, self.deletions)
 
     def reopens(self, done: dict[str, UnitRecord]) -> bool:
         """Whether a finished output whose deletes were withheld is run with limits that
@@ -104,7 +155,7 @@ class Incremental:
         compact that version away)."""
         config = self.plan.config
         if self.sync is not None:
-            self.upserts = self.sync.upserts()
+            self._upserts = self.sync.upserts()
             if complete or self.ended:
                 return
             self.previous = self.sync.previous()
@@ -115,9 +166,9 @@ class Incremental:
             since = location(config.since or "", self.plan.storage_options)
             self.previous = PreviousOutput(since, self.settings)
             if self.plan.target.capabilities.change_set:
-                self.changes = ChangeSet(self.run.meta)
-                self.changes.open(self.plan.my_units)
-                self.upserts = self.changes.upserts
+                self.change_set = ChangeSet(self.run.meta)
+                self.change_set.open(self.plan.my_units)
+                self._upserts = self.change_set.upserts
                 self.previous.keeps_unread = self.plan.config.limit is None
         self.previous_rows = self.previous.rows
         _share_quantization(self.plan, self.run, self.previous)
@@ -127,8 +178,7 @@ class Incremental:
         if self.previous is not None:
             self.previous.close()
 
-    def config_state(self) -> dict[str, Any]:
-        """What the run's configuration keeps of the incremental run across restarts."""
+    def state(self) -> dict[str, Any]:
         deletions = None if self.deletions is None else self.deletions.as_dict()
         state = {"previous_rows": self.previous_rows, "deletions": deletions, "ended": self.ended}
         if self.sync is not None:
@@ -141,13 +191,13 @@ class Incremental:
         self.run.write_config({**self.run.read_config(), **noted})
 
     def end(self, phase: Callable[[str], None]) -> Callable[[], None] | None:
-        """What ends the run once every input unit is done, before it is marked complete
-        (None when nothing does: `--limit`, a stream)."""
+        """The deletes and the kept rows, once every input unit is done (None when nothing
+        ends the run: `--limit`, a stream)."""
         if self.plan.config.limit is not None:
             return None
         if self.sync is not None:
             return lambda: self._end_sync(phase)
-        if self.changes is not None:
+        if self.change_set is not None:
             return self._end_change_set
         return None
 
@@ -173,7 +223,7 @@ class Incremental:
 
     def _end_change_set(self) -> None:
         """The deletes of the change set, and the rows kept in the new output."""
-        assert self.changes is not None and self.previous is not None
+        assert self.change_set is not None and self.previous is not None
         inputs, unread, over = self._start_end()
         ids = self.sink.committed_ids(inputs)
         missing = list(missing_ids(self.previous, ids, unread))
@@ -184,7 +234,7 @@ class Incremental:
             self._keep(missing, deletions, schema, self.previous.rows_at)
         gone = [m.ids.filter(pa.array(m.gone)) for m in missing if deletions.deleted]
         kind = missing[0].ids.type if missing else self.plan.reader.id_type or pa.string()
-        self.changes.write_deletes(pa.chunked_array([c for g in gone for c in g.chunks], kind))
+        self.change_set.write_deletes(pa.chunked_array([c for g in gone for c in g.chunks], kind))
 
     def _end_sync(self, phase: Callable[[str], None]) -> None:
         """Delete the ids gone from the table synced in place, keep the others in the

@@ -28,6 +28,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from bulkembed.config import DType
+from bulkembed.engine.modes import UpsertSinks, no_upserts
 from bulkembed.engine.pool import BATCHES_PER_WORKER, Ready, start_device_workers
 from bulkembed.engine.session import DeviceSession
 from bulkembed.engine.stream import EmbeddedWindow, embed_windows, part_schema
@@ -64,7 +65,7 @@ class UnitWork:
     threads: int
     tune: bool
     device: str = "cpu"
-    upserts: Callable[[], Sink] | None = None
+    upserts: UpsertSinks = no_upserts
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,7 +119,7 @@ class _UnitWorker:
             work.spec, [work.device], work.dtype, work.threads, work.tune, _Heartbeat()
         )
         schema = part_schema(work.reader, work.spec, self.session.embedder, work.output_format)
-        upserts = None if work.upserts is None else work.upserts()
+        upserts = work.upserts()
         self.writer = PartWriter(
             work.run_id, work.sink(), schema, self._committed, work.fence, upserts
         )

@@ -256,15 +256,16 @@ def test_carried_texts_are_not_tokenized_and_keep_their_counts(
 ):
     model = tiny_st("mean")
     incremental_corpora(tmp_path)
-    workers = ("--tokenize-workers", "0", "--max-length", "16", *FLOAT32)
-    assert run_cli(tmp_path / "v1", model, tmp_path / "out-v1", *workers).exit_code == 0
+    # `run_cli` tokenizes in this process, where the tokenizer's calls are counted.
+    options = ("--max-length", "16", *FLOAT32)
+    assert run_cli(tmp_path / "v1", model, tmp_path / "out-v1", *options).exit_code == 0
     if not labelled:
         _drop_row_counts(tmp_path / "out-v1")
-    assert run_cli(tmp_path / "v2", model, tmp_path / "full", *workers).exit_code == 0
+    assert run_cli(tmp_path / "v2", model, tmp_path / "full", *options).exit_code == 0
 
     tokenized = _count_tokenized_texts(monkeypatch)
     since = ("--since", tmp_path / "out-v1")
-    assert run_cli(tmp_path / "v2", model, tmp_path / "out-v2", *since, *workers).exit_code == 0
+    assert run_cli(tmp_path / "v2", model, tmp_path / "out-v2", *since, *options).exit_code == 0
     # The 3 new and 5 changed texts; with older parts, the 993 unchanged ones too.
     assert sum(tokenized) == (8 if labelled else 1001)
     full, incremental = _summary(tmp_path / "full"), _summary(tmp_path / "out-v2")
@@ -276,7 +277,7 @@ def test_carried_texts_are_not_tokenized_and_keep_their_counts(
     # The counts travel on: a run against the incremental output tokenizes nothing.
     tokenized.clear()
     since = ("--since", tmp_path / "out-v2")
-    assert run_cli(tmp_path / "v2", model, tmp_path / "out-v3", *since, *workers).exit_code == 0
+    assert run_cli(tmp_path / "v2", model, tmp_path / "out-v3", *since, *options).exit_code == 0
     assert sum(tokenized) == 0
     again = _summary(tmp_path / "out-v3")
     assert (again["tokens"], again["truncated"]) == (full["tokens"], full["truncated"])
