@@ -68,6 +68,12 @@ def syncs_in_place(plan: RunPlan) -> bool:
             "--limit cannot be combined with syncing a LanceDB table in place: the documents "
             "past the limit would be deleted from it"
         )
+    if config.shard is not None:
+        raise UsageError(
+            "--shard cannot be combined with syncing a LanceDB table in place: the sync holds "
+            "the table for one run; sync it in one run, or write a Parquet output with "
+            "--shard and --since and apply its change set"
+        )
     return True
 
 

@@ -138,6 +138,13 @@ def test_ray_options_that_cannot_work_are_refused(tmp_path, reference):
     )
     assert result.exit_code == 2
     assert "--ray-address applies to --engine ray only" in result.output
+    since = ["--engine", "ray", "--since", str(tmp_path / "previous")]
+    result = CliRunner().invoke(app, [*run_arguments(corpus, model, tmp_path / "o"), *since])
+    assert result.exit_code == 2
+    assert result.output.strip() == (
+        "error: --engine ray cannot be combined with --since: its tasks look up no previous "
+        "output; run --since with --shard I/N (a job array), or on one machine"
+    )
 
 
 @pytest.mark.gpu

@@ -120,16 +120,7 @@ def test_summary_counts_cover_the_whole_output(synced, tmp_path):
 def test_sigkill_during_since_then_rerun_gives_the_same_change_set(synced, tmp_path, stage, n):
     folder, model, _ = synced
     out = tmp_path / "out"
-    arguments = ["run", str(folder / "v2"), "--model", str(model), "--output", str(out)]
-    arguments += [
-        "--quiet",
-        "--tokenize-workers",
-        "0",
-        *SETTINGS,
-        "--since",
-        str(folder / "out-v1"),
-    ]
-    killed = run_forked(stage, n, "SIGKILL", arguments)
+    killed = run_forked(stage, n, "SIGKILL", _since_arguments(folder, model, out))
     assert killed.returncode == -9, killed.stderr
     result = run_cli(folder / "v2", model, out, *SETTINGS, "--since", folder / "out-v1")
     assert result.exit_code == 0, result.output
@@ -137,6 +128,49 @@ def test_sigkill_during_since_then_rerun_gives_the_same_change_set(synced, tmp_p
     _assert_same_rows(upserts, expected)
     assert _deletes(out) == _deletes(folder / "out-v2")
     _assert_same_rows(_by_id(pq.read_table(out)), _by_id(pq.read_table(folder / "full")))
+    assert not [p for p in out.rglob("*.tmp")]
+
+
+def _since_arguments(folder, model, out, *extra):
+    return [
+        "run",
+        str(folder / "v2"),
+        "--model",
+        str(model),
+        "--output",
+        str(out),
+        "--quiet",
+        "--tokenize-workers",
+        "0",
+        *SETTINGS,
+        "--since",
+        str(folder / "out-v1"),
+        *extra,
+    ]
+
+
+@pytest.mark.parametrize("killed", [False, True], ids=["shards", "shard-killed-then-rerun"])
+def test_since_on_two_shards_gives_the_one_machine_change_set(synced, tmp_path, killed):
+    folder, model, _ = synced
+    out = tmp_path / "out"
+    since = ("--since", folder / "out-v1")
+    if killed:
+        # Shard 0 dies with its first unit's upserts committed and its part not yet.
+        arguments = _since_arguments(folder, model, out, "--shard", "0/2")
+        assert run_forked("committed", 1, "SIGKILL", arguments).returncode == -9
+    first, second = ("1/2", "0/2") if killed else ("0/2", "1/2")
+    result = run_cli(folder / "v2", model, out, *SETTINGS, *since, "--shard", first)
+    assert result.exit_code == 0, result.output
+    # The other shard's units are pending: no deletes decided yet.
+    assert not (out / "_bulkembed" / "changes" / "deletes.parquet").exists()
+    assert not (out / "_bulkembed" / "complete").exists()
+    result = run_cli(folder / "v2", model, out, *SETTINGS, *since, "--shard", second)
+    assert result.exit_code == 0, result.output
+
+    _assert_same_rows(_upserts(out), _upserts(folder / "out-v2"))
+    assert _deletes(out) == _deletes(folder / "out-v2")
+    _assert_same_rows(_by_id(pq.read_table(out)), _by_id(pq.read_table(folder / "full")))
+    assert (out / "_bulkembed" / "complete").exists()
     assert not [p for p in out.rglob("*.tmp")]
 
 
@@ -273,6 +307,13 @@ def test_lancedb_since_must_name_the_output_table_and_a_table_bulkembed_wrote(sy
     assert limited.output.strip() == (
         "error: --limit cannot be combined with syncing a LanceDB table in place: the "
         "documents past the limit would be deleted from it"
+    )
+    sharded = run_cli(folder / "v2", model, uri, *SETTINGS, "--since", uri, "--shard", "0/2")
+    assert sharded.exit_code == 2
+    assert sharded.output.strip() == (
+        "error: --shard cannot be combined with syncing a LanceDB table in place: the sync "
+        "holds the table for one run; sync it in one run, or write a Parquet output with "
+        "--shard and --since and apply its change set"
     )
 
 
