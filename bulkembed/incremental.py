@@ -42,6 +42,7 @@ import secrets
 import tempfile
 from collections import OrderedDict
 from collections.abc import Collection, Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -99,6 +100,14 @@ def check_previous(run: RunDirectory, label: str, fingerprint: dict[str, Any]) -
         )
 
 
+@dataclass(frozen=True, slots=True)
+class KnownSizes:
+    """The sizes of the vectors a model gives: dense, and per token (None: not given)."""
+
+    dense_dim: int | None
+    multivector_dim: int | None
+
+
 class PreviousOutput:
     """A finished Parquet output made with the same settings, to carry unchanged rows from.
 
@@ -128,6 +137,21 @@ class PreviousOutput:
     def close(self) -> None:
         """Remove the lookup's folder."""
         self._folder.cleanup()
+
+    def sizes(self) -> KnownSizes | None:
+        """The sizes of PREV's vectors, as its parts' schema records them (None without a
+        part): a run with the same settings writes vectors of these sizes."""
+        if not self.parts:
+            return None
+        schema = parquet_file(self.parts[0]).schema_arrow
+        dimension = (schema.metadata or {}).get(b"bulkembed.dimension")
+        if dimension is None:
+            return None
+        names = schema.names
+        multivector = None
+        if "multivector" in names:
+            multivector = schema.field("multivector").type.value_type.list_size
+        return KnownSizes(int(dimension) if dimension else None, multivector)
 
     def id_tables(self) -> Iterator[pa.Table]:
         """PREV's ids and content hashes, a part at a time."""
@@ -335,3 +359,7 @@ class PreviousTable(PreviousOutput):
         columns = [c for c in ("vector", *EMBEDDING_COLUMNS) if c in names]
         rows = self._dataset.take(self.lookup.rows[entries].tolist(), columns=columns)
         return rows.rename_columns(["dense" if c == "vector" else c for c in columns])
+
+    def sizes(self) -> KnownSizes | None:
+        """Not read from a table: the model gives them."""
+        return None

@@ -12,9 +12,8 @@ that embed and commit them themselves (`UnitPool`), and this process marks their
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from itertools import chain
 from typing import TYPE_CHECKING
 
@@ -22,25 +21,20 @@ from bulkembed.admission import drop_duplicate_ids, fail_on_bad_records, leave_i
 from bulkembed.config import Attention, OnBadRecord
 from bulkembed.devices import cpu_threads_per_worker
 from bulkembed.engine.ahead import ReadAhead
+from bulkembed.engine.in_process import Writing, embed_in_process, start_counting
 from bulkembed.engine.modes import RunMode
 from bulkembed.engine.plan import RunOutcome, RunPlan
-from bulkembed.engine.session import DeviceSession, settle_dtype, tell
+from bulkembed.engine.session import settle_dtype, tell
 from bulkembed.engine.stream import (
-    CalibratingFormat,
-    EmbeddedWindow,
-    embed_windows,
     gather_windows,
-    part_schema,
     resumed_output_format,
 )
 from bulkembed.engine.unit_pool import Counts, UnitPool, UnitWork
-from bulkembed.errors import BulkembedError
 from bulkembed.progress import Reporter, RunStats
-from bulkembed.sources import SeenIds, count_records
+from bulkembed.sources import SeenIds
 from bulkembed.tokenize import TokenizedChunk, TokenizerPool
 from bulkembed.units import SkippedUnits
 from bulkembed.windows import share_of_window
-from bulkembed.writer import PartWriter, WriteBehind
 
 if TYPE_CHECKING:
     from bulkembed.contracts import UnitRecord
@@ -68,21 +62,6 @@ def _admitted(
     if config.on_bad_record is OnBadRecord.FAIL:
         chunks = fail_on_bad_records(chunks)
     return leave_id_hashes(mode.carry(chunks))
-
-
-def _start_counting(plan: RunPlan, reporter: Reporter) -> None:
-    """Count the documents in the background, for the progress bar's total and ETA."""
-    limit = plan.config.limit
-
-    def count() -> None:
-        try:
-            total = count_records(list(plan.files))
-        except BulkembedError:
-            # A store that fails here fails the run's own reading too, which says so.
-            return
-        reporter.set_total(min(total, limit) if limit is not None else total)
-
-    threading.Thread(target=count, name="bulkembed-count", daemon=True).start()
 
 
 def embed_locally(
@@ -120,66 +99,8 @@ def embed_locally(
                     mode,
                     reporter,
                 )
-            writing = _Writing(run, sink, output_format, mode)
-            return _embed_in_session(plan, writing, iter(tokenized), stats, done, reporter)
-
-
-@dataclass(frozen=True, slots=True)
-class _Writing:
-    """Where this process writes what it embeds."""
-
-    run: RunDirectory
-    sink: Sink
-    output_format: OutputFormat
-    mode: RunMode
-
-
-def _embed_in_session(
-    plan: RunPlan,
-    writing: _Writing,
-    tokenized: Iterator[TokenizedChunk],
-    stats: RunStats,
-    done: dict[str, UnitRecord],
-    reporter: Reporter,
-) -> RunOutcome:
-    """Embed on the run's devices in this process, and write behind."""
-    config, run, devices = plan.config, writing.run, list(plan.devices)
-    session = DeviceSession(
-        plan.spec, devices, config.dtype, None, config.tune_batch_tokens, reporter
-    )
-    try:
-        mode = writing.mode.describe()
-        reporter.info(plan.start_line(session.embedder, session.budget, len(done), mode))
-        schema = part_schema(plan.reader, plan.spec, session.embedder, writing.output_format)
-        upserts = writing.mode.upserts()()
-        writer = PartWriter(
-            run.run_id, writing.sink, schema, run.committed, run.lock.check, upserts
-        )
-        reporter.start(stats)
-        if plan.my_units is None:
-            _start_counting(plan, reporter)
-        try:
-            with WriteBehind[EmbeddedWindow](
-                lambda window: stats.timed_iterator("write", window.write(writer))
-            ) as behind:
-                formatted = CalibratingFormat(writing.output_format, run)
-                gathered = gather_windows(tokenized, session.embedder, session.budget, stats)
-                embed_windows(gathered, session, formatted, behind.submit, stats, reporter)
-                behind.finish()
-        finally:
-            writer.close()
-            reporter.close()
-    finally:
-        session.close()
-    return RunOutcome(
-        stats,
-        ",".join(devices),
-        session.dtype,
-        session.budget,
-        session.precision,
-        session.backend,
-        session.attention,
-    )
+            writing = Writing(run, sink, output_format, mode)
+            return embed_in_process(plan, writing, iter(tokenized), stats, done, reporter)
 
 
 def _unit_groups(gathered: Iterator[list[TokenizedChunk]]) -> Iterator[list[list[TokenizedChunk]]]:
@@ -233,7 +154,7 @@ def _embed_on_devices(
         stats.begin_embedding()
         reporter.start(stats)
         if plan.my_units is None:
-            _start_counting(plan, reporter)
+            start_counting(plan, reporter)
 
         def progress(moving: Counts) -> None:
             shown = replace(stats, stages={})

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from bulkembed.contracts import UnitRecord
+    from bulkembed.encoders.base import VectorSizes
     from bulkembed.sinks import Sink
     from bulkembed.summary import PreviousCounts
     from bulkembed.tokenize import TokenizedChunk
@@ -56,6 +57,11 @@ class RunMode(Protocol):
         """The tokenized chunks with their unchanged records carried over."""
         ...
 
+    def sizes(self) -> VectorSizes | None:
+        """The sizes of the vectors the run writes, where they are known without the model
+        (a previous output made with the same settings has them); None otherwise."""
+        ...
+
     def upserts(self) -> UpsertSinks:
         """What makes each writing process's sink of upserts."""
         ...
@@ -90,6 +96,9 @@ class PlainRun:
 
     def carry(self, chunks: Iterable[TokenizedChunk]) -> Iterator[TokenizedChunk]:
         return iter(chunks)
+
+    def sizes(self) -> VectorSizes | None:
+        return None
 
     def upserts(self) -> UpsertSinks:
         return no_upserts

@@ -37,6 +37,7 @@ from bulkembed.writer import KeptUnits, PartWriter
 if TYPE_CHECKING:
     import numpy as np
 
+    from bulkembed.encoders.base import VectorSizes
     from bulkembed.engine.plan import RunPlan
     from bulkembed.engine.sync import TableSync
     from bulkembed.run_dir import RunDirectory
@@ -118,6 +119,9 @@ class Incremental:
         if self.previous is None:
             return iter(chunks)
         return self.previous.carry_over(chunks)
+
+    def sizes(self) -> VectorSizes | None:
+        return None if self.previous is None else self.previous.sizes()
 
     def upserts(self) -> UpsertSinks:
         return self._upserts

@@ -281,3 +281,37 @@ def test_carried_texts_are_not_tokenized_and_keep_their_counts(
     assert sum(tokenized) == 0
     again = _summary(tmp_path / "out-v3")
     assert (again["tokens"], again["truncated"]) == (full["tokens"], full["truncated"])
+
+
+def test_a_run_with_nothing_to_embed_loads_no_model(tmp_path, tiny_st, monkeypatch):
+    from bulkembed.engine import in_process
+
+    model = tiny_st("mean")
+    incremental_corpora(tmp_path)
+    assert run_cli(tmp_path / "v1", model, tmp_path / "out-v1", *FLOAT32).exit_code == 0
+    sessions = []
+    session = in_process.DeviceSession
+
+    def counting(*args, **kwargs):
+        sessions.append(args)
+        return session(*args, **kwargs)
+
+    monkeypatch.setattr(in_process, "DeviceSession", counting)
+    since = ("--since", tmp_path / "out-v1")
+    result = run_cli(tmp_path / "v1", model, tmp_path / "same", *since, *FLOAT32)
+    assert result.exit_code == 0, result.output
+    assert sessions == []
+    summary = _summary(tmp_path / "same")
+    assert (summary["unchanged"], summary["docs_embedded"]) == (1000, 0)
+    same, before = pq.read_table(tmp_path / "same"), pq.read_table(tmp_path / "out-v1")
+    assert same.column("id").equals(before.column("id"))
+    assert same.column("dense").equals(before.column("dense"))
+    assert pq.read_schema(next((tmp_path / "same").glob("part-*.parquet"))).equals(
+        pq.read_schema(next((tmp_path / "out-v1").glob("part-*.parquet"))), check_metadata=True
+    )
+
+    # With documents to embed, the model loads when the first of them comes.
+    result = run_cli(tmp_path / "v2", model, tmp_path / "out-v2", *since, *FLOAT32)
+    assert result.exit_code == 0, result.output
+    assert len(sessions) == 1
+    assert _summary(tmp_path / "out-v2")["docs_embedded"] == 8

@@ -1,0 +1,176 @@
+"""Embedding in the run's own process: one device (or the CPU), windows embedded one after
+another and written behind by a thread (`WriteBehind`). A run whose mode knows the vectors'
+sizes without the model (an incremental run) writes what it carries over first and loads
+the model only when a document to embed comes.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from itertools import chain
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pyarrow as pa
+
+from bulkembed.contracts import Embeddings
+from bulkembed.engine.modes import RunMode
+from bulkembed.engine.plan import RunOutcome, RunPlan
+from bulkembed.engine.session import DeviceSession
+from bulkembed.engine.stream import (
+    CalibratingFormat,
+    EmbeddedWindow,
+    embed_windows,
+    gather_windows,
+    part_schema,
+)
+from bulkembed.errors import BulkembedError, OutputError
+from bulkembed.progress import Reporter, RunStats
+from bulkembed.sources import count_records
+from bulkembed.tokenize import TokenizedChunk
+from bulkembed.writer import PartWriter, WriteBehind
+
+if TYPE_CHECKING:
+    from bulkembed.contracts import UnitRecord
+    from bulkembed.encoders.base import VectorSizes
+    from bulkembed.outputs import OutputFormat
+    from bulkembed.run_dir import RunDirectory
+    from bulkembed.sinks import Sink
+
+
+def start_counting(plan: RunPlan, reporter: Reporter) -> None:
+    """Count the documents in the background, for the progress bar's total and ETA."""
+    limit = plan.config.limit
+
+    def count() -> None:
+        try:
+            total = count_records(list(plan.files))
+        except BulkembedError:
+            # A store that fails here fails the run's own reading too, which says so.
+            return
+        reporter.set_total(min(total, limit) if limit is not None else total)
+
+    threading.Thread(target=count, name="bulkembed-count", daemon=True).start()
+
+
+@dataclass(frozen=True, slots=True)
+class Writing:
+    """Where this process writes what it embeds."""
+
+    run: RunDirectory
+    sink: Sink
+    output_format: OutputFormat
+    mode: RunMode
+
+
+def embed_in_process(
+    plan: RunPlan,
+    writing: Writing,
+    tokenized: Iterator[TokenizedChunk],
+    stats: RunStats,
+    done: dict[str, UnitRecord],
+    reporter: Reporter,
+) -> RunOutcome:
+    """Embed on the run's devices in this process, and write behind. Where the mode knows
+    the vectors' sizes without the model (`RunMode.sizes`), the documents it carries over
+    are written first, and the model is loaded when the first document to embed comes:
+    never, when there is none."""
+    config, devices = plan.config, list(plan.devices)
+    sizes = writing.mode.sizes()
+    writer = None
+    if sizes is not None:
+        line = plan.start_line(sizes, plan.spec.max_batch_tokens, len(done), "")
+        reporter.info(f"{line}; {writing.mode.describe()}")
+        writer = _writer(plan, writing, sizes)
+        reporter.start(stats)
+        if plan.my_units is None:
+            start_counting(plan, reporter)
+        first = _write_carried(tokenized, writer, stats, reporter)
+        if first is None:
+            writer.close()
+            reporter.close()
+            budget = plan.spec.max_batch_tokens
+            return RunOutcome(stats, ",".join(devices), plan.dtype, budget)
+        tokenized = chain([first], tokenized)
+    session = DeviceSession(
+        plan.spec, devices, config.dtype, None, config.tune_batch_tokens, reporter
+    )
+    try:
+        if writer is None:
+            mode = writing.mode.describe()
+            reporter.info(plan.start_line(session.embedder, session.budget, len(done), mode))
+            writer = _writer(plan, writing, session.embedder)
+            reporter.start(stats)
+            if plan.my_units is None:
+                start_counting(plan, reporter)
+        elif _writer_schema(plan, writing, session.embedder) != writer.schema:
+            writer.close()
+            raise OutputError(
+                f"the model gives other vectors than {writing.mode.describe()}: run without --since"
+            )
+        _embed_and_write(plan, writing, session, writer, tokenized, stats, reporter)
+    finally:
+        session.close()
+    return RunOutcome(
+        stats,
+        ",".join(devices),
+        session.dtype,
+        session.budget,
+        session.precision,
+        session.backend,
+        session.attention,
+    )
+
+
+def _writer_schema(plan: RunPlan, writing: Writing, sizes: VectorSizes) -> pa.Schema:
+    return part_schema(plan.reader, plan.spec, sizes, writing.output_format)
+
+
+def _writer(plan: RunPlan, writing: Writing, sizes: VectorSizes) -> PartWriter:
+    """The writer of this process's parts (and upserts), for vectors of `sizes`."""
+    run = writing.run
+    schema = _writer_schema(plan, writing, sizes)
+    upserts = writing.mode.upserts()()
+    return PartWriter(run.run_id, writing.sink, schema, run.committed, run.lock.check, upserts)
+
+
+def _write_carried(
+    tokenized: Iterator[TokenizedChunk], writer: PartWriter, stats: RunStats, reporter: Reporter
+) -> TokenizedChunk | None:
+    """Write the chunks that hold nothing to embed (rows carried over, bad records) as they
+    come; the first chunk with a document to embed, or None when none comes."""
+    for chunk in tokenized:
+        if len(chunk.chunk.ids):
+            return chunk
+        window = EmbeddedWindow([chunk], Embeddings(), np.empty(0, dtype=np.int64))
+        for _ in stats.timed_iterator("write", window.write(writer)):
+            continue
+        carried = chunk.chunk.carried
+        stats.carried += 0 if carried is None else len(carried.records.positions)
+        reporter.update(stats)
+    return None
+
+
+def _embed_and_write(
+    plan: RunPlan,
+    writing: Writing,
+    session: DeviceSession,
+    writer: PartWriter,
+    tokenized: Iterator[TokenizedChunk],
+    stats: RunStats,
+    reporter: Reporter,
+) -> None:
+    """Embed window after window in `session`, written behind by `writer`."""
+    try:
+        with WriteBehind[EmbeddedWindow](
+            lambda window: stats.timed_iterator("write", window.write(writer))
+        ) as behind:
+            formatted = CalibratingFormat(writing.output_format, writing.run)
+            gathered = gather_windows(tokenized, session.embedder, session.budget, stats)
+            embed_windows(gathered, session, formatted, behind.submit, stats, reporter)
+            behind.finish()
+    finally:
+        writer.close()
+        reporter.close()
