@@ -26,6 +26,7 @@ OWN_FILES = (
     "shards.json",
     "bad_records.jsonl",
     "failed.json",
+    "ledger.json",
 )
 # Temporary files: `.NAME.PID-TOKEN.tmp` (`write_json_atomically`) and the quarantine's.
 TEMPORARY = re.compile(r"\..+\.\d+-[0-9a-f]{8}\.tmp|\.bad_records(\.shard-\d+-of-\d+)?\.jsonl\.tmp")
@@ -41,7 +42,7 @@ def write_json_atomically(path: AnyPath, data: Any, exclusive: bool = False) -> 
     does not exist yet: False if it did. An object is written in one upload, which is
     whole or nothing by itself (an exclusive one with a conditional write)."""
     if isinstance(path, ObjectPath):
-        text = json.dumps(data, indent=2, default=str) + "\n"
+        text = json_text(data)
         if exclusive:
             return path.create(text.encode("utf-8"))
         path.write_text(text)
@@ -49,7 +50,7 @@ def write_json_atomically(path: AnyPath, data: Any, exclusive: bool = False) -> 
     temporary = path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
     try:
         with open(temporary, "w", encoding="utf-8") as f:
-            f.write(json.dumps(data, indent=2, default=str) + "\n")
+            f.write(json_text(data))
             f.flush()
             os.fsync(f.fileno())
         if not exclusive:
@@ -65,6 +66,11 @@ def write_json_atomically(path: AnyPath, data: Any, exclusive: bool = False) -> 
     except OSError as e:
         temporary.unlink(missing_ok=True)
         raise OutputError(f"cannot write {path}: {e}") from e
+
+
+def json_text(data: Any) -> str:
+    """The text of a run-directory JSON file."""
+    return json.dumps(data, indent=2, default=str) + "\n"
 
 
 def read_json(path: AnyPath) -> Any:

@@ -4,6 +4,7 @@ lease, and one-line errors for a store that cannot be used."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import random
@@ -18,6 +19,7 @@ import pytest
 from fault_harness import run_forked
 from helpers import (
     ROOT,
+    fail_at_commit,
     read_output,
     records,
     run_cli,
@@ -396,3 +398,66 @@ def test_a_lease_that_expires_centuries_ahead_is_shown_as_a_date(tmp_path, s3, t
         "until 2286-11-20 17:46 UTC, further ahead than any renewal sets it); wait for it to "
         "finish or stop it, or pass --break-lock if that run is dead\n"
     )
+
+
+def _count_marker_reads(monkeypatch):
+    """Reads of done-markers (objects under `_bulkembed/done/`), counted as they are made."""
+    reads = []
+    read_bytes = storage.ObjectPath.read_bytes
+
+    def counted(self):
+        if "/_bulkembed/done/" in self.key:
+            reads.append(self.name)
+        return read_bytes(self)
+
+    monkeypatch.setattr(storage.ObjectPath, "read_bytes", counted)
+    return reads
+
+
+def test_a_restart_on_s3_reads_the_snapshot_and_the_markers_written_since(
+    tmp_path, s3, tiny_st, monkeypatch
+):
+    from bulkembed.run_dir import ledger
+
+    corpus = _corpus(tmp_path / "corpus", n=240, row_group_size=2)
+    model = tiny_st("mean")
+    reference = tmp_path / "reference"
+    options = (*FLOAT32, "--records-per-unit", "2")
+    assert run_cli(corpus, model, reference, *options).exit_code == 0
+    units = len(list((reference / "_bulkembed" / "done").glob("part-*.json")))
+    assert units == 121  # a unit of bad records alone has no part
+
+    out = s3.uri("snapshot")
+    monkeypatch.setattr(ledger, "SNAPSHOT_EVERY", 25)
+    with monkeypatch.context() as failing:
+        fail_at_commit(failing, 90, OSError(errno.EIO, "Input/output error"))
+        assert run_cli(corpus, model, out, *options).exit_code != 0
+    # 89 units marked done (the 90th part failed): snapshots after 25, 50 and 75 markers.
+    assert "snapshot/_bulkembed/ledger.json" in s3.keys("snapshot/_bulkembed/")
+    reads = _count_marker_reads(monkeypatch)
+    result = run_cli(corpus, model, out, *options)
+    assert result.exit_code == 0, result.output
+    # The 14 markers written since the last snapshot, each read once; no other.
+    assert len(reads) == len(set(reads)) == 14
+    _assert_same_rows(_table(out), pq.read_table(sorted(reference.glob("*.parquet"))).sort_by("id"))
+
+    # A finished output: its snapshot holds every marker.
+    reads.clear()
+    assert run_cli(corpus, model, out, *options).exit_code == 0
+    assert reads == []
+    assert _status(out)["units_done"] == units
+
+    # A snapshot that does not read whole is ignored: every marker is read.
+    snapshot = location(out) / "_bulkembed" / "ledger.json"
+    text = snapshot.read_text()
+    snapshot.write_text(text.replace('"rows": 2', '"rows": 3', 1))
+    # The markers' counts, not the edited snapshot's (22 of the 240 texts are null).
+    assert _status(out)["docs"] == 218
+    assert len(set(reads)) == units
+    # An edited marker is read, not taken from the snapshot.
+    snapshot.write_text(text)
+    reads.clear()
+    marker = location(out) / "_bulkembed" / "done" / "part-00000-000000.json"
+    marker.write_text(marker.read_text().replace('"bad": []', '"bad": [] '))
+    assert _status(out)["units_done"] == units
+    assert set(reads) == {"part-00000-000000.json"}
