@@ -20,7 +20,6 @@ import argparse
 import json
 import os
 import platform
-import subprocess
 import sys
 import tempfile
 import textwrap
@@ -30,7 +29,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 from check_models import minilm_shaped
-from memory import _tree_rss_mb
+from memory import run_sampled
 
 FILES = 4
 WORDS = 5000
@@ -69,17 +68,8 @@ def changed(texts: list[str], fraction: float) -> list[str]:
 
 def timed(command: list[str]) -> dict[str, float]:
     """Run `command`; its wall seconds and the peak resident memory of its process tree."""
-    import time
-
-    started = time.monotonic()
-    process = subprocess.Popen(command, stdout=sys.stderr)
-    peak = 0.0
-    while process.poll() is None:
-        peak = max(peak, _tree_rss_mb(process.pid))
-        time.sleep(0.05)
-    if process.returncode != 0:
-        raise SystemExit(f"{command[0]} exited with {process.returncode}")
-    return {"seconds": round(time.monotonic() - started, 2), "peak_rss_mb": round(peak, 1)}
+    seconds, peak = run_sampled(command, 0.05)
+    return {"seconds": round(seconds, 2), "peak_rss_mb": round(peak, 1)}
 
 
 FLOOR = textwrap.dedent(

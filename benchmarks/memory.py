@@ -49,6 +49,21 @@ def _tree_rss_mb(pid: int) -> float:
     return total_kb / 1024
 
 
+def run_sampled(command: list[str], every: float) -> tuple[float, float]:
+    """Run `command`, its output to stderr (stdout is the benchmark's JSON); its wall
+    seconds and the peak resident memory of its process tree in MB, sampled every
+    `every` seconds."""
+    started = time.monotonic()
+    process = subprocess.Popen(command, stdout=sys.stderr)
+    peak = 0.0
+    while process.poll() is None:
+        peak = max(peak, _tree_rss_mb(process.pid))
+        time.sleep(every)
+    if process.returncode != 0:
+        raise SystemExit(f"{command[0]} exited with {process.returncode}")
+    return time.monotonic() - started, peak
+
+
 def measure(corpus: list[Path], out: Path, model: str, *options: str) -> dict:
     """Run `bulkembed run` (with `options`) on `corpus`; its figures and peak memory. What
     it prints goes to stderr, leaving stdout to the benchmark's JSON."""
@@ -64,20 +79,13 @@ def measure(corpus: list[Path], out: Path, model: str, *options: str) -> dict:
         "--quiet",
         *options,
     ]
-    started = time.monotonic()
-    process = subprocess.Popen(command, stdout=sys.stderr)
-    peak = 0.0
-    while process.poll() is None:
-        peak = max(peak, _tree_rss_mb(process.pid))
-        time.sleep(0.1)
-    if process.returncode != 0:
-        raise SystemExit(f"bulkembed exited with {process.returncode}")
+    seconds, peak = run_sampled(command, 0.1)
     summary = json.loads((out / "_bulkembed" / "summary.json").read_text())
     return {
         "docs": summary["docs"],
         "tokens": summary["tokens"],
         "peak_rss_mb": round(peak, 1),
-        "wall_seconds": round(time.monotonic() - started, 1),
+        "wall_seconds": round(seconds, 1),
         "docs_per_s": summary["docs_per_s"],
         "tokens_per_s": summary["tokens_per_s"],
         "padding_efficiency": summary["padding_efficiency"],
