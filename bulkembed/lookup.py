@@ -97,6 +97,8 @@ class PreviousLookup:
         """The entries of `keys` (`find`), and which of them hold the same text hash."""
         entries = self.find(keys)
         known = entries >= 0
+        if not known.any():
+            return entries, known
         return entries, known & (self.hashes[np.where(known, entries, 0)] == hashes)
 
     def counted(self, keys: np.ndarray, hashes: np.ndarray) -> np.ndarray:
@@ -104,6 +106,8 @@ class PreviousLookup:
         counts are known (they are carried over, counted as the previous output counted
         them)."""
         entries, same = self.same(keys, hashes)
+        if not same.any():
+            return same
         return same & (self.tokens[np.where(same, entries, 0)] >= 0)
 
     def counts(self, entries: np.ndarray) -> RowCounts:

@@ -155,7 +155,8 @@ class PartWriter:
             "counts": counts.encode(),
         }
         if self.upserts is not None:
-            self.upserts.commit(record.part, label)
+            # The upserts hold the unit's embedded rows only: the rows' counts are the part's.
+            self.upserts.commit(record.part, {k: v for k, v in label.items() if k != "counts"})
         found = self.sink.commit(record.part, label)
         self.committed(replace(record, **found), bad)
 

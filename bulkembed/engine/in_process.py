@@ -87,16 +87,27 @@ def embed_in_process(
         reporter.start(stats)
         if plan.my_units is None:
             start_counting(plan, reporter)
-        first = _write_carried(tokenized, writer, stats, reporter)
+        try:
+            first = _write_carried(tokenized, writer, stats, reporter)
+        except BaseException:
+            writer.close()
+            reporter.close()
+            raise
         if first is None:
             writer.close()
             reporter.close()
             budget = plan.spec.max_batch_tokens
             return RunOutcome(stats, ",".join(devices), plan.dtype, budget)
         tokenized = chain([first], tokenized)
-    session = DeviceSession(
-        plan.spec, devices, config.dtype, None, config.tune_batch_tokens, reporter
-    )
+    try:
+        session = DeviceSession(
+            plan.spec, devices, config.dtype, None, config.tune_batch_tokens, reporter
+        )
+    except BaseException:
+        if writer is not None:
+            writer.close()
+            reporter.close()
+        raise
     try:
         if writer is None:
             mode = writing.mode.describe()
@@ -107,6 +118,7 @@ def embed_in_process(
                 start_counting(plan, reporter)
         elif _writer_schema(plan, writing, session.embedder) != writer.schema:
             writer.close()
+            reporter.close()
             raise OutputError(
                 f"the model gives other vectors than {writing.mode.describe()}: run without --since"
             )
@@ -144,6 +156,7 @@ def _write_carried(
     for chunk in tokenized:
         if len(chunk.chunk.ids):
             return chunk
+        stats.stages["tokenize"] += chunk.seconds
         window = EmbeddedWindow([chunk], Embeddings(), np.empty(0, dtype=np.int64))
         for _ in stats.timed_iterator("write", window.write(writer)):
             continue

@@ -245,7 +245,8 @@ def _finish_if_whole(
             return
     try:
         with finishing(run.meta, run.label):
-            if not run.is_complete(done):
+            # Read again: another shard may have finished (and kept units) meanwhile.
+            if not run.is_complete(run.done_units()):
                 run.lock.check()
                 sink.finish(reporter.phase)
                 if before_complete is not None:

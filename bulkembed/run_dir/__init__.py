@@ -82,7 +82,8 @@ class RunDirectory:
         self.summary_path = self.meta / "summary.json"
         self.failure_path = self.meta / "failed.json"
         self.shards_path = self.meta / "shards.json"
-        self.ledger = Ledger(self.meta)
+        # A shard writes no snapshot as it goes: the others' markers are not its to vouch for.
+        self.ledger = Ledger(self.meta, periodic=shard is None)
         self.done_dir = self.ledger.done_dir
         self.complete_path = self.ledger.complete_path
         self.lock = directory_lock(self.meta, self.label, shard, take_over)

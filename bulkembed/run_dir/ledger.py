@@ -6,7 +6,8 @@ both its marker and its part is found too.
 
 On object storage, where reading a marker is a request of its own, the ledger also keeps a
 snapshot, `ledger.json`: every marker the writing process knew of, with its size, in one
-object, written every `SNAPSHOT_EVERY` markers and when the run is marked complete. The
+object, written every `SNAPSHOT_EVERY` markers (but by `--shard` runs) and when the run is
+marked complete. The
 markers listed (one listing) are the ledger; a listed marker whose size is the one in the
 snapshot is taken from it, any other is read. A snapshot that does not read whole (its
 digest differs) is ignored, and forgetting a marker removes it: a restart reads the
@@ -34,13 +35,15 @@ SNAPSHOT_EVERY = 1000
 class Ledger:
     """The markers in `meta/done/` and the `meta/complete` flag."""
 
-    def __init__(self, meta: AnyPath) -> None:
+    def __init__(self, meta: AnyPath, periodic: bool = True) -> None:
         self.done_dir = meta / "done"
         self.complete_path = meta / "complete"
         self.snapshot_path = meta / SNAPSHOT
         # On object storage: the markers this process read or wrote, by part: (size, fields).
         self._known: dict[str, tuple[int, dict[str, Any]]] = {}
         self._since_snapshot = 0
+        # Whether snapshots are written as markers are (else only when marked complete).
+        self.periodic = periodic
 
     def path(self, part: str) -> AnyPath:
         return self.done_dir / f"{part}.json"
@@ -62,10 +65,9 @@ class Ledger:
     def _read_marker(self, part: str) -> dict[str, Any] | None:
         try:
             fields = json.loads(self.path(part).read_text(encoding="utf-8"))
-            UnitRecord(**{k: v for k, v in fields.items() if k != "bad"})
-        except (OSError, ValueError, TypeError):
+        except (OSError, ValueError):
             return None
-        return fields
+        return fields if _whole(fields) else None
 
     def units(self) -> tuple[dict[str, UnitRecord], list[str]]:
         """The committed units by part name, and the parts whose marker is damaged."""
@@ -93,7 +95,7 @@ class Ledger:
         found: list[tuple[str, dict[str, Any] | None]] = []
         for part in sorted(listed):
             entry = known.get(part)
-            if entry is not None and entry[0] == listed[part]:
+            if entry is not None and entry[0] == listed[part] and _whole(entry[1]):
                 fields: dict[str, Any] | None = entry[1]
             else:
                 fields = self._read_marker(part)
@@ -131,7 +133,7 @@ class Ledger:
             text = json_text(fields)
             self._known[record.part] = (len(text.encode("utf-8")), json.loads(text))
             self._since_snapshot += 1
-            if self._since_snapshot >= SNAPSHOT_EVERY:
+            if self.periodic and self._since_snapshot >= SNAPSHOT_EVERY:
                 self.write_snapshot()
 
     def forget(self, part: str) -> None:
@@ -161,3 +163,12 @@ class Ledger:
 def _digest(markers: dict[str, Any]) -> str:
     """A digest of a snapshot's markers, to know it reads whole."""
     return hashlib.sha256(json.dumps(markers, sort_keys=True).encode("utf-8")).hexdigest()
+
+
+def _whole(fields: Any) -> bool:
+    """Whether a marker's content holds a unit's record."""
+    try:
+        UnitRecord(**{k: v for k, v in fields.items() if k != "bad"})
+    except (TypeError, ValueError, AttributeError):
+        return False
+    return True

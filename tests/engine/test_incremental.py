@@ -315,3 +315,15 @@ def test_a_run_with_nothing_to_embed_loads_no_model(tmp_path, tiny_st, monkeypat
     assert result.exit_code == 0, result.output
     assert len(sessions) == 1
     assert _summary(tmp_path / "out-v2")["docs_embedded"] == 8
+
+
+def test_since_an_output_without_rows_embeds_every_document_as_new(tmp_path, tiny_st):
+    model = tiny_st("mean")
+    incremental_corpora(tmp_path)
+    empty = write_jsonl(tmp_path / "empty.jsonl", [{"id": "a", "text": None}])
+    assert run_cli(empty, model, tmp_path / "none", *FLOAT32).exit_code == 0
+    since = ("--since", tmp_path / "none")
+    result = run_cli(tmp_path / "v1", model, tmp_path / "out", *since, *FLOAT32)
+    assert result.exit_code == 0, result.output
+    summary = _summary(tmp_path / "out")
+    assert (summary["new"], summary["unchanged"], summary["docs"]) == (1000, 0, 1000)
