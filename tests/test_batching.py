@@ -111,6 +111,7 @@ def _carried_chunk(unit, positions, embedded=()):
     whose records at `embedded` are to embed (5 tokens each)."""
     import pyarrow as pa
 
+    from bulkembed.contracts import RowCounts
     from bulkembed.sources import Chunk
     from bulkembed.sources.records import Carried
     from bulkembed.tokenize import TokenizedChunk
@@ -125,7 +126,9 @@ def _carried_chunk(unit, positions, embedded=()):
     vectors = pa.FixedSizeListArray.from_arrays(
         pa.array(np.zeros(256 * len(positions), np.float32)), 256
     )
-    chunk.carried = Carried(rows(positions), pa.table({"dense": vectors}))
+    # Each carried record counts its position plus 10 tokens, so that a split shows.
+    counts = RowCounts(np.array(positions, np.int32) + 10, np.zeros(len(positions), bool))
+    chunk.carried = Carried(rows(positions), pa.table({"dense": vectors}), counts)
     lengths = np.full(len(embedded), 5, dtype=np.int32)
     truncated = np.zeros(len(embedded), bool)
     return TokenizedChunk(chunk, np.zeros(int(lengths.sum()), np.int32), lengths, truncated)
@@ -149,6 +152,8 @@ def test_carried_records_go_with_the_piece_they_precede():
     carried = [p.chunk.carried and p.chunk.carried.records.positions.tolist() for p in pieces]
     assert carried == [[0, 3, 4], None, [9]]
     assert [p.chunk.carried.embeddings.num_rows for p in pieces if p.chunk.carried] == [3, 1]
+    counts = [p.chunk.carried.counts.tokens.tolist() for p in pieces if p.chunk.carried]
+    assert counts == [[10, 13, 14], [19]]
 
 
 def test_device_idle_fraction_is_the_time_outside_the_model_after_start_up():

@@ -87,8 +87,8 @@ class Ledger:
             return [(part, self.read(part)) for part in self.marked()]
         listed = {
             path.name.removesuffix(".json"): status.st_size
-            for path, status in self.done_dir.files_below()
-            if MARKER.fullmatch(path.name) and path.parent == self.done_dir
+            for path, status in self.done_dir.files_below(recursive=False)
+            if MARKER.fullmatch(path.name)
         }
         known = {**self._read_snapshot(), **self._known}
         self._known = {}

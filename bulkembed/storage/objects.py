@@ -152,14 +152,14 @@ class ObjectPath:
         ]
         return sorted(found, key=lambda f: str(f[0]))
 
-    def files_below(self) -> list[tuple[ObjectPath, FileStatus]]:
-        """Every object below this prefix, at any depth, with its size and modification
-        time, sorted: one listing, no request per object."""
+    def files_below(self, recursive: bool = True) -> list[tuple[ObjectPath, FileStatus]]:
+        """Every object below this prefix (at any depth, unless not `recursive`), with its
+        size and modification time, sorted: one listing, no request per object."""
         from pyarrow.fs import FileType
 
         found = [
             (ObjectPath(self.scheme, i.path, self.options), FileStatus(i.size, i.mtime_ns or 0))
-            for i in self._below(recursive=True)
+            for i in self._below(recursive)
             if i.type == FileType.File
         ]
         return sorted(found, key=lambda f: str(f[0]))
