@@ -36,7 +36,6 @@ not deleted.
 from __future__ import annotations
 
 import io
-import json
 import os
 import secrets
 import tempfile
@@ -55,7 +54,7 @@ from bulkembed.errors import OutputError, UsageError
 from bulkembed.lookup import PartRows, PreviousLookup
 from bulkembed.run_dir import RunDirectory, describe_changes
 from bulkembed.schema import CONTENT_HASH, EMBEDDING_COLUMNS, digests
-from bulkembed.sinks.parquet import LABEL_KEY, ParquetSink
+from bulkembed.sinks.parquet import ParquetSink, part_label
 from bulkembed.sources import BadRecord
 from bulkembed.sources.filters import id_hash, id_hashes
 from bulkembed.sources.records import (
@@ -167,7 +166,7 @@ class PreviousOutput:
                     f"--since: {path} has no {CONTENT_HASH} column (written by an older "
                     "bulkembed); run without --since once"
                 )
-            label = _json_or_none((file.metadata.metadata or {}).get(LABEL_KEY.encode()))
+            label = part_label(file.metadata)
             yield file.read(columns=["id", CONTENT_HASH]), label
 
     def _part_rows(self) -> Iterator[PartRows]:
@@ -270,15 +269,6 @@ def _runs(values: np.ndarray) -> list[tuple[int, int]]:
         return []
     edges = [0, *(np.flatnonzero(np.diff(values)) + 1).tolist(), len(values)]
     return list(zip(edges[:-1], edges[1:], strict=True))
-
-
-def _json_or_none(value: bytes | None) -> dict[str, Any] | None:
-    """A part's label, parsed; None if there is none or it is not a JSON object."""
-    try:
-        found = json.loads(value) if value is not None else None
-    except ValueError:
-        return None
-    return found if isinstance(found, dict) else None
 
 
 class ChangeSet:

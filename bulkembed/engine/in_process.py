@@ -79,73 +79,64 @@ def embed_in_process(
     never, when there is none."""
     config, devices = plan.config, list(plan.devices)
     sizes = writing.mode.sizes()
-    writer = None
-    if sizes is not None:
-        line = plan.start_line(sizes, plan.spec.max_batch_tokens, len(done), "")
-        reporter.info(f"{line}; {writing.mode.describe()}")
-        writer = _writer(plan, writing, sizes)
-        reporter.start(stats)
-        if plan.my_units is None:
-            start_counting(plan, reporter)
-        try:
-            first = _write_carried(tokenized, writer, stats, reporter)
-        except BaseException:
-            writer.close()
-            reporter.close()
-            raise
-        if first is None:
-            writer.close()
-            reporter.close()
-            budget = plan.spec.max_batch_tokens
-            return RunOutcome(stats, ",".join(devices), plan.dtype, budget)
-        tokenized = chain([first], tokenized)
+    writer: PartWriter | None = None
+    session: DeviceSession | None = None
     try:
+        if sizes is not None:
+            line = plan.start_line(sizes, plan.spec.max_batch_tokens, len(done), "")
+            reporter.info(f"{line}; {writing.mode.describe()}")
+            writer = _start_writing(plan, writing, sizes, stats, reporter)
+            first = _write_carried(tokenized, writer, stats, reporter)
+            if first is None:
+                budget = plan.spec.max_batch_tokens
+                return RunOutcome(stats, ",".join(devices), plan.dtype, budget)
+            tokenized = chain([first], tokenized)
         session = DeviceSession(
             plan.spec, devices, config.dtype, None, config.tune_batch_tokens, reporter
         )
-    except BaseException:
-        if writer is not None:
-            writer.close()
-            reporter.close()
-        raise
-    try:
         if writer is None:
             mode = writing.mode.describe()
             reporter.info(plan.start_line(session.embedder, session.budget, len(done), mode))
-            writer = _writer(plan, writing, session.embedder)
-            reporter.start(stats)
-            if plan.my_units is None:
-                start_counting(plan, reporter)
+            writer = _start_writing(plan, writing, session.embedder, stats, reporter)
         elif _writer_schema(plan, writing, session.embedder) != writer.schema:
-            writer.close()
-            reporter.close()
             raise OutputError(
                 f"the model gives other vectors than {writing.mode.describe()}: run without --since"
             )
-        _embed_and_write(plan, writing, session, writer, tokenized, stats, reporter)
+        _embed_and_write(writing, session, writer, tokenized, stats, reporter)
+        return RunOutcome(
+            stats,
+            ",".join(devices),
+            session.dtype,
+            session.budget,
+            session.precision,
+            session.backend,
+            session.attention,
+        )
     finally:
-        session.close()
-    return RunOutcome(
-        stats,
-        ",".join(devices),
-        session.dtype,
-        session.budget,
-        session.precision,
-        session.backend,
-        session.attention,
-    )
+        if writer is not None:
+            writer.close()
+            reporter.close()
+        if session is not None:
+            session.close()
 
 
 def _writer_schema(plan: RunPlan, writing: Writing, sizes: VectorSizes) -> pa.Schema:
     return part_schema(plan.reader, plan.spec, sizes, writing.output_format)
 
 
-def _writer(plan: RunPlan, writing: Writing, sizes: VectorSizes) -> PartWriter:
-    """The writer of this process's parts (and upserts), for vectors of `sizes`."""
+def _start_writing(
+    plan: RunPlan, writing: Writing, sizes: VectorSizes, stats: RunStats, reporter: Reporter
+) -> PartWriter:
+    """The writer of this process's parts (and upserts), for vectors of `sizes`; the
+    progress starts with it."""
     run = writing.run
     schema = _writer_schema(plan, writing, sizes)
     upserts = writing.mode.upserts()()
-    return PartWriter(run.run_id, writing.sink, schema, run.committed, run.lock.check, upserts)
+    writer = PartWriter(run.run_id, writing.sink, schema, run.committed, run.lock.check, upserts)
+    reporter.start(stats)
+    if plan.my_units is None:
+        start_counting(plan, reporter)
+    return writer
 
 
 def _write_carried(
@@ -167,7 +158,6 @@ def _write_carried(
 
 
 def _embed_and_write(
-    plan: RunPlan,
     writing: Writing,
     session: DeviceSession,
     writer: PartWriter,
@@ -176,14 +166,10 @@ def _embed_and_write(
     reporter: Reporter,
 ) -> None:
     """Embed window after window in `session`, written behind by `writer`."""
-    try:
-        with WriteBehind[EmbeddedWindow](
-            lambda window: stats.timed_iterator("write", window.write(writer))
-        ) as behind:
-            formatted = CalibratingFormat(writing.output_format, writing.run)
-            gathered = gather_windows(tokenized, session.embedder, session.budget, stats)
-            embed_windows(gathered, session, formatted, behind.submit, stats, reporter)
-            behind.finish()
-    finally:
-        writer.close()
-        reporter.close()
+    with WriteBehind[EmbeddedWindow](
+        lambda window: stats.timed_iterator("write", window.write(writer))
+    ) as behind:
+        formatted = CalibratingFormat(writing.output_format, writing.run)
+        gathered = gather_windows(tokenized, session.embedder, session.budget, stats)
+        embed_windows(gathered, session, formatted, behind.submit, stats, reporter)
+        behind.finish()

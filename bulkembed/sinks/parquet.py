@@ -63,12 +63,20 @@ def _label(path: AnyPath) -> dict[str, Any] | None:
             metadata = pq.read_metadata(source)
     except READ_ERRORS as e:
         raise _Unreadable(str(e)) from e
+    return part_label(metadata)
+
+
+def part_label(metadata: pq.FileMetaData) -> dict[str, Any] | None:
+    """The label in a part's footer metadata, with the part's `rows`; None if it has none
+    (bulkembed did not write it) or it is not a JSON object."""
     label = (metadata.metadata or {}).get(LABEL_KEY.encode())
     if label is None:
         return None
     try:
         found = json.loads(label)
     except json.JSONDecodeError:
+        return None
+    if not isinstance(found, dict):
         return None
     found["rows"] = metadata.num_rows
     return found
