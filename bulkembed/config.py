@@ -298,11 +298,6 @@ class RunConfig:
         if self.shard is None and self.engine is Engine.LOCAL:
             return
         what = "--shard" if self.engine is Engine.LOCAL else "--engine ray"
-        if self.since is not None and self.engine is Engine.RAY:
-            raise UsageError(
-                "--engine ray cannot be combined with --since: its tasks look up no previous "
-                "output; run --since with --shard I/N (a job array), or on one machine"
-            )
         refused = {
             "--limit": self.limit is not None,
             "--overwrite": self.overwrite and self.shard is not None,

@@ -8,13 +8,10 @@ sorted arrays (32 bytes per document), and then, chunk by chunk, after tokenizin
 - an id PREV does not have is new, and embedded;
 - an id whose hash differs is changed, and embedded;
 - an id whose hash is the same is unchanged: its dense, sparse and multi-vector columns are
-  copied from PREV's row, and the model never sees it.
+  copied from PREV's row (`bulkembed.carry`), and the model never sees it.
 
 Ids of PREV that the input no longer has are not written: `bulkembed.deletions` says which
-of them are deleted and which are kept because they could not be read. PREV's vectors are
-read a row group at a time (512 rows, up to 4,096: bulkembed writes one per chunk), as the
-records that need them come; the run's own order of units usually matches PREV's, so
-each row group is read once.
+of them are deleted and which are kept because they could not be read.
 
 With a Parquet output the run also writes the change set that takes PREV to the new output,
 in the run directory (`ChangeSet`):
@@ -39,8 +36,7 @@ import io
 import os
 import secrets
 import tempfile
-from collections import OrderedDict
-from collections.abc import Collection, Iterable, Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,29 +45,19 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from bulkembed.carry import CarryOver, TableCarryOver
 from bulkembed.contracts import RowCounts
 from bulkembed.errors import OutputError, UsageError
 from bulkembed.lookup import PartRows, PreviousLookup
 from bulkembed.run_dir import RunDirectory, describe_changes
-from bulkembed.schema import CONTENT_HASH, EMBEDDING_COLUMNS, digests
+from bulkembed.schema import CONTENT_HASH, digests
 from bulkembed.sinks.parquet import ParquetSink, part_label
-from bulkembed.sources import BadRecord
-from bulkembed.sources.filters import id_hash, id_hashes
-from bulkembed.sources.records import (
-    DUPLICATE_ID,
-    PREVIOUS_ROW_KEPT,
-    PREVIOUS_ROWS_KEPT,
-    Carried,
-    known_id,
-)
+from bulkembed.sources.filters import id_hashes
 from bulkembed.storage import AnyPath, ObjectPath, parquet_file
-from bulkembed.tokenize import TokenizedChunk
 
 # Settings that may differ from PREV's: they change which documents there are or which
 # input columns are copied, not what a document's vectors are.
 _FREE_SETTINGS = ("inputs", "limit", "units", "keep_columns", "since")
-# PREV's row groups held in memory at once.
-_CACHED_GROUPS = 4
 # The change set's folder in the run directory, and its files there.
 CHANGES = "changes"
 UPSERTS = "upserts"
@@ -112,7 +98,7 @@ class PreviousOutput:
 
     `rows` is its number of documents; `run` its run directory; `lookup` its documents
     sorted by id hash, on disk (`bulkembed.lookup`), in a temporary folder removed by
-    `close`."""
+    `close`; `carrier` carries its unchanged rows over."""
 
     def __init__(self, path: AnyPath, fingerprint: dict[str, Any]) -> None:
         self.run = RunDirectory(path)
@@ -124,14 +110,14 @@ class PreviousOutput:
         self._start()
 
     def _start(self) -> None:
-        # Whether the run keeps PREV's rows that it cannot read (a change set, a sync): its
-        # bad records then say so.
-        self.keeps_unread = False
-        self._files: dict[int, tuple[pq.ParquetFile, np.ndarray]] = {}
-        self._cache: OrderedDict[tuple[int, int], pa.Table] = OrderedDict()
         self._folder = tempfile.TemporaryDirectory(prefix="bulkembed-previous-")
         self.rows = 0  # counted as the lookup is built
         self.lookup = PreviousLookup.build(self._part_rows(), Path(self._folder.name))
+        self.carrier = self._carrier()
+
+    def _carrier(self) -> CarryOver:
+        """What carries PREV's unchanged rows over."""
+        return CarryOver(self.lookup, self.parts)
 
     def close(self) -> None:
         """Remove the lookup's folder."""
@@ -186,89 +172,6 @@ class PreviousOutput:
     def rows_at(self, number: int, positions: np.ndarray) -> pa.Table:
         """Every column of the rows at `positions` of PREV's part `number`."""
         return parquet_file(self.parts[number]).read().take(pa.array(positions, pa.int64()))
-
-    def _file(self, number: int) -> tuple[pq.ParquetFile, np.ndarray]:
-        """PREV's part `number`, and the first row of each of its row groups."""
-        if number not in self._files:
-            file = parquet_file(self.parts[number])
-            sizes = [file.metadata.row_group(g).num_rows for g in range(file.num_row_groups)]
-            self._files = {number: (file, np.cumsum([0, *sizes[:-1]]))}
-        return self._files[number]
-
-    def _group(self, number: int, group: int) -> pa.Table:
-        """The output columns of one row group of PREV's part `number`."""
-        key = (number, group)
-        table = self._cache.get(key)
-        if table is None:
-            file, _ = self._file(number)
-            columns = [c for c in EMBEDDING_COLUMNS if c in file.schema_arrow.names]
-            table = file.read_row_group(group, columns=columns)
-            self._cache[key] = table
-            if len(self._cache) > _CACHED_GROUPS:
-                self._cache.popitem(last=False)
-        self._cache.move_to_end(key)
-        return table
-
-    def _embeddings(self, entries: np.ndarray) -> pa.Table:
-        """PREV's output columns for lookup entries, in their order: a `take` from each
-        row group, for each run of entries in one row group."""
-        numbers = np.asarray(self.lookup.parts[entries])
-        rows = np.asarray(self.lookup.rows[entries])
-        tables = []
-        for start, end in _runs(numbers):
-            number = int(numbers[start])
-            _, starts = self._file(number)
-            part_rows = rows[start:end]
-            groups = np.searchsorted(starts, part_rows, side="right") - 1
-            for first, last in _runs(groups):
-                group = int(groups[first])
-                offsets = pa.array(part_rows[first:last] - starts[group], pa.int64())
-                tables.append(self._group(number, group).take(offsets))
-        return pa.concat_tables(tables)
-
-    def _note_kept(self, bad: list[BadRecord]) -> None:
-        """Say of each bad record that PREV's rows it may hold are not deleted: its id's
-        row, if PREV has the id; any row, if its id is unknown."""
-        for record in bad:
-            if record.reason == DUPLICATE_ID:
-                continue
-            if not known_id(record.id):
-                record.previous = PREVIOUS_ROWS_KEPT
-            elif self.lookup.find(np.array([id_hash(record.id)], np.uint64))[0] >= 0:
-                record.previous = PREVIOUS_ROW_KEPT
-
-    def carry_over(self, chunks: Iterable[TokenizedChunk]) -> Iterator[TokenizedChunk]:
-        """Move each chunk's unchanged records to `carried`, count its changed ones; with
-        `keeps_unread`, note on its bad records that PREV's rows are kept."""
-        for tokenized in chunks:
-            chunk = tokenized.chunk
-            if self.keeps_unread:
-                self._note_kept(chunk.bad)
-            assert chunk.id_hashes is not None, "ids are hashed where they are tokenized"
-            entries, same = self.lookup.same(chunk.id_hashes, chunk.hashes)
-            chunk.changed = int(((entries >= 0) & ~same).sum())
-            untokenized = tokenized.untokenized
-            assert untokenized is None or not (untokenized & ~same).any(), "left untokenized"
-            if same.any():
-                unchanged = np.flatnonzero(same)
-                counts = tokenized.counts(unchanged, self.lookup.counts(entries[unchanged]))
-                records = chunk.rows(unchanged)
-                embeddings = self._embeddings(entries[unchanged])
-                chunk.carried = Carried(records, embeddings, counts)
-                tokenized.count_as_carried(unchanged, counts)
-            yield tokenized
-
-
-def _runs(values: np.ndarray) -> list[tuple[int, int]]:
-    """(start, end) of each run of equal neighbours in `values`.
-
-    >>> _runs(np.array([4, 4, 1, 4]))
-    [(0, 2), (2, 3), (3, 4)]
-    """
-    if not len(values):
-        return []
-    edges = [0, *(np.flatnonzero(np.diff(values)) + 1).tolist(), len(values)]
-    return list(zip(edges[:-1], edges[1:], strict=True))
 
 
 class ChangeSet:
@@ -339,16 +242,13 @@ class PreviousTable(PreviousOutput):
         self._dataset = dataset
         self._start()
 
+    def _carrier(self) -> CarryOver:
+        return TableCarryOver(self.lookup, self._dataset)
+
     def _labelled_tables(self) -> Iterator[tuple[pa.Table, dict[str, Any] | None]]:
         """The table's ids and content hashes, whole (its rows are found by their offset),
         with no counts."""
         yield self._dataset.to_table(columns=["id", CONTENT_HASH]), None
-
-    def _embeddings(self, entries: np.ndarray) -> pa.Table:
-        names = self._dataset.schema.names
-        columns = [c for c in ("vector", *EMBEDDING_COLUMNS) if c in names]
-        rows = self._dataset.take(self.lookup.rows[entries].tolist(), columns=columns)
-        return rows.rename_columns(["dense" if c == "vector" else c for c in columns])
 
     def sizes(self) -> KnownSizes | None:
         """Not read from a table: the model gives them."""

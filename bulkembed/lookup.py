@@ -13,9 +13,10 @@ those documents are embedded again, as if new.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -43,14 +44,41 @@ class PartRows:
 
 
 class PreviousLookup:
-    """The lookup arrays in `folder` (see the module's docstring), memory-mapped."""
+    """The lookup arrays (see the module's docstring), memory-mapped from `folder` where
+    they have one. Pickled, a lookup is opened again from its folder, or as `reopened_by`
+    says where the folder is not at hand (another machine of a cluster)."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(
+        self,
+        arrays: dict[str, np.ndarray],
+        folder: Path | None = None,
+        reopen: tuple[Callable[..., PreviousLookup], tuple[Any, ...]] | None = None,
+    ) -> None:
         self.folder = folder
-        arrays = {name: np.load(folder / f"{name}.npy", mmap_mode="r") for name in _ARRAYS}
         self.keys, self.hashes = arrays["keys"], arrays["hashes"]
         self.tokens, self.truncated = arrays["tokens"], arrays["truncated"]
         self.parts, self.rows = arrays["parts"], arrays["rows"]
+        if reopen is None:
+            reopen = (PreviousLookup.open, (folder,)) if folder else (PreviousLookup, (arrays,))
+        self._reopen = reopen
+
+    @classmethod
+    def open(cls, folder: Path) -> PreviousLookup:
+        """The lookup in `folder`, memory-mapped."""
+        arrays = {name: np.load(folder / f"{name}.npy", mmap_mode="r") for name in _ARRAYS}
+        return cls(arrays, folder)
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """The arrays, by name."""
+        names = ("keys", "hashes", "tokens", "truncated", "parts", "rows")
+        return {name: getattr(self, name) for name in names}
+
+    def reopened_by(self, reopen: Callable[..., PreviousLookup], *args: Any) -> PreviousLookup:
+        """The same lookup, pickled as the call `reopen(*args)`."""
+        return PreviousLookup(self.arrays(), self.folder, (reopen, args))
+
+    def __reduce__(self) -> tuple[Callable[..., PreviousLookup], tuple[Any, ...]]:
+        return self._reopen
 
     @classmethod
     def build(cls, parts: Iterable[PartRows], folder: Path) -> PreviousLookup:
@@ -81,7 +109,7 @@ class PreviousLookup:
         folder.mkdir(parents=True, exist_ok=True)
         for name, values in joined.items():
             np.save(folder / f"{name}.npy", values[order])
-        return cls(folder)
+        return cls.open(folder)
 
     def __len__(self) -> int:
         return len(self.keys)

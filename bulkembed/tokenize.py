@@ -17,7 +17,6 @@ import os
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -113,14 +112,14 @@ Tokens = tuple[np.ndarray, np.ndarray, np.ndarray, float, np.ndarray, np.ndarray
 
 class TextTokenizer:
     """The model's fast tokenizer with truncation on and padding off; with `previous`, the
-    lookup folder of a previous output (`bulkembed.lookup`), `timed` leaves alone the texts
-    that output holds unchanged with their counts."""
+    lookup of a previous output (`bulkembed.lookup`), `timed` leaves alone the texts that
+    output holds unchanged with their counts."""
 
-    def __init__(self, settings: TokenizerSettings, previous: Path | None = None) -> None:
+    def __init__(self, settings: TokenizerSettings, previous: PreviousLookup | None = None) -> None:
         from tokenizers import Tokenizer
 
         self.settings = settings
-        self.previous = None if previous is None else PreviousLookup(previous)
+        self.previous = previous
         self.tokenizer = Tokenizer.from_str(settings.tokenizer_json)
         self.tokenizer.no_padding()
         # A ColBERT document marker goes in after the first token and counts toward the limit.
@@ -183,7 +182,7 @@ def tokenizer_threads(workers: int) -> int:
 
 
 def _start_tokenizer(
-    setting: tuple[TokenizerSettings, int, Path | None],
+    setting: tuple[TokenizerSettings, int, PreviousLookup | None],
 ) -> tuple[Callable[[tuple[pa.Array, pa.Array]], Tokens], None]:
     """A worker's tokenizer (`bulkembed.workers`): rebuilt once, from its JSON, and timed,
     with its batch encoding spread over `threads` (the tokenizers library's thread pool
@@ -210,15 +209,15 @@ def _tokenized(chunk: Chunk, result: Tokens) -> TokenizedChunk:
 
 class TokenizerPool:
     """Tokenize chunks on `workers` processes (0: in this process), in order, bounded; with
-    `previous` (a previous output's lookup folder), texts it holds unchanged are left
-    untokenized (`TextTokenizer`)."""
+    `previous` (a previous output's lookup), texts it holds unchanged are left untokenized
+    (`TextTokenizer`)."""
 
     def __init__(
         self,
         settings: TokenizerSettings,
         workers: int,
         max_in_flight: int = 0,
-        previous: Path | None = None,
+        previous: PreviousLookup | None = None,
     ) -> None:
         self.max_in_flight = max_in_flight or max(2, 4 * workers)
         # Whether `map` was left with results it did not read.

@@ -37,6 +37,7 @@ from bulkembed.units import SkippedUnits
 from bulkembed.windows import share_of_window
 
 if TYPE_CHECKING:
+    from bulkembed.carry import CarryOver
     from bulkembed.contracts import UnitRecord
     from bulkembed.outputs import OutputFormat
     from bulkembed.run_dir import RunDirectory
@@ -47,11 +48,11 @@ def _admitted(
     plan: RunPlan,
     sink: Sink,
     done: dict[str, UnitRecord],
-    mode: RunMode,
+    carrier: CarryOver,
     tokenized: Iterable[TokenizedChunk],
 ) -> Iterator[TokenizedChunk]:
     """The tokenized records still to embed: first id wins (the ids of done units count
-    as seen), up to the limit; the mode carries over those it can."""
+    as seen), up to the limit; `carrier` (the mode's) carries over those it can."""
     config = plan.config
     seen = SeenIds()
     mine = {k: v for k, v in done.items() if plan.my_units is None or k in plan.my_units}
@@ -61,7 +62,7 @@ def _admitted(
         chunks = take(chunks, config.limit - sum(r.rows for r in done.values()))
     if config.on_bad_record is OnBadRecord.FAIL:
         chunks = fail_on_bad_records(chunks)
-    return leave_id_hashes(mode.carry(chunks))
+    return leave_id_hashes(carrier.carry(chunks))
 
 
 def embed_locally(
@@ -82,8 +83,9 @@ def embed_locally(
     chunks = stats.timed_iterator("read", plan.reader.read(skip=SkippedUnits(done, plan.my_units)))
     budget = plan.spec.max_batch_tokens
     output_format = resumed_output_format(plan.output_format, run, done)
-    with TokenizerPool(plan.tokenizer_settings, plan.workers, previous=mode.lookup()) as pool:
-        admitted = _admitted(plan, sink, done, mode, pool.map(chunks))
+    carrier = mode.carrier()
+    with TokenizerPool(plan.tokenizer_settings, plan.workers, previous=carrier.lookup) as pool:
+        admitted = _admitted(plan, sink, done, carrier, pool.map(chunks))
         with ReadAhead(admitted, lambda c: share_of_window(c, budget)) as tokenized:
             # int8/uint8 ranges not calibrated yet are calibrated on the first window, here.
             many_writers = plan.target.capabilities.many_writers

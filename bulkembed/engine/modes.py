@@ -10,16 +10,16 @@ dispatcher ask the mode these questions and never which mode it is.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
+
+from bulkembed.carry import CarryOver
 
 if TYPE_CHECKING:
     from bulkembed.contracts import UnitRecord
     from bulkembed.encoders.base import VectorSizes
     from bulkembed.sinks import Sink
     from bulkembed.summary import PreviousCounts
-    from bulkembed.tokenize import TokenizedChunk
 
 # What makes a writing process's sink of upserts (None: the mode writes none). It is
 # pickled into device processes and Ray actors, so a module-level function or a sink's.
@@ -48,13 +48,10 @@ class RunMode(Protocol):
         """The start-up line's words on the mode ("" for none)."""
         ...
 
-    def lookup(self) -> Path | None:
-        """The folder of the previous output's lookup (`bulkembed.lookup`), for tokenizer
-        processes to leave unchanged texts untokenized; None without one."""
-        ...
-
-    def carry(self, chunks: Iterable[TokenizedChunk]) -> Iterator[TokenizedChunk]:
-        """The tokenized chunks with their unchanged records carried over."""
+    def carrier(self) -> CarryOver:
+        """What carries unchanged records over from a previous output (`bulkembed.carry`),
+        wherever chunks are tokenized; its lookup, for tokenizers to leave unchanged texts
+        untokenized."""
         ...
 
     def sizes(self) -> VectorSizes | None:
@@ -91,11 +88,8 @@ class PlainRun:
     def describe(self) -> str:
         return ""
 
-    def lookup(self) -> Path | None:
-        return None
-
-    def carry(self, chunks: Iterable[TokenizedChunk]) -> Iterator[TokenizedChunk]:
-        return iter(chunks)
+    def carrier(self) -> CarryOver:
+        return CarryOver(None, [])
 
     def sizes(self) -> VectorSizes | None:
         return None

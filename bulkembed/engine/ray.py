@@ -26,7 +26,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from bulkembed.admission import drop_duplicate_ids, fail_on_bad_records
+from bulkembed.admission import drop_duplicate_ids, fail_on_bad_records, leave_id_hashes
+from bulkembed.carry import CarryOver
 from bulkembed.config import DType, OnBadRecord, ShardSpec
 from bulkembed.contracts import UnitRecord, part_unit
 from bulkembed.engine.modes import RunMode, UpsertSinks
@@ -41,6 +42,7 @@ from bulkembed.engine.stream import (
     part_schema,
 )
 from bulkembed.errors import BulkembedError
+from bulkembed.lookup import PreviousLookup
 from bulkembed.outputs import OutputFormat
 from bulkembed.precision import PrecisionCheck
 from bulkembed.progress import QuietReporter, Reporter, RunStats
@@ -56,7 +58,7 @@ if TYPE_CHECKING:
     from bulkembed.sinks import Sink
 
 # The columns Ray Data hands back, one row per unit: counts add up into the run's.
-_COUNTS = ("docs", "tokens", "padded_tokens", "batches")
+_COUNTS = ("docs", "carried", "tokens", "padded_tokens", "batches")
 # Memory a tokenizing task declares: a unit's records and token ids. Declaring it also
 # keeps Ray Data from fusing these tasks into the embedding actors (it fuses stages whose
 # resource requests are equal), so reading and tokenizing run beside the model.
@@ -83,6 +85,7 @@ class _Work:
 
     reader: RecordReader
     settings: TokenizerSettings
+    carrier: CarryOver
     fail_on_bad_records: bool
     spec: ModelSpec
     dtype: DType
@@ -102,12 +105,12 @@ def _tokenize_unit(part: str, offset: int, work: _Work) -> list[TokenizedChunk]:
     """Read one unit (from byte `offset`, when not negative, where its format can seek) and
     tokenize it in this process."""
     chunks = work.reader.read_unit(*part_unit(part), offset if offset >= 0 else None)
-    with TokenizerPool(work.settings, 0) as pool:
+    with TokenizerPool(work.settings, 0, previous=work.carrier.lookup) as pool:
         # Repeated ids are found within the unit: the units of a cluster run side by side.
         tokenized = drop_duplicate_ids(pool.map(chunks), SeenIds(), work.reader.files)
         if work.fail_on_bad_records:
             tokenized = fail_on_bad_records(tokenized)
-        return list(tokenized)
+        return list(leave_id_hashes(work.carrier.carry(tokenized)))
 
 
 def _tokenize_units(batch: dict[str, np.ndarray], work: _Work) -> dict[str, list[Any]]:
@@ -208,8 +211,10 @@ def embed_on_ray(
     mode: RunMode,
     reporter: Reporter,
 ) -> RunOutcome:
-    """Embed every pending unit on a Ray cluster, into `sink`, the output of `run` (and the
-    upserts `mode` asks for). `RunConfig` refuses `--since` here: no task looks one up."""
+    """Embed every pending unit on a Ray cluster, into `sink`, the output of `run`, as
+    `mode` says: its tasks carry unchanged rows over (the previous output's lookup goes to
+    Ray's object store, so that a task on any node reads it), its actors write the upserts
+    it asks for."""
     try:
         import ray
         import ray.data
@@ -235,6 +240,7 @@ def embed_on_ray(
             work = _Work(
                 reader=plan.reader,
                 settings=plan.tokenizer_settings,
+                carrier=_shared(mode.carrier()),
                 fail_on_bad_records=plan.config.on_bad_record is OnBadRecord.FAIL,
                 spec=plan.spec,
                 dtype=plan.config.dtype,
@@ -254,6 +260,25 @@ def embed_on_ray(
         if started:
             ray.shutdown()
     return outcome
+
+
+def _shared(carrier: CarryOver) -> CarryOver:
+    """`carrier` with its lookup's arrays in Ray's object store: each task reads them from
+    there, not from this machine's disk (they are shared, read-only, by the tasks of a
+    node)."""
+    if carrier.lookup is None:
+        return carrier
+    import ray
+
+    refs = {name: ray.put(np.asarray(array)) for name, array in carrier.lookup.arrays().items()}
+    return carrier.sharing(carrier.lookup.reopened_by(_lookup_in_store, refs))
+
+
+def _lookup_in_store(refs: dict[str, Any]) -> PreviousLookup:
+    """A previous output's lookup, from its arrays in Ray's object store (`_shared`)."""
+    import ray
+
+    return PreviousLookup({name: ray.get(ref) for name, ref in refs.items()})
 
 
 @contextlib.contextmanager

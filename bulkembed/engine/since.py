@@ -15,12 +15,12 @@ limits that allow them (`reopens`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from bulkembed.carry import CarryOver
 from bulkembed.contracts import UnitRecord
 from bulkembed.deletions import Deletions, Missing, Unread, decide, kept_rows, missing_ids
 from bulkembed.deletions import allowed_deletes as allowed
@@ -41,7 +41,6 @@ if TYPE_CHECKING:
     from bulkembed.engine.plan import RunPlan
     from bulkembed.engine.sync import TableSync
     from bulkembed.run_dir import RunDirectory
-    from bulkembed.tokenize import TokenizedChunk
 
 
 def mode_of(
@@ -112,13 +111,8 @@ class Incremental:
             "where the text is unchanged"
         )
 
-    def lookup(self) -> Path | None:
-        return None if self.previous is None else self.previous.lookup.folder
-
-    def carry(self, chunks: Iterable[TokenizedChunk]) -> Iterator[TokenizedChunk]:
-        if self.previous is None:
-            return iter(chunks)
-        return self.previous.carry_over(chunks)
+    def carrier(self) -> CarryOver:
+        return CarryOver(None, []) if self.previous is None else self.previous.carrier
 
     def sizes(self) -> VectorSizes | None:
         return None if self.previous is None else self.previous.sizes()
@@ -163,7 +157,7 @@ class Incremental:
             if complete or self.ended:
                 return
             self.previous = self.sync.previous()
-            self.previous.keeps_unread = True
+            self.previous.carrier.keeps_unread = True
         elif complete:
             return
         else:
@@ -173,7 +167,7 @@ class Incremental:
                 self.change_set = ChangeSet(self.run.meta)
                 self.change_set.open(self.plan.my_units)
                 self._upserts = self.change_set.upserts
-                self.previous.keeps_unread = self.plan.config.limit is None
+                self.previous.carrier.keeps_unread = self.plan.config.limit is None
         self.previous_rows = self.previous.rows
         _share_quantization(self.plan, self.run, self.previous)
 

@@ -29,6 +29,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from bulkembed.config import Engine
 from bulkembed.engine.plan import RunPlan
 from bulkembed.errors import UsageError
 from bulkembed.incremental import PreviousTable
@@ -68,11 +69,12 @@ def syncs_in_place(plan: RunPlan) -> bool:
             "--limit cannot be combined with syncing a LanceDB table in place: the documents "
             "past the limit would be deleted from it"
         )
-    if config.shard is not None:
+    if config.shard is not None or config.engine is Engine.RAY:
+        what = "--shard" if config.shard is not None else "--engine ray"
         raise UsageError(
-            "--shard cannot be combined with syncing a LanceDB table in place: the sync holds "
-            "the table for one run; sync it in one run, or write a Parquet output with "
-            "--shard and --since and apply its change set"
+            f"{what} cannot be combined with syncing a LanceDB table in place: the sync holds "
+            f"the table for one run of one process; sync it in one run, or write a Parquet "
+            f"output with {what} and --since and apply its change set"
         )
     return True
 

@@ -1,6 +1,7 @@
 """Run modes on their own: what a plain and an incremental run answer the engines, with no
 model running (the previous output is made by a run beforehand)."""
 
+import pickle
 import time
 
 import numpy as np
@@ -57,12 +58,12 @@ def test_a_plain_run_carries_nothing_and_ends_with_nothing(tmp_path, tiny_st):
     try:
         assert isinstance(mode, PlainRun)
         assert mode.start({}, False) is False and mode.start({}, True) is True
-        assert (mode.lookup(), mode.describe(), mode.changes()) == (None, "", None)
+        assert (mode.carrier().lookup, mode.describe(), mode.changes()) == (None, "", None)
         assert mode.upserts() is no_upserts and no_upserts() is None
         assert mode.end(print) is None
         assert mode.state() == {"previous_rows": None}
         chunk = _tokenized(plan, ["a", "b"], ["one text", "another text"])
-        assert list(mode.carry([chunk])) == [chunk]
+        assert list(mode.carrier().carry([chunk])) == [chunk]
         assert chunk.chunk.carried is None and len(chunk.lengths) == 2
     finally:
         mode.close()
@@ -90,12 +91,20 @@ def test_an_incremental_run_carries_unchanged_rows_and_ends_with_the_deletes(tmp
         changed = sorted(kinds["changed"])[0]
         ids = ["doc-0", changed, "brand-new", "doc-1"]
         chunk_texts = [texts["doc-0"], texts[changed] + " (edited)", "a new text", texts["doc-1"]]
-        chunk = _tokenized(plan, ids, chunk_texts, mode.lookup())
+        chunk = _tokenized(plan, ids, chunk_texts, mode.carrier().lookup)
         # The tokenizer left the two unchanged texts alone: their counts come from before.
         assert chunk.untokenized.tolist() == [True, False, False, True]
         assert chunk.lengths[[0, 3]].tolist() == [0, 0]
 
-        (carried,) = mode.carry([chunk])
+        # Pickled into another process (a Ray task), the carrier opens the same lookup and
+        # carries the same rows.
+        elsewhere = pickle.loads(pickle.dumps(mode.carrier()))
+        assert elsewhere.lookup is not mode.carrier().lookup
+        again = _tokenized(plan, ids, chunk_texts, elsewhere.lookup)
+        assert again.untokenized.tolist() == [True, False, False, True]
+        (carried_elsewhere,) = elsewhere.carry([again])
+        (carried,) = mode.carrier().carry([chunk])
+        assert carried_elsewhere.chunk.carried.embeddings.equals(carried.chunk.carried.embeddings)
         assert carried.chunk.ids.to_pylist() == [changed, "brand-new"]
         assert carried.chunk.changed == 1
         kept = carried.chunk.carried
@@ -112,7 +121,7 @@ def test_an_incremental_run_carries_unchanged_rows_and_ends_with_the_deletes(tmp
     finally:
         mode.close()
         run.release_lock()
-    assert not mode.lookup().exists()
+    assert not mode.carrier().lookup.folder.exists()
 
 
 def _batches(path):

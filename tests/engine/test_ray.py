@@ -10,13 +10,19 @@ import subprocess
 import sys
 import time
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 import pytest
 import torch
 from helpers import (
     ROOT,
     cosines,
+    incremental_corpora,
     read_output,
     run_arguments,
+    run_cli,
     sample_texts,
     write_jsonl,
     write_parquet,
@@ -138,13 +144,71 @@ def test_ray_options_that_cannot_work_are_refused(tmp_path, reference):
     )
     assert result.exit_code == 2
     assert "--ray-address applies to --engine ray only" in result.output
-    since = ["--engine", "ray", "--since", str(tmp_path / "previous")]
-    result = CliRunner().invoke(app, [*run_arguments(corpus, model, tmp_path / "o"), *since])
+    table = f"lancedb://{tmp_path / 'db'}/docs"
+    since = ["--engine", "ray", "--since", table]
+    result = CliRunner().invoke(app, [*run_arguments(corpus, model, table), *since, "-q"])
     assert result.exit_code == 2
     assert result.output.strip() == (
-        "error: --engine ray cannot be combined with --since: its tasks look up no previous "
-        "output; run --since with --shard I/N (a job array), or on one machine"
+        "error: --engine ray cannot be combined with syncing a LanceDB table in place: the "
+        "sync holds the table for one run of one process; sync it in one run, or write a "
+        "Parquet output with --engine ray and --since and apply its change set"
     )
+
+
+def _by_id(table: pa.Table) -> pa.Table:
+    return table.take(pc.sort_indices(table, [("id", "ascending")]))
+
+
+def _assert_same_rows(a: pa.Table, b: pa.Table) -> None:
+    assert a.column("id").to_pylist() == b.column("id").to_pylist()
+    assert a.column("content_hash").equals(b.column("content_hash"))
+    dense = [np.array(t.column("dense").to_pylist(), np.float32) for t in (a, b)]
+    np.testing.assert_allclose(*dense, atol=1e-6)
+
+
+@pytest.mark.parametrize("killed", [False, True], ids=["whole", "killed-then-rerun"])
+def test_since_on_ray_gives_the_one_machine_change_set(tmp_path, tiny_st, killed):
+    kinds = incremental_corpora(tmp_path)
+    model = tiny_st("mean")
+    for corpus, out, extra in (("v1", "out-v1", ()), ("v2", "one", ("--since", "out-v1"))):
+        since = [str(tmp_path / e) if e == "out-v1" else e for e in extra]
+        result = run_cli(tmp_path / corpus, model, tmp_path / out, "--dtype", "float32", *since)
+        assert result.exit_code == 0, result.output
+    out, since = tmp_path / "ray", ("--since", str(tmp_path / "out-v1"))
+    if killed:
+        run = _ray_run(tmp_path / "v2", model, out, *since)
+        markers = out / "_bulkembed" / "done"
+        deadline = time.monotonic() + 240
+        while not list(markers.glob("part-*.json")):
+            assert run.poll() is None, run.stderr.read().decode()
+            assert time.monotonic() < deadline, "no unit was committed in time"
+            time.sleep(0.02)
+        os.killpg(run.pid, signal.SIGKILL)
+        run.wait()
+        assert not (out / "_bulkembed" / "complete").exists()
+    run = _ray_run(tmp_path / "v2", model, out, *since)
+    _, stderr = run.communicate(timeout=300)
+    assert run.returncode == 0, stderr.decode()
+
+    one = tmp_path / "one" / "_bulkembed" / "changes"
+    changes = out / "_bulkembed" / "changes"
+    _assert_same_rows(
+        _by_id(pq.read_table(changes / "upserts")), _by_id(pq.read_table(one / "upserts"))
+    )
+    upserted = set(pq.read_table(changes / "upserts")["id"].to_pylist())
+    assert upserted == kinds["new"] | kinds["changed"]
+    deletes = sorted(pq.read_table(changes / "deletes.parquet")["id"].to_pylist())
+    assert deletes == sorted(kinds["deleted"])
+    _assert_same_rows(_by_id(pq.read_table(out)), _by_id(pq.read_table(tmp_path / "one")))
+    summaries = [
+        json.loads((o / "_bulkembed" / "summary.json").read_text()) for o in (out, tmp_path / "one")
+    ]
+    counted = ("docs", "new", "changed", "unchanged", "deleted", "tokens", "tokens_embedded")
+    assert [{k: s[k] for k in counted} for s in summaries] == [
+        {k: summaries[1][k] for k in counted}
+    ] * 2
+    if not killed:
+        assert summaries[0]["docs_this_run"] == 8
 
 
 @pytest.mark.gpu

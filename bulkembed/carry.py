@@ -1,0 +1,170 @@
+"""Carrying unchanged rows over from a previous output (`--since PREV`), chunk by chunk.
+
+`CarryOver` needs only PREV's lookup (`bulkembed.lookup`) and the paths of its parts, so it
+runs wherever chunks are tokenized: in the run's process, or pickled into a Ray task (its
+lookup is then read from Ray's object store). PREV's vectors are read a row group at a
+time, as the records that need them come; the run's own order of units usually matches
+PREV's, so each row group is read once.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+
+from bulkembed.schema import EMBEDDING_COLUMNS
+from bulkembed.sources import BadRecord
+from bulkembed.sources.filters import id_hash
+from bulkembed.sources.records import (
+    DUPLICATE_ID,
+    PREVIOUS_ROW_KEPT,
+    PREVIOUS_ROWS_KEPT,
+    Carried,
+    known_id,
+)
+from bulkembed.storage import AnyPath, parquet_file
+
+if TYPE_CHECKING:
+    import pyarrow.parquet as pq
+
+    from bulkembed.lookup import PreviousLookup
+    from bulkembed.tokenize import TokenizedChunk
+
+# PREV's row groups held in memory at once.
+_CACHED_GROUPS = 4
+
+
+class CarryOver:
+    """Carries the unchanged records of each chunk over from PREV, whose documents `lookup`
+    holds (None: a run with no previous output, which carries nothing) and whose parts are
+    `parts`; with `keeps_unread` (the run keeps PREV's rows it cannot read: a change set, a
+    sync), bad records say that PREV's rows they may have held are kept."""
+
+    def __init__(
+        self, lookup: PreviousLookup | None, parts: list[AnyPath], keeps_unread: bool = False
+    ) -> None:
+        self.lookup = lookup
+        self.parts = parts
+        self.keeps_unread = keeps_unread
+        self._files: dict[int, tuple[pq.ParquetFile, np.ndarray]] = {}
+        self._cache: OrderedDict[tuple[int, int], pa.Table] = OrderedDict()
+
+    def __getstate__(self) -> dict[str, Any]:
+        """What travels to another process: no open file, no cached row group."""
+        return {"lookup": self.lookup, "parts": self.parts, "keeps_unread": self.keeps_unread}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["lookup"], state["parts"], state["keeps_unread"])  # type: ignore[misc]
+
+    def sharing(self, lookup: PreviousLookup) -> CarryOver:
+        """The same carrier, reading `lookup` (the same arrays, reached another way)."""
+        return CarryOver(lookup, self.parts, self.keeps_unread)
+
+    def carry(self, chunks: Iterable[TokenizedChunk]) -> Iterator[TokenizedChunk]:
+        """Move each chunk's unchanged records to `carried`, count its changed ones, and
+        note on its bad records what `keeps_unread` says."""
+        lookup = self.lookup
+        if lookup is None:
+            yield from chunks
+            return
+        for tokenized in chunks:
+            chunk = tokenized.chunk
+            if self.keeps_unread:
+                self._note_kept(lookup, chunk.bad)
+            assert chunk.id_hashes is not None, "ids are hashed where they are tokenized"
+            entries, same = lookup.same(chunk.id_hashes, chunk.hashes)
+            chunk.changed = int(((entries >= 0) & ~same).sum())
+            untokenized = tokenized.untokenized
+            assert untokenized is None or not (untokenized & ~same).any(), "left untokenized"
+            if same.any():
+                unchanged = np.flatnonzero(same)
+                counts = tokenized.counts(unchanged, lookup.counts(entries[unchanged]))
+                records = chunk.rows(unchanged)
+                embeddings = self.embeddings(entries[unchanged])
+                chunk.carried = Carried(records, embeddings, counts)
+                tokenized.count_as_carried(unchanged, counts)
+            yield tokenized
+
+    @staticmethod
+    def _note_kept(lookup: PreviousLookup, bad: list[BadRecord]) -> None:
+        """Say of each bad record that PREV's rows it may hold are not deleted: its id's
+        row, if PREV has the id; any row, if its id is unknown."""
+        for record in bad:
+            if record.reason == DUPLICATE_ID:
+                continue
+            if not known_id(record.id):
+                record.previous = PREVIOUS_ROWS_KEPT
+            elif lookup.find(np.array([id_hash(record.id)], np.uint64))[0] >= 0:
+                record.previous = PREVIOUS_ROW_KEPT
+
+    def embeddings(self, entries: np.ndarray) -> pa.Table:
+        """PREV's output columns for lookup entries, in their order: a `take` from each
+        row group, for each run of entries in one row group."""
+        assert self.lookup is not None
+        numbers = np.asarray(self.lookup.parts[entries])
+        rows = np.asarray(self.lookup.rows[entries])
+        tables = []
+        for start, end in _runs(numbers):
+            number = int(numbers[start])
+            _, starts = self._file(number)
+            part_rows = rows[start:end]
+            groups = np.searchsorted(starts, part_rows, side="right") - 1
+            for first, last in _runs(groups):
+                group = int(groups[first])
+                offsets = pa.array(part_rows[first:last] - starts[group], pa.int64())
+                tables.append(self._group(number, group).take(offsets))
+        return pa.concat_tables(tables)
+
+    def _file(self, number: int) -> tuple[pq.ParquetFile, np.ndarray]:
+        """PREV's part `number`, and the first row of each of its row groups."""
+        if number not in self._files:
+            file = parquet_file(self.parts[number])
+            sizes = [file.metadata.row_group(g).num_rows for g in range(file.num_row_groups)]
+            self._files = {number: (file, np.cumsum([0, *sizes[:-1]]))}
+        return self._files[number]
+
+    def _group(self, number: int, group: int) -> pa.Table:
+        """The output columns of one row group of PREV's part `number`."""
+        key = (number, group)
+        table = self._cache.get(key)
+        if table is None:
+            file, _ = self._file(number)
+            columns = [c for c in EMBEDDING_COLUMNS if c in file.schema_arrow.names]
+            table = file.read_row_group(group, columns=columns)
+            self._cache[key] = table
+            if len(self._cache) > _CACHED_GROUPS:
+                self._cache.popitem(last=False)
+        self._cache.move_to_end(key)
+        return table
+
+
+class TableCarryOver(CarryOver):
+    """Carries rows over from a LanceDB table, `dataset` (its rows found by their offset),
+    in the run's process."""
+
+    def __init__(self, lookup: PreviousLookup, dataset: Any) -> None:
+        super().__init__(lookup, [], keeps_unread=True)
+        self._dataset = dataset
+
+    def embeddings(self, entries: np.ndarray) -> pa.Table:
+        assert self.lookup is not None
+        names = self._dataset.schema.names
+        columns = [c for c in ("vector", *EMBEDDING_COLUMNS) if c in names]
+        rows = self._dataset.take(self.lookup.rows[entries].tolist(), columns=columns)
+        return rows.rename_columns(["dense" if c == "vector" else c for c in columns])
+
+
+def _runs(values: np.ndarray) -> list[tuple[int, int]]:
+    """(start, end) of each run of equal neighbours in `values`.
+
+    >>> _runs(np.array([4, 4, 1, 4]))
+    [(0, 2), (2, 3), (3, 4)]
+    """
+    if not len(values):
+        return []
+    edges = [0, *(np.flatnonzero(np.diff(values)) + 1).tolist(), len(values)]
+    return list(zip(edges[:-1], edges[1:], strict=True))
