@@ -33,8 +33,9 @@ from bulkembed.config import Engine
 from bulkembed.engine.plan import RunPlan
 from bulkembed.errors import UsageError
 from bulkembed.incremental import PreviousTable
-from bulkembed.run_dir import RunDirectory, describe_changes
+from bulkembed.run_dir import LockedError, RunDirectory, describe_changes
 from bulkembed.run_dir.intents import Intents
+from bulkembed.run_dir.lease import directory_lock
 from bulkembed.sinks import (
     OutputTarget,
     Sink,
@@ -69,12 +70,11 @@ def syncs_in_place(plan: RunPlan) -> bool:
             "--limit cannot be combined with syncing a LanceDB table in place: the documents "
             "past the limit would be deleted from it"
         )
-    if config.shard is not None or config.engine is Engine.RAY:
-        what = "--shard" if config.shard is not None else "--engine ray"
+    if config.engine is Engine.RAY:
         raise UsageError(
-            f"{what} cannot be combined with syncing a LanceDB table in place: the sync holds "
-            f"the table for one run of one process; sync it in one run, or write a Parquet "
-            f"output with {what} and --since and apply its change set"
+            "--engine ray cannot be combined with syncing a LanceDB table in place: its "
+            "tasks read the table's rows in this process only; sync it with --shard I/N, or "
+            "write a Parquet output with --engine ray and --since and apply its change set"
         )
     return True
 
@@ -112,36 +112,56 @@ class TableSync:
     def __init__(self, plan: RunPlan, settings: dict[str, Any]) -> None:
         config = plan.config
         self.settings = settings
-        self.table_run = RunDirectory.for_target(plan.target, None, config.break_lock)
+        self.shard = config.shard
+        self.table_run = RunDirectory.for_target(plan.target, config.shard, config.break_lock)
         intents = Intents(self.table_run.meta)
         sink = make_sink(plan.target, SinkSettings.of(config, plan.spec.normalize, intents))
         self.table = in_place(plan.target, sink)
         self.directory = self.table_run.meta / SYNC_DIRECTORY
         # Named in messages by the table, not by where its sync keeps its ledger.
         label = f"the sync of {plan.target.label}"
-        self.run = RunDirectory(self.directory, None, label, None, config.break_lock)
+        self.run = RunDirectory(self.directory, None, label, config.shard, config.break_lock)
         self.version: int | None = None
 
     def staging(self, plan: RunPlan) -> tuple[RunPlan, RunDirectory, Sink]:
         """The sync's own run: its plan (writing the sync's directory, named by the table),
         run directory and sink of id parts. A sync that finished with other settings (last
-        night's inputs) is started over."""
+        night's inputs) is started over (for `--shard` runs, by `lock`)."""
         config = plan.config
-        overwrite = config.overwrite
-        if self.run.config_path.exists() and self.run.is_complete():
-            before = self.run.read_config().get("fingerprint", {})
-            overwrite = overwrite or bool(describe_changes(before, self.settings))
+        overwrite = config.overwrite or (self.shard is None and self._finished_before())
         staged = replace(config, output=str(self.directory), overwrite=overwrite)
         # The plan keeps the table as its target: what the summary and messages name.
         return replace(plan, config=staged), self.run, self.table.id_parts(self.directory)
 
+    def _finished_before(self) -> bool:
+        """Whether the sync's directory holds a finished sync with other settings."""
+        if not (self.run.config_path.exists() and self.run.is_complete()):
+            return False
+        before = self.run.read_config().get("fingerprint", {})
+        return bool(describe_changes(before, self.settings))
+
     def lock(self) -> None:
-        """Hold the table's run directory: no other run writes the table meanwhile."""
+        """Hold the table's run directory: no other run writes the table meanwhile (but the
+        other `--shard` runs of the same sync). The first shard run to start a sync starts
+        the directory of a finished one over, holding the table alone meanwhile; the others
+        find the table held by that shard, or the sync under way."""
         if not self.table_run.config_path.exists():
             raise UsageError(
                 f"--since {self.table_run.label}: no table that bulkembed wrote is there; "
                 "run once without --since to create it"
             )
+        if self.shard is not None:
+            whole = directory_lock(self.table_run.meta, self.table_run.label, None)
+            try:
+                whole.acquire()
+            except LockedError:
+                pass  # a shard run holds it: that one started the sync
+            else:
+                try:
+                    if self._finished_before():
+                        self.run.start_over(self.table.id_parts(self.directory))
+                finally:
+                    whole.release()
         self.table_run.acquire_lock()
 
     def unlock(self) -> None:

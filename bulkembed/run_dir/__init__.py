@@ -146,8 +146,7 @@ class RunDirectory:
             ) from e
         try:
             if overwrite:
-                sink.remove(marked)
-                self._remove_previous()
+                self.start_over(sink)
             elif self.shard is not None:
                 self._join_shards(fingerprint)
             elif not fresh:
@@ -235,6 +234,12 @@ class RunDirectory:
     def lock_holder(self) -> str | None:
         """Who holds the output now (`pid N on HOST`, or shard runs), or None."""
         return self.lock.holder()
+
+    def start_over(self, sink: Sink) -> None:
+        """Remove what bulkembed wrote here and into `sink` (`--overwrite`), and nothing
+        else; the caller holds the directory."""
+        sink.remove(self.ledger.marked())
+        self._remove_previous()
 
     def _remove_previous(self) -> None:
         """Delete the bookkeeping (the sink has removed the rows): the files bulkembed

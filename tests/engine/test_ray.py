@@ -149,9 +149,9 @@ def test_ray_options_that_cannot_work_are_refused(tmp_path, reference):
     result = CliRunner().invoke(app, [*run_arguments(corpus, model, table), *since, "-q"])
     assert result.exit_code == 2
     assert result.output.strip() == (
-        "error: --engine ray cannot be combined with syncing a LanceDB table in place: the "
-        "sync holds the table for one run of one process; sync it in one run, or write a "
-        "Parquet output with --engine ray and --since and apply its change set"
+        "error: --engine ray cannot be combined with syncing a LanceDB table in place: its "
+        "tasks read the table's rows in this process only; sync it with --shard I/N, or "
+        "write a Parquet output with --engine ray and --since and apply its change set"
     )
 
 
