@@ -6,6 +6,7 @@ import contextlib
 import ctypes
 import ctypes.util
 import os
+import platform
 import re
 import sys
 from collections.abc import Iterator
@@ -73,6 +74,25 @@ def cpu_accelerates_bfloat16() -> bool:
     except OSError:
         return False
     return _BFLOAT16_UNITS.search(flags) is not None
+
+
+def device_identity(device: str) -> str:
+    """What a device's arithmetic depends on: a CPU's model name and flags, a GPU's name
+    and compute capability."""
+    if device == "cpu":
+        try:
+            info = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return f"cpu {platform.machine()} {platform.processor()}"
+        fields = dict(
+            line.split(":", 1) for line in info.split("\n\n", 1)[0].splitlines() if ":" in line
+        )
+        names = ("model name", "flags", "Features", "CPU implementer", "CPU part")
+        return " | ".join(fields[n].strip() for n in names if n in fields)
+    import torch
+
+    major, minor = torch.cuda.get_device_capability(device)
+    return f"{torch.cuda.get_device_name(device)} sm_{major}{minor}"
 
 
 def cuda_supports_bfloat16(device: str) -> bool:

@@ -24,6 +24,7 @@ from bulkembed.model_files import (
 )
 from bulkembed.recipes import Recipe, find_recipe, list_recipes, load_recipe_file
 from bulkembed.st_folder import SentenceTransformersInfo, read_sentence_transformers_info
+from bulkembed.tokenizer_facts import TokenizerFacts, tokenizer_facts
 
 # What each family of encoder can produce; with no `--outputs`, all of it.
 FAMILY_OUTPUTS = {
@@ -32,8 +33,6 @@ FAMILY_OUTPUTS = {
     "splade": ("sparse",),
     "colbert": ("multivector",),
 }
-# Tokenizers report "no limit" as a huge sentinel number.
-_NO_LIMIT = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -118,35 +117,6 @@ def _outputs(config: RunConfig, recipe: Recipe | None, family: str) -> tuple[str
     return tuple(name for name in possible if name in wanted)
 
 
-def _skip_token_ids(tokenizer: Any, st: SentenceTransformersInfo) -> tuple[int, ...]:
-    """Ids of a ColBERT model's skip list (punctuation); words that are no token drop out."""
-    if st.colbert is None:
-        return ()
-    ids = (tokenizer.convert_tokens_to_ids(word) for word in st.colbert.skiplist_words)
-    return tuple(sorted({int(i) for i in ids if i is not None}))
-
-
-def _prefix_token_id(tokenizer: Any, st: SentenceTransformersInfo) -> int | None:
-    """The id of a ColBERT model's document marker, put after the first token."""
-    if st.colbert is None or not st.colbert.document_prefix:
-        return None
-    prefix = st.colbert.document_prefix
-    token_id = tokenizer.convert_tokens_to_ids(prefix)
-    if token_id is None or token_id == tokenizer.unk_token_id:
-        raise ModelError(f"the document marker {prefix!r} is not a token of this tokenizer")
-    return int(token_id)
-
-
-def _special_token_ids(tokenizer: Any) -> tuple[int, ...]:
-    """Ids of the cls, eos, pad and unk tokens, which carry no lexical weight."""
-    ids = set()
-    for name in ("cls_token", "eos_token", "pad_token", "unk_token"):
-        token = getattr(tokenizer, name, None)
-        if token is not None:
-            ids.add(int(tokenizer.convert_tokens_to_ids(token)))
-    return tuple(sorted(ids))
-
-
 def _pick_recipe(config: RunConfig) -> tuple[Recipe | None, str]:
     """The recipe in force and the model source (hub id or folder) to load weights from."""
     if config.recipe is not None:
@@ -195,11 +165,10 @@ def _query_prompt(recipe: Recipe | None, st: SentenceTransformersInfo) -> str | 
     return prompts.get("query")
 
 
-def _model_limit(tokenizer: Any, model_config: dict[str, Any]) -> int | None:
+def _model_limit(facts: TokenizerFacts, model_config: dict[str, Any]) -> int | None:
     """Longest input the model accepts, in tokens, or None if neither file says."""
-    limit = getattr(tokenizer, "model_max_length", None)
-    if limit is not None and limit < _NO_LIMIT:
-        return int(limit)
+    if facts.model_max_length is not None:
+        return facts.model_max_length
     positions = model_config.get("max_position_embeddings")
     if positions is None:
         return None
@@ -253,19 +222,6 @@ def _pooling(
     return pooling, family in ("bge-m3", "colbert") or (family == "dense" and bool(normalize))
 
 
-def _fast_tokenizer(source: str, revision: str | None) -> Any:
-    """The model's fast tokenizer (from its tokenizer.json); an error if it has none."""
-    from transformers import AutoTokenizer
-
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(source, revision=revision)
-    except (OSError, ValueError) as e:
-        raise ModelError(f"cannot load the tokenizer of {source}: {e}") from e
-    if not tokenizer.is_fast:
-        raise ModelError(f"{source} has no fast tokenizer (tokenizer.json); bulkembed needs one")
-    return tokenizer
-
-
 def resolve_model(config: RunConfig) -> ModelSpec:
     """Find the model, read its settings and tokenizer, and merge them with the options."""
     recipe, source = _pick_recipe(config)
@@ -284,16 +240,14 @@ def resolve_model(config: RunConfig) -> ModelSpec:
         )
     pooling, normalize = _pooling(config, recipe, st, family, source)
     outputs = _outputs(config, recipe, family)
-    tokenizer = _fast_tokenizer(source, revision)
-    pad_token_id = tokenizer.pad_token_id
-    if pad_token_id is None:
-        pad_token_id = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else 0
+    version = model_version(source, revision, config_file)
+    tokenizer = tokenizer_facts(source, revision, version, st)
 
     return ModelSpec(
         source=source,
         local=is_local(source),
         revision=revision,
-        version=model_version(source, revision, config_file),
+        version=version,
         recipe=recipe.name if recipe else None,
         family=family,
         outputs=outputs,
@@ -302,10 +256,10 @@ def resolve_model(config: RunConfig) -> ModelSpec:
         max_length=_max_length(config, recipe, st, _model_limit(tokenizer, model_config)),
         prompt=_prompt(config, recipe, st),
         lowercase=st.lowercase,
-        pad_token_id=int(pad_token_id),
-        special_token_ids=_special_token_ids(tokenizer),
-        prefix_token_id=_prefix_token_id(tokenizer, st),
-        skip_token_ids=_skip_token_ids(tokenizer, st),
+        pad_token_id=tokenizer.pad_token_id,
+        special_token_ids=tokenizer.special_token_ids,
+        prefix_token_id=tokenizer.prefix_token_id,
+        skip_token_ids=tokenizer.skip_token_ids,
         projection=st.colbert.projection if st.colbert else None,
         dense_dim=int(model_config["hidden_size"])
         if "dense" in outputs and "hidden_size" in model_config
@@ -317,7 +271,7 @@ def resolve_model(config: RunConfig) -> ModelSpec:
         or (recipe.max_batch_tokens if recipe else None)
         or DEFAULT_MAX_BATCH_TOKENS,
         budget_given=config.max_batch_tokens is not None,
-        tokenizer_json=tokenizer.backend_tokenizer.to_str(),
+        tokenizer_json=tokenizer.tokenizer_json,
         compile=config.compile,
         backend=config.backend.value,
         attention=config.attention.value,

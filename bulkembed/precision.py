@@ -8,31 +8,47 @@ that crosses zero, does not decide the run's dtype; a shifted model does). Other
 run goes on in float32, and says so in a warning, the log and the summary. The sample's
 vectors in the dtype kept are the run's own for those documents: they are not embedded
 again.
+
+What a check found is recorded in the export cache (`dtype-checks/`), keyed by the model's
+settings and exact files (the whole `ModelSpec`), the device (the CPU's model name and
+flags, or the GPU's name and compute capability), the dtype tried and the versions of
+bulkembed, PyTorch, OpenVINO and transformers. A later run with the same key takes the
+recorded decision without embedding its sample twice; a change of any part of the key
+checks again, and so does removing the folder.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from bulkembed.batching import input_order, pack_batches
-from bulkembed.devices import exact_float32
+from bulkembed.devices import device_identity, exact_float32
 from bulkembed.encoders import Embeddings, Encoder, TokenBatch
+from bulkembed.export_cache import cache_root, installed_version, key_digest
+from bulkembed.version import __version__
 from bulkembed.windows import EmbeddedHead
 from bulkembed.wording import counted
 
 if TYPE_CHECKING:
     import torch
 
+    from bulkembed.model_spec import ModelSpec
     from bulkembed.tokenize import TokenizedChunk
 
 PARITY_THRESHOLD = 0.9999
 # Multi-vector and sparse cosines are judged at this percentile (the 1st: 99% must pass).
 PERCENTILE = 1
 SAMPLE_DOCUMENTS = 64
+# Bumped when a recorded check means something else.
+_RECORD_FORMAT = 1
 
 
 def sample_sequences(window: list[TokenizedChunk]) -> list[np.ndarray]:
@@ -62,11 +78,13 @@ class Agreement:
 
 @dataclass(frozen=True, slots=True)
 class PrecisionCheck:
-    """What the check found: the dtype tried, the agreement, on how many documents."""
+    """What the check found: the dtype tried, the agreement, on how many documents; whether
+    an earlier run found it (`recorded_check`)."""
 
     tried: str
     agreement: Agreement
     documents: int
+    recorded: bool = False
 
     @property
     def passed(self) -> bool:
@@ -87,10 +105,49 @@ class PrecisionCheck:
             else f"below {PARITY_THRESHOLD}: running in float32, several times slower "
             f"(--dtype {self.tried} keeps {self.tried} without the check)"
         )
+        earlier = " (recorded by an earlier run of this model on this device)"
         return (
             f"{self.tried} against float32 on {counted(self.documents, 'document')}: "
-            f"{', '.join(found) or 'no vectors'}; {verdict}"
+            f"{', '.join(found) or 'no vectors'}; {verdict}{earlier if self.recorded else ''}"
         )
+
+
+def _record_path(spec: ModelSpec, device: str, dtype: torch.dtype) -> Path:
+    """Where the check of `spec` in `dtype` on `device` is recorded (see the module's
+    docstring)."""
+    settings = json.dumps(asdict(spec), sort_keys=True, default=str)
+    key = {
+        "format": _RECORD_FORMAT,
+        "spec": hashlib.sha256(settings.encode()).hexdigest(),
+        "device": device_identity(device),
+        "dtype": str(dtype),
+        "bulkembed": __version__,
+        **{name: installed_version(name) for name in ("torch", "openvino", "transformers")},
+    }
+    return cache_root() / "dtype-checks" / f"{key_digest(key)}.json"
+
+
+def recorded_check(spec: ModelSpec, device: str, dtype: torch.dtype) -> PrecisionCheck | None:
+    """The check an earlier run recorded for `spec` in `dtype` on `device`, if any."""
+    try:
+        found = json.loads(_record_path(spec, device, dtype).read_text(encoding="utf-8"))
+        agreement = Agreement(found["dense"], found["others"])
+        return PrecisionCheck(found["tried"], agreement, int(found["documents"]), recorded=True)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def record_check(spec: ModelSpec, device: str, dtype: torch.dtype, check: PrecisionCheck) -> None:
+    """Record `check` for later runs; where the cache cannot be written, nothing is."""
+    path = _record_path(spec, device, dtype)
+    found = {"tried": check.tried, "documents": check.documents, **asdict(check.agreement)}
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary.write_text(json.dumps(found), encoding="utf-8")
+        temporary.replace(path)
+    except OSError:
+        temporary.unlink(missing_ok=True)
 
 
 def _row_cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:

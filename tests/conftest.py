@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -44,6 +45,12 @@ def export_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("export-cache")
     os.environ["BULKEMBED_CACHE_DIR"] = str(folder)
     return folder
+
+
+@pytest.fixture(autouse=True)
+def no_recorded_dtype_checks(export_cache: Path) -> None:
+    """Each test makes its own `--dtype auto` checks: none recorded by an earlier test."""
+    shutil.rmtree(export_cache / "dtype-checks", ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -104,3 +104,32 @@ def test_bundled_recipes_parse_and_name_hub_models():
     assert recipes["e5-base-v2"].prompts == {"query": "query: ", "document": "passage: "}
     assert recipes["bge-m3"].model == "BAAI/bge-m3"
     assert all(r.normalize for r in recipes.values() if "dense" in r.outputs)
+
+
+def test_the_tokenizer_is_read_once_and_again_when_its_files_change(tiny_st, tmp_path, monkeypatch):
+    import shutil
+
+    from bulkembed import tokenizer_facts
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_st("mean"), model)
+    reads = []
+    fast_tokenizer = tokenizer_facts._fast_tokenizer
+
+    def counted(*arguments):
+        reads.append(1)
+        return fast_tokenizer(*arguments)
+
+    monkeypatch.setattr(tokenizer_facts, "_fast_tokenizer", counted)
+    first = resolve_model(_config(model))
+    assert len(reads) == 1
+    again = resolve_model(_config(model))
+    assert len(reads) == 1, "the facts come from the export cache"
+    assert again == first
+    # Another limit in the tokenizer's settings: the folder's digest changes, read again.
+    settings = json.loads((model / "tokenizer_config.json").read_text())
+    settings["model_max_length"] = 48
+    (model / "tokenizer_config.json").write_text(json.dumps(settings))
+    changed = resolve_model(_config(model, max_length=None))
+    assert len(reads) == 2 and changed.version != first.version
+    assert changed.tokenizer_json == first.tokenizer_json

@@ -64,6 +64,43 @@ def test_auto_keeps_the_fast_dtype_when_it_agrees(tmp_path, tiny_st, monkeypatch
     assert (fast * exact).sum(axis=1).min() > 0.9
 
 
+def test_a_recorded_check_is_taken_by_later_runs_with_the_same_key(tmp_path, tiny_st, monkeypatch):
+    model = tiny_st("mean")
+    monkeypatch.setattr(devices, "cpu_accelerates_bfloat16", lambda: True)
+    monkeypatch.setattr(precision, "PARITY_THRESHOLD", 0.9)
+    checks = []
+    check_on_window = precision.check_on_window
+
+    def counted(*arguments):
+        checks.append(1)
+        return check_on_window(*arguments)
+
+    monkeypatch.setattr(precision, "check_on_window", counted)
+    first, summary = _embed(tmp_path, model, "first")
+    assert len(checks) == 1 and summary["dtype_check"].endswith("; kept")
+    again, summary = _embed(tmp_path, model, "again")
+    assert len(checks) == 1, "the recorded check is taken"
+    assert summary["dtype"] == "bfloat16"
+    recorded = "; kept (recorded by an earlier run of this model on this device)"
+    assert summary["dtype_check"] == summary["dtype_check"].split(";")[0] + recorded
+    vectors = [np.array(t.column("dense").to_pylist()) for t in (first, again)]
+    assert (vectors[0] * vectors[1]).sum(axis=1).min() > 0.999
+    # Another setting of the model, another device: checked again.
+    _embed(tmp_path, model, "shorter", "--max-length", "16")
+    assert len(checks) == 2
+    monkeypatch.setattr(precision, "device_identity", lambda device: "another cpu")
+    _embed(tmp_path, model, "elsewhere")
+    assert len(checks) == 3
+    # A failed check is recorded too: the next run computes in float32 with no check.
+    monkeypatch.setattr(precision, "PARITY_THRESHOLD", 1.5)
+    _embed(tmp_path, model, "failed", "--max-length", "20")
+    assert len(checks) == 4
+    shown = []
+    _, summary = _embed(tmp_path, model, "failed-again", "--max-length", "20", shown=shown)
+    assert len(checks) == 4 and summary["dtype"] == "float32"
+    assert "warning: --dtype auto: bfloat16 against float32" in shown[0]
+
+
 def test_float32_cpus_run_no_check(tmp_path, tiny_st, monkeypatch):
     monkeypatch.setattr(devices, "cpu_accelerates_bfloat16", lambda: False)
     _, summary = _embed(tmp_path, tiny_st("mean"), "auto")

@@ -22,8 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bulkembed.encoders.export_cache import converted
 from bulkembed.errors import ModelError
+from bulkembed.export_cache import converted, installed_version
+from bulkembed.model_files import find_model_config, read_json
 from bulkembed.version import __version__
 
 if TYPE_CHECKING:
@@ -57,6 +58,24 @@ class ModelOutput:
 
     last_hidden_state: torch.Tensor | None = None
     logits: torch.Tensor | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ModelShape:
+    """What the encoders read off a model's configuration (`model.config`), read from its
+    `config.json`: the architectures converted all name both."""
+
+    hidden_size: int
+    vocab_size: int
+
+    @classmethod
+    def of(cls, spec: ModelSpec) -> ModelShape:
+        path = find_model_config(spec.source, spec.revision)
+        config = read_json(path) or {}
+        try:
+            return cls(int(config["hidden_size"]), int(config["vocab_size"]))
+        except (KeyError, TypeError, ValueError) as e:
+            raise ModelError(f"{path} gives no hidden_size and vocab_size: {e}") from e
 
 
 class OpenVINOModel:
@@ -99,18 +118,12 @@ def conversion_key(spec: ModelSpec, masked_lm: bool) -> dict[str, Any]:
     """What a conversion depends on: the model's exact weights (wherever they lie), the
     head, and the versions of bulkembed and of the libraries that load, trace and convert
     it."""
-    import openvino
-    import torch
-    import transformers
-
     return {
         "format": CONVERSION_FORMAT,
         "weights": spec.version,
         "head": "masked-lm" if masked_lm else "base",
         "bulkembed": __version__,
-        "openvino": openvino.__version__,
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
+        **{name: installed_version(name) for name in ("openvino", "torch", "transformers")},
     }
 
 
@@ -174,12 +187,8 @@ def load_openvino(
     conversion is then made in a temporary folder, removed once read); a conversion that
     fails, or cannot be written there either, is a `ModelError`."""
     import openvino as ov
-    from transformers import AutoConfig
 
-    try:
-        config = AutoConfig.from_pretrained(spec.source, revision=spec.revision)
-    except (OSError, ValueError) as e:
-        raise ModelError(f"cannot load the model {spec.source}: {e}") from e
+    config = ModelShape.of(spec)
 
     def rebuilt(reason: str) -> None:
         tell(

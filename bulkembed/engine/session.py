@@ -53,6 +53,7 @@ class DeviceSession:
 
         from bulkembed.devices import resolve_dtype
         from bulkembed.encoders import start_encoder
+        from bulkembed.precision import recorded_check
 
         self.spec = spec
         self.devices = devices
@@ -70,11 +71,16 @@ class DeviceSession:
         self._retired = DeviceCounts()
         # Warnings and remarks of the encoders' loads said so far: each is said once.
         self._told: set[str] = set()
+        if self.checking:
+            self.precision = recorded_check(spec, devices[0], self.candidate)
+            if self.precision is not None:
+                self.checking = False
+                self._say_check()
         reporter.phase(f"loading the model on {', '.join(devices)}")
         if len(devices) > 1 and not self.checking:
             self.embedder = self._start_pool()
             return
-        start_dtype = torch.float32 if self.checking else self.candidate
+        start_dtype = torch.float32 if self.checking or self.dtype == "float32" else self.candidate
         encoder, budget = start_encoder(spec, devices[0], start_dtype, threads, tune)
         self._tell(encoder.notices, encoder.remarks)
         self.embedder = encoder
@@ -145,7 +151,7 @@ class DeviceSession:
 
         from bulkembed.encoders import Encoder
         from bulkembed.encoders.registry import tunes_budget
-        from bulkembed.precision import check_on_window
+        from bulkembed.precision import check_on_window, record_check
 
         if not self.checking:
             return True
@@ -156,10 +162,8 @@ class DeviceSession:
             return False
         encoder, self.precision, self.sample = checked.encoder, checked.check, checked.sample
         self.checking = False
-        if self.precision.passed:
-            self.reporter.info(f"--dtype auto: {self.precision.describe()}")
-        else:
-            self.reporter.warn(f"--dtype auto: {self.precision.describe()}")
+        record_check(self.spec, self.devices[0], self.candidate, self.precision)
+        self._say_check()
         if len(self.devices) == 1:
             self.embedder = encoder
             self._tell(encoder.notices, encoder.remarks)
@@ -175,6 +179,12 @@ class DeviceSession:
             torch.cuda.empty_cache()
         self.embedder = self._start_pool()
         return True
+
+    def _say_check(self) -> None:
+        """Say what the check found: a warning when the run falls back to float32."""
+        assert self.precision is not None
+        say = self.reporter.info if self.precision.passed else self.reporter.warn
+        say(f"--dtype auto: {self.precision.describe()}")
 
     def take_sample(self) -> EmbeddedHead | None:
         """The check's sample, embedded (once: the caller writes it)."""
@@ -202,12 +212,18 @@ def settle_dtype(
     import torch
 
     from bulkembed.devices import resolve_dtype
-    from bulkembed.precision import SAMPLE_DOCUMENTS
+    from bulkembed.precision import SAMPLE_DOCUMENTS, recorded_check
     from bulkembed.windows import share_of_window
 
     candidate = resolve_dtype(dtype, device)
     if dtype is not DType.AUTO or candidate == torch.float32:
         return DType(dtype_name(candidate)), None, []
+    recorded = recorded_check(spec, device, candidate)
+    if recorded is not None:
+        kept = DType(recorded.tried) if recorded.passed else DType.FLOAT32
+        say = reporter.info if recorded.passed else reporter.warn
+        say(f"--dtype auto: {recorded.describe()}")
+        return kept, recorded, []
     # Read until the check has its documents, or a window's worth is held (a --since run
     # whose first documents to embed lie far in): then float32, unchecked half precision never.
     read: list[TokenizedChunk] = []

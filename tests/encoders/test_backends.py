@@ -17,8 +17,8 @@ from bulkembed.devices import cpu_accelerates_bfloat16
 from bulkembed.encoders import TokenBatch, build_encoder
 from bulkembed.encoders import openvino as ov_backend
 from bulkembed.encoders.backend import choose_backend
-from bulkembed.encoders.export_cache import MANIFEST, cached, key_digest, problem
 from bulkembed.errors import ModelError, UsageError
+from bulkembed.export_cache import MANIFEST, cached, key_digest, problem
 from bulkembed.model_spec import resolve_model
 from bulkembed.tokenize import TextTokenizer, TokenizerSettings
 

@@ -1,4 +1,5 @@
-"""A cache of converted models: each conversion in its own folder, found by a key.
+"""A cache of what bulkembed derives from a model once (its conversion to another runtime,
+its tokenizer's facts): each in its own folder, found by a key.
 
 A folder is `ROOT/KIND/DIGEST`, where DIGEST hashes the key (the model, its exact weights,
 the converter's versions, bulkembed's version). It holds the converted files and a
@@ -27,6 +28,7 @@ import socket
 import tempfile
 import uuid
 from collections.abc import Callable, Iterator
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +63,15 @@ def cache_root() -> Path:
         return Path(configured)
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
     return Path(base) / "bulkembed"
+
+
+def installed_version(package: str) -> str | None:
+    """The installed version of `package` (None: not installed), read without importing it:
+    a cache key names the libraries that shaped what it holds."""
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return None
 
 
 def key_digest(key: dict[str, Any]) -> str:
