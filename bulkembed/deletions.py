@@ -29,7 +29,7 @@ import pyarrow as pa
 
 from bulkembed.errors import OutputError
 from bulkembed.schema import CONTENT_HASH, EMBEDDING_COLUMNS
-from bulkembed.sources.filters import id_hash, sorted_contains
+from bulkembed.sources.filters import id_hash, id_hashes, sorted_contains
 from bulkembed.sources.records import DUPLICATE_ID, known_id
 from bulkembed.wording import counted
 
@@ -127,15 +127,15 @@ class Missing:
 
 
 def missing_ids(
-    previous: PreviousIds, output_ids: Iterable[Any], unread: Unread
+    previous: PreviousIds, output_ids: Iterable[pa.Array], unread: Unread
 ) -> Iterator[Missing]:
     """The previous output's ids that `output_ids` lacks, table by table, sorted into
     gone and kept. Ids are compared by 64-bit hash: an id of the previous output whose hash
     matches a kept id's (odds about n² / 2⁶⁵) counts as held."""
-    held = np.unique(np.fromiter(map(id_hash, output_ids), np.uint64))
+    held = np.unique(np.concatenate([np.empty(0, np.uint64), *map(id_hashes, output_ids)]))
     for number, table in enumerate(previous.id_tables()):
         ids = table.column("id")
-        hashes = np.fromiter(map(id_hash, ids.to_pylist()), np.uint64, len(ids))
+        hashes = id_hashes(ids)
         missing = ~sorted_contains(held, hashes)
         kept = missing & unread.keeps(hashes)
         yield Missing(number, ids, missing & ~kept, kept)

@@ -161,7 +161,7 @@ class PreviousOutput:
         for table, label in self._labelled_tables():
             count = table.num_rows
             self.rows += count
-            keys = id_hashes(table.column("id").to_pylist())
+            keys = id_hashes(table.column("id"))
             counts = RowCounts.decode(label.get("counts"), count) if label else None
             try:
                 hashes = digests(table.column(CONTENT_HASH))

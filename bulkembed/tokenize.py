@@ -150,7 +150,7 @@ class TextTokenizer:
         texts, ids = texts_and_ids
         inputs = [self.settings.model_text(t) for t in texts.to_pylist()]
         digests = np.array([content_digest(t) for t in inputs], dtype="S16")
-        keys = id_hashes(ids.to_pylist())
+        keys = id_hashes(ids)
         skipped = None if self.previous is None else self.previous.counted(keys, digests)
         started = time.perf_counter()
         if skipped is None or not skipped.any():

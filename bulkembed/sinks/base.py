@@ -93,8 +93,8 @@ class Sink(ABC):
         """The done units whose rows are plainly gone (a cheap check, for `status`)."""
         return []
 
-    def committed_ids(self, done: dict[str, UnitRecord]) -> Iterator[Any]:
-        """The ids of the rows of the units in `done`."""
+    def committed_ids(self, done: dict[str, UnitRecord]) -> Iterator[pa.Array]:
+        """The ids of the rows of the units in `done`, an array at a time."""
         return iter(())
 
     def part_schema(self, part: str) -> pa.Schema | None:

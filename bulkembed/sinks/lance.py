@@ -289,7 +289,7 @@ class LanceSink(Sink):
             "--overwrite"
         )
 
-    def committed_ids(self, done: dict[str, UnitRecord]) -> Iterator[Any]:
+    def committed_ids(self, done: dict[str, UnitRecord]) -> Iterator[pa.Array]:
         """The ids in the table, but for the fragments of units not in `done` (another
         shard's, or one being written)."""
         if self._existing_table() is None:
@@ -300,7 +300,7 @@ class LanceSink(Sink):
         for fragment in self._dataset().get_fragments():
             if not fragment_files(fragment.metadata) & others:
                 for batch in fragment.to_batches(columns=["id"]):
-                    yield from batch.column("id").to_pylist()
+                    yield batch.column("id")
 
     def start(self, schema: pa.Schema, fence: Callable[[], None] = unfenced) -> None:
         self.schema = pa.schema([f.with_name("vector") if f.name == "dense" else f for f in schema])

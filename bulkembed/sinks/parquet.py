@@ -311,7 +311,7 @@ class ParquetSink(Sink):
     def _lost_units(done: dict[str, UnitRecord], files: dict[str, AnyPath]) -> list[str]:
         return [part for part, record in done.items() if record.rows and part not in files]
 
-    def committed_ids(self, done: dict[str, UnitRecord]) -> Iterator[Any]:
+    def committed_ids(self, done: dict[str, UnitRecord]) -> Iterator[pa.Array]:
         for record in done.values():
             if record.rows:
                 path = self.part_path(record.part)
@@ -320,7 +320,7 @@ class ParquetSink(Sink):
                         table = pq.read_table(source, columns=["id"])
                 except READ_ERRORS as e:
                     raise _damaged(path, str(e)) from e
-                yield from table.column("id").to_pylist()
+                yield from table.column("id").chunks
 
     def start(self, schema: pa.Schema, fence: Callable[[], None] = unfenced) -> None:
         self.schema = schema

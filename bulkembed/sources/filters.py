@@ -3,22 +3,77 @@ repeated ones."""
 
 from __future__ import annotations
 
-import hashlib
-import itertools
 from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+# The 64-bit multipliers of the id hash (MurmurHash3's x64 constants).
+_C1, _C2 = np.uint64(0x87C37B91114253D5), np.uint64(0x4CF5AD432745937F)
+_F1, _F2 = np.uint64(0xFF51AFD7ED558CCD), np.uint64(0xC4CEB9FE1A85EC53)
+_TEXT_TYPES = (pa.string(), pa.large_string(), pa.binary(), pa.large_binary())
 
 
 def id_hash(doc_id: Any) -> int:
-    """A 64-bit hash of an id (its decimal form for integers)."""
-    return int.from_bytes(hashlib.blake2b(str(doc_id).encode(), digest_size=8).digest(), "little")
+    """A 64-bit hash of an id (its decimal form for integers): `id_hashes` of one."""
+    return int(id_hashes(pa.array([str(doc_id)]))[0])
 
 
-def id_hashes(ids: Iterable[Any]) -> np.ndarray:
-    """`id_hash` of each id, as uint64."""
-    return np.fromiter(map(id_hash, ids), dtype=np.uint64)
+def id_hashes(ids: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """A 64-bit hash of each id, as uint64: the id's UTF-8 bytes (integers in decimal, a
+    missing id as `None`) mixed 8 bytes at a time, as MurmurHash3 mixes its blocks, with
+    its length and MurmurHash3's finalizer. Computed on whole arrays: no Python object is
+    made per id."""
+    if isinstance(ids, pa.ChunkedArray):
+        ids = ids.combine_chunks() if ids.num_chunks else pa.array([], pa.string())
+    if ids.type not in _TEXT_TYPES:
+        ids = pc.cast(ids, pa.string())
+    if ids.null_count:
+        ids = pc.fill_null(ids, "None")
+    ids = pc.cast(ids, pa.large_binary())
+    count = len(ids)
+    buffers = ids.buffers()
+    offsets = np.frombuffer(buffers[1], np.int64, count + 1, ids.offset * 8)
+    data = np.frombuffer(buffers[2], np.uint8) if buffers[2] is not None else np.empty(0, np.uint8)
+    # Eight zero bytes past the end: the last block of the last id reads no further. Each
+    # position's next 8 bytes, as a row of a strided view (no copy).
+    data = np.concatenate([data, np.zeros(8, np.uint8)])
+    windows = np.lib.stride_tricks.as_strided(data, (len(data) - 7, 8), (1, 1), writeable=False)
+    starts, lengths = offsets[:-1], np.diff(offsets)
+    hashes = np.zeros(count, np.uint64)
+    with np.errstate(over="ignore"):
+        within = np.flatnonzero(lengths > 0)
+        block = 0
+        while len(within):
+            at = starts[within] + block
+            words = windows[at].view("<u8")[:, 0]
+            left = lengths[within] - block
+            short = left < 8
+            masks = np.where(
+                short,
+                (np.uint64(1) << (8 * np.minimum(left, 7)).astype(np.uint64)) - 1,
+                ~np.uint64(0),
+            )
+            words = words & masks
+            words = _rotl(words * _C1, 31) * _C2
+            hashes[within] = _rotl(hashes[within] ^ words, 27) * np.uint64(5) + np.uint64(
+                0x52DCE729
+            )
+            within = within[~short & (left > 8)]
+            block += 8
+        hashes ^= lengths.astype(np.uint64)
+        hashes ^= hashes >> np.uint64(33)
+        hashes *= _F1
+        hashes ^= hashes >> np.uint64(33)
+        hashes *= _F2
+        hashes ^= hashes >> np.uint64(33)
+    return hashes
+
+
+def _rotl(values: np.ndarray, bits: int) -> np.ndarray:
+    return (values << np.uint64(bits)) | (values >> np.uint64(64 - bits))
 
 
 def sorted_contains(keys: np.ndarray, values: np.ndarray) -> np.ndarray:
@@ -32,10 +87,6 @@ def sorted_contains(keys: np.ndarray, values: np.ndarray) -> np.ndarray:
         return np.zeros(len(values), dtype=bool)
     found = np.minimum(np.searchsorted(keys, values), len(keys) - 1)
     return keys[found] == values
-
-
-# Ids hashed and added at once by `SeenIds.add_all`.
-BULK = 1 << 16
 
 
 class SeenIds:
@@ -56,11 +107,10 @@ class SeenIds:
         """Record `doc_id`; False if it was already there."""
         return bool(self.add_hashes(np.array([id_hash(doc_id)], dtype=np.uint64))[0])
 
-    def add_all(self, ids: Iterable[Any]) -> None:
-        """Record every id of `ids` (an output's, read back), `BULK` at a time."""
-        pending = iter(ids)
-        while batch := list(itertools.islice(pending, BULK)):
-            self.add_hashes(id_hashes(batch))
+    def add_all(self, ids: Iterable[pa.Array]) -> None:
+        """Record every id of `ids` (arrays of an output's ids, read back)."""
+        for array in ids:
+            self.add_hashes(id_hashes(array))
 
     def add_hashes(self, hashes: np.ndarray) -> np.ndarray:
         """Record the ids of 64-bit `hashes`, in order; for each, whether it is the first

@@ -231,11 +231,31 @@ def test_seen_ids_survive_the_merges_of_their_sorted_arrays():
     assert all(seen.add(f"id-{i}") for i in range(50))
     assert not any(seen.add(f"id-{i}") for i in range(50))
     assert seen.add(7) and not seen.add("7")
-    # An output's ids read back at once, more than one bulk of them.
-    from bulkembed.sources.filters import BULK
+    # An output's ids read back, an array at a time; integers hash as their decimal form.
+    seen.add_all([pa.array([f"out-{i}" for i in range(70_000)]), pa.array([10, 11])])
+    assert not seen.add("out-69999") and not seen.add("out-0") and seen.add("out-x")
+    assert not seen.add("10") and not seen.add(11) and seen.add(12)
 
-    seen.add_all(f"out-{i}" for i in range(BULK + 10))
-    assert not seen.add(f"out-{BULK + 9}") and not seen.add("out-0") and seen.add("out-x")
+
+def test_id_hashes_depend_on_every_byte_and_the_length_only():
+    from bulkembed.sources import id_hash, id_hashes
+
+    ids = ["a", "a\0", "", "abcdefgh", "abcdefgh\0", "abcdefghi", "ünïcödé ✓", "None", "b" * 70]
+    hashes = id_hashes(pa.array(ids)).tolist()
+    assert len(set(hashes)) == len(ids)
+    assert hashes == [id_hash(i) for i in ids]
+    # The same ids in other layouts: a slice, chunks, large strings, a missing id as "None".
+    assert id_hashes(pa.array(["x", *ids]).slice(1)).tolist() == hashes
+    chunked = pa.chunked_array([pa.array(ids[:4]), pa.array(ids[4:])])
+    assert id_hashes(chunked).tolist() == hashes
+    assert id_hashes(pa.array(ids, pa.large_string())).tolist() == hashes
+    assert id_hashes(pa.array([None, "None"])).tolist() == [hashes[7]] * 2
+    assert id_hashes(pa.array([-5, 2**40], pa.int64())).tolist() == [id_hash("-5"), id_hash(2**40)]
+    # One flipped bit anywhere in a long id changes its hash.
+    long = "z" * 37
+    flipped = [long[:i] + chr(ord(long[i]) ^ 1) + long[i + 1 :] for i in range(len(long))]
+    assert id_hash(long) not in {id_hash(f) for f in flipped}
+    assert len({id_hash(f) for f in flipped}) == len(flipped)
 
 
 def _chunk_records(chunks):
