@@ -14,11 +14,14 @@ settings and exact files (the whole `ModelSpec`), the device (the CPU's model na
 flags, or the GPU's name and compute capability), the dtype tried and the versions of
 bulkembed, PyTorch, OpenVINO and transformers. A later run with the same key takes the
 recorded decision without embedding its sample twice; a change of any part of the key
-checks again, and so does removing the folder.
+checks again, and so does removing the folder. That run still embeds the sample first, in
+the batches and dtype the check embedded it in (`replay_on_window`): its output is the one
+the run that made the check wrote.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -147,7 +150,8 @@ def record_check(spec: ModelSpec, device: str, dtype: torch.dtype, check: Precis
         temporary.write_text(json.dumps(found), encoding="utf-8")
         temporary.replace(path)
     except OSError:
-        temporary.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            temporary.unlink(missing_ok=True)
 
 
 def _row_cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -237,3 +241,18 @@ def check_on_window(
     if check.passed:
         return CheckedWindow(fast, check, found)
     return CheckedWindow(reference, check, expected)
+
+
+def replay_on_window(
+    encoder: Encoder, window: list[TokenizedChunk], budget: int, check: PrecisionCheck
+) -> EmbeddedHead | None:
+    """The window's first documents embedded by `encoder` (in the dtype `check`, recorded
+    by an earlier run, kept) as the check embedded them; None when the window holds no
+    document to embed."""
+    sequences = sample_sequences(window)
+    if not sequences:
+        return None
+    if check.passed:
+        return embed_sample(encoder, sequences, budget)
+    with exact_float32():
+        return embed_sample(encoder, sequences, budget)

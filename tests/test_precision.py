@@ -83,8 +83,8 @@ def test_a_recorded_check_is_taken_by_later_runs_with_the_same_key(tmp_path, tin
     assert summary["dtype"] == "bfloat16"
     recorded = "; kept (recorded by an earlier run of this model on this device)"
     assert summary["dtype_check"] == summary["dtype_check"].split(";")[0] + recorded
-    vectors = [np.array(t.column("dense").to_pylist()) for t in (first, again)]
-    assert (vectors[0] * vectors[1]).sum(axis=1).min() > 0.999
+    # The sample is embedded as the check embedded it: the same output, to the bit.
+    assert again.equals(first)
     # Another setting of the model, another device: checked again.
     _embed(tmp_path, model, "shorter", "--max-length", "16")
     assert len(checks) == 2
@@ -99,6 +99,8 @@ def test_a_recorded_check_is_taken_by_later_runs_with_the_same_key(tmp_path, tin
     _, summary = _embed(tmp_path, model, "failed-again", "--max-length", "20", shown=shown)
     assert len(checks) == 4 and summary["dtype"] == "float32"
     assert "warning: --dtype auto: bfloat16 against float32" in shown[0]
+    failed = pq.read_table(tmp_path / "failed")
+    assert pq.read_table(tmp_path / "failed-again").equals(failed)
 
 
 def test_float32_cpus_run_no_check(tmp_path, tiny_st, monkeypatch):

@@ -72,15 +72,15 @@ class DeviceSession:
         # Warnings and remarks of the encoders' loads said so far: each is said once.
         self._told: set[str] = set()
         if self.checking:
+            # A check recorded by an earlier run: the model starts in the dtype it kept, and
+            # `settle` embeds the sample as that check did, so that the output is the same.
             self.precision = recorded_check(spec, devices[0], self.candidate)
-            if self.precision is not None:
-                self.checking = False
-                self._say_check()
         reporter.phase(f"loading the model on {', '.join(devices)}")
         if len(devices) > 1 and not self.checking:
             self.embedder = self._start_pool()
             return
-        start_dtype = torch.float32 if self.checking or self.dtype == "float32" else self.candidate
+        unchecked = self.checking and self.precision is None
+        start_dtype = torch.float32 if unchecked or self.dtype == "float32" else self.candidate
         encoder, budget = start_encoder(spec, devices[0], start_dtype, threads, tune)
         self._tell(encoder.notices, encoder.remarks)
         self.embedder = encoder
@@ -145,36 +145,44 @@ class DeviceSession:
 
     def settle(self, window: list[TokenizedChunk]) -> bool:
         """While `--dtype auto` awaits its check, make it on `window`'s first documents
-        (their vectors in the dtype kept go to `sample`); a window with no document to
-        embed leaves it to the next one. Whether the dtype is settled now."""
+        (their vectors in the dtype kept go to `sample`), or embed them as a check recorded
+        before did; a window with no document to embed leaves it to the next one. Whether
+        the dtype is settled now."""
         import torch
 
         from bulkembed.encoders import Encoder
         from bulkembed.encoders.registry import tunes_budget
-        from bulkembed.precision import check_on_window, record_check
+        from bulkembed.precision import check_on_window, record_check, replay_on_window
 
         if not self.checking:
             return True
         assert isinstance(self.embedder, Encoder)
-        self.reporter.phase(f"checking {dtype_name(self.candidate)} against float32")
-        checked = check_on_window(self.embedder, window, self.candidate, self.budget)
-        if checked is None:
-            return False
-        encoder, self.precision, self.sample = checked.encoder, checked.check, checked.sample
+        fresh = self.precision is None
+        if self.precision is None:
+            self.reporter.phase(f"checking {dtype_name(self.candidate)} against float32")
+            checked = check_on_window(self.embedder, window, self.candidate, self.budget)
+            if checked is None:
+                return False
+            encoder, self.precision, self.sample = checked.encoder, checked.check, checked.sample
+            record_check(self.spec, self.devices[0], self.candidate, self.precision)
+        else:
+            self.sample = replay_on_window(self.embedder, window, self.budget, self.precision)
+            if self.sample is None:
+                return False
+            encoder = self.embedder
         self.checking = False
-        record_check(self.spec, self.devices[0], self.candidate, self.precision)
         self._say_check()
         if len(self.devices) == 1:
             self.embedder = encoder
             self._tell(encoder.notices, encoder.remarks)
-            if self.precision.passed and tunes_budget(encoder, self.tune):
+            if fresh and self.precision.passed and tunes_budget(encoder, self.tune):
                 # The probe at start ran in float32: the chosen dtype takes less memory.
                 self._use_budget(encoder.tune_batch_tokens(), lower_only=False)
             return True
         # The check ran on the first device in this process: free it for its worker. The
         # sample's batches it embedded again in float32, if any, still count.
         self._retired.add(encoder.counts)
-        del encoder, checked
+        del encoder
         if self.devices[0].startswith("cuda"):
             torch.cuda.empty_cache()
         self.embedder = self._start_pool()

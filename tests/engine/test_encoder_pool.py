@@ -271,14 +271,16 @@ def test_a_batch_time_limit_that_is_not_seconds_is_refused(monkeypatch, value):
 
 @pytest.mark.slow
 def test_auto_dtype_with_nothing_to_embed_in_the_first_window_takes_float32(
-    tmp_path, tiny_st, monkeypatch
+    tmp_path, tiny_st, monkeypatch, export_cache
 ):
-    """A --since run whose texts are all unchanged holds no document to check bfloat16 on:
-    the device processes run in float32, and every vector is carried over as it was."""
+    """A --since run whose texts are all unchanged holds no document to check bfloat16 on
+    (and no check was recorded before): the device processes run in float32, and every
+    vector is carried over as it was."""
     monkeypatch.setattr(devices, "cpu_accelerates_bfloat16", lambda: True)
     corpus, model = _corpus(tmp_path), tiny_st("mean")
     first = run_cli(corpus, model, tmp_path / "old", *BATCHES)
     assert first.exit_code == 0, first.output
+    shutil.rmtree(export_cache / "dtype-checks")
     _no_writes_here(monkeypatch)
     again = run_cli(
         corpus,

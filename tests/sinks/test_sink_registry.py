@@ -71,10 +71,10 @@ class MemorySink(Sink):
             del self.parts[part]
         return Recovered(lost=[p for p, r in done.items() if r.rows and p not in self.parts])
 
-    def committed_ids(self, done: dict[str, UnitRecord]) -> Iterator[Any]:
+    def committed_ids(self, done: dict[str, UnitRecord]) -> Iterator[pa.Array]:
         for part in done:
             if part in self.parts:
-                yield from self.parts[part].column("id").to_pylist()
+                yield from self.parts[part].column("id").chunks
 
     def remove(self, marked: Collection[str]) -> None:
         self.parts.clear()
