@@ -34,7 +34,7 @@ class Pooling(str, Enum):
 
 class DType(str, Enum):
     """Compute precision of the model. `auto` is bfloat16 or float16 on CUDA, bfloat16 on
-    CPUs with bfloat16 units, else float32 (see `bulkembed.devices.resolve_dtype`)."""
+    CPUs with bfloat16 units, else float32 (see `bulkembed.devices.dtype_choice`)."""
 
     AUTO = "auto"
     FLOAT32 = "float32"

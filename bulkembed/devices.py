@@ -45,9 +45,11 @@ def resolve_device(devices: str) -> str:
 def resolve_devices(devices: str) -> list[str]:
     """`--devices`: `auto` (every CUDA device, else the CPU) or a comma-separated list of
     `cpu`, `cuda` and `cuda:N`; one encoder worker per entry (`cpu,cpu`: two on the CPU)."""
-    import torch
-
     if devices.strip().lower() == "auto":
+        if not _gpu_driver():
+            return ["cpu"]
+        import torch
+
         if torch.cuda.is_available():
             return [f"cuda:{i}" for i in range(torch.cuda.device_count())]
         return ["cpu"]
@@ -55,6 +57,22 @@ def resolve_devices(devices: str) -> list[str]:
     if not chosen:
         raise UsageError(f"--devices {devices!r}: name at least one device")
     return chosen
+
+
+# Where a GPU driver shows itself on Linux (NVIDIA, AMD ROCm, WSL): without any of them no
+# CUDA device can be found, and `--devices auto` is the CPU without importing torch.
+_GPU_DRIVER_PATHS = (
+    "/proc/driver/nvidia",
+    "/dev/nvidiactl",
+    "/dev/nvidia0",
+    "/dev/kfd",
+    "/dev/dxg",
+)
+
+
+def _gpu_driver() -> bool:
+    """Whether a GPU driver may be present (always, but on Linux)."""
+    return sys.platform != "linux" or any(os.path.exists(p) for p in _GPU_DRIVER_PATHS)
 
 
 def cpu_threads_per_worker(devices: list[str]) -> int:
@@ -102,24 +120,26 @@ def cuda_supports_bfloat16(device: str) -> bool:
     return torch.cuda.get_device_capability(device) >= (8, 0)
 
 
+def dtype_choice(dtype: DType, device: str) -> str:
+    """`--dtype` as the name of a torch dtype, with `auto` as bfloat16 on CUDA where the
+    device computes in it (compute capability 8.0 on: float32's range, so no overflow
+    whatever the model was saved in), else float16; on a CPU bfloat16 where the CPU
+    accelerates it, else float32. A half-precision `auto` choice is checked against
+    float32 at start-up (see `bulkembed.precision`), and a batch that gives values that are
+    not finite in it is embedded again in float32. Imports no torch for a CPU."""
+    if dtype is not DType.AUTO:
+        return dtype.value
+    if device != "cpu":
+        return "bfloat16" if cuda_supports_bfloat16(device) else "float16"
+    return "bfloat16" if cpu_accelerates_bfloat16() else "float32"
+
+
 def resolve_dtype(dtype: DType, device: str) -> torch.dtype:
-    """`--dtype`, with `auto` on CUDA as bfloat16 where the device computes in it (compute
-    capability 8.0 on: float32's range, so no overflow whatever the model was saved in),
-    else float16; on a CPU bfloat16 where the CPU accelerates it, else float32. A
-    half-precision `auto` choice is checked against float32 at start-up (see
-    `bulkembed.precision`), and a batch that gives values that are not finite in it is
-    embedded again in float32."""
+    """`dtype_choice`, as a torch dtype."""
     import torch
 
-    if dtype is DType.AUTO:
-        if device != "cpu":
-            return torch.bfloat16 if cuda_supports_bfloat16(device) else torch.float16
-        return torch.bfloat16 if cpu_accelerates_bfloat16() else torch.float32
-    return {
-        DType.FLOAT32: torch.float32,
-        DType.FLOAT16: torch.float16,
-        DType.BFLOAT16: torch.bfloat16,
-    }[dtype]
+    dtype_of: torch.dtype = getattr(torch, dtype_choice(dtype, device))
+    return dtype_of
 
 
 @contextlib.contextmanager

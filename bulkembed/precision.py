@@ -26,6 +26,7 @@ import hashlib
 import json
 import os
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -244,14 +245,19 @@ def check_on_window(
 
 
 def replay_on_window(
-    encoder: Encoder, window: list[TokenizedChunk], budget: int, check: PrecisionCheck
+    encoder: Encoder,
+    window: list[TokenizedChunk],
+    budget: int,
+    check: PrecisionCheck,
+    embedding: Callable[[], None],
 ) -> EmbeddedHead | None:
     """The window's first documents embedded by `encoder` (in the dtype `check`, recorded
-    by an earlier run, kept) as the check embedded them; None when the window holds no
-    document to embed."""
+    by an earlier run, kept) as the check embedded them, `embedding` told first; None when
+    the window holds no document to embed."""
     sequences = sample_sequences(window)
     if not sequences:
         return None
+    embedding()
     if check.passed:
         return embed_sample(encoder, sequences, budget)
     with exact_float32():

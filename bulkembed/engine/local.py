@@ -24,7 +24,7 @@ from bulkembed.engine.ahead import ReadAhead
 from bulkembed.engine.in_process import Writing, embed_in_process, start_counting
 from bulkembed.engine.modes import RunMode
 from bulkembed.engine.plan import RunOutcome, RunPlan
-from bulkembed.engine.session import settle_dtype, tell
+from bulkembed.engine.session import load_ahead, settle_dtype, tell
 from bulkembed.engine.stream import (
     gather_windows,
     resumed_output_format,
@@ -84,6 +84,9 @@ def embed_locally(
     budget = plan.spec.max_batch_tokens
     output_format = resumed_output_format(plan.output_format, run, done)
     carrier = mode.carrier()
+    if mode.sizes() is None:
+        # A model will be needed (one that may not be carries over what it can first).
+        load_ahead()
     with TokenizerPool(plan.tokenizer_settings, plan.workers, previous=carrier.lookup) as pool:
         admitted = _admitted(plan, sink, done, carrier, pool.map(chunks))
         with ReadAhead(admitted, lambda c: share_of_window(c, budget)) as tokenized:

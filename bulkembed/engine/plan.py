@@ -170,8 +170,7 @@ def _check_since(config: RunConfig, target: OutputTarget, options: StorageOption
 def plan_run(config: RunConfig, reporter: Reporter, started: float) -> RunPlan:
     """Find the inputs and check their columns, resolve the model and the devices, for a
     command that `started` at that time (monotonic clock)."""
-    from bulkembed.devices import resolve_devices, resolve_dtype
-    from bulkembed.engine.session import dtype_name
+    from bulkembed.devices import dtype_choice, resolve_devices
     from bulkembed.model_spec import resolve_model
 
     reporter.phase("listing the inputs")
@@ -212,7 +211,7 @@ def plan_run(config: RunConfig, reporter: Reporter, started: float) -> RunPlan:
         devices, dtype = [config.devices], "float32"
     else:
         devices = resolve_devices(config.devices)
-        dtype = dtype_name(resolve_dtype(config.dtype, devices[0]))
+        dtype = dtype_choice(config.dtype, devices[0])
     distributed = config.shard is not None or config.engine is Engine.RAY
     units = counted_units(files, config.records_per_unit) if distributed else None
     workers = config.tokenize_workers

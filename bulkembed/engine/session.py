@@ -6,7 +6,9 @@ that start theirs the same way. The local engine and each Ray actor hold one ses
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+import contextlib
+import threading
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING
 
 from bulkembed.config import Attention, DType
@@ -143,11 +145,14 @@ class DeviceSession:
         self.budget = budget
         self.reporter.info(f"token budget probed: {budget} tokens per batch")
 
-    def settle(self, window: list[TokenizedChunk]) -> bool:
+    def settle(
+        self, window: list[TokenizedChunk], embedding: Callable[[], None] = lambda: None
+    ) -> bool:
         """While `--dtype auto` awaits its check, make it on `window`'s first documents
         (their vectors in the dtype kept go to `sample`), or embed them as a check recorded
-        before did; a window with no document to embed leaves it to the next one. Whether
-        the dtype is settled now."""
+        before did (`embedding` is told as that begins: the run's first batch); a window
+        with no document to embed leaves it to the next one. Whether the dtype is settled
+        now."""
         import torch
 
         from bulkembed.encoders import Encoder
@@ -166,7 +171,9 @@ class DeviceSession:
             encoder, self.precision, self.sample = checked.encoder, checked.check, checked.sample
             record_check(self.spec, self.devices[0], self.candidate, self.precision)
         else:
-            self.sample = replay_on_window(self.embedder, window, self.budget, self.precision)
+            self.sample = replay_on_window(
+                self.embedder, window, self.budget, self.precision, embedding
+            )
             if self.sample is None:
                 return False
             encoder = self.embedder
@@ -202,6 +209,20 @@ class DeviceSession:
     def close(self) -> None:
         """Stop the device workers, if any."""
         self.embedder.close()
+
+
+def load_ahead() -> None:
+    """Import the libraries a model runs on (PyTorch, OpenVINO) on a thread of their own,
+    while this one starts the tokenizer processes and reads: the import is most of loading
+    a converted model, and the thread waits for those processes anyway."""
+
+    def load() -> None:
+        with contextlib.suppress(ImportError):
+            import torch  # noqa: F401
+        with contextlib.suppress(ImportError):
+            import openvino  # noqa: F401
+
+    threading.Thread(target=load, name="bulkembed-load-ahead", daemon=True).start()
 
 
 def settle_dtype(

@@ -171,7 +171,7 @@ def embed_windows(
     counted, before = stats.counts.copy(), session.counts
     first = []
     while session.checking and (window := next(gathered, None)) is not None:
-        if session.settle(window):
+        if session.settle(window, stats.begin_embedding):
             first.append(window)
         else:
             emit(window, Embeddings(), np.empty(0, dtype=np.int64))
