@@ -8,6 +8,7 @@ reach it as users do: through `AWS_ENDPOINT_URL` and the standard credential var
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -29,6 +30,17 @@ class S3Server:
     access_key: str
     secret_key: str
     process: subprocess.Popen
+    log: Path
+
+    def requests(self, after: int = 0) -> list[str]:
+        """The requests the server answered, `METHOD /bucket/key?query` each, from byte
+        `after` of its log on (`log.stat().st_size` taken before them)."""
+        time.sleep(0.2)  # the last line may still be on its way to the log
+        with open(self.log, "rb") as f:
+            f.seek(after)
+            lines = f.read().decode("utf-8", "replace").splitlines()
+        found = (re.search(r'"(?:\x1b\[[0-9;]*m)*([A-Z]+ \S+) HTTP/', line) for line in lines)
+        return [m.group(1) for m in found if m]
 
     @property
     def environment(self) -> dict[str, str]:
@@ -107,4 +119,4 @@ def start_s3_server(log: Path) -> S3Server:
         '[{"Effect": "Allow", "Action": "*", "Resource": "*"}]}',
     )
     key = iam.create_access_key(UserName="bulkembed")["AccessKey"]
-    return S3Server(endpoint, key["AccessKeyId"], key["SecretAccessKey"], process)
+    return S3Server(endpoint, key["AccessKeyId"], key["SecretAccessKey"], process, log)
