@@ -85,7 +85,7 @@ class RowCounts:
         RowCounts(tokens=array([ 3, -1], dtype=int32), truncated=array([ True, False]))
         """
         raw = self.tokens.astype("<i4").tobytes() + self.truncated.astype(np.uint8).tobytes()
-        return base64.b64encode(zlib.compress(raw, 6)).decode("ascii")
+        return base64.b64encode(zlib.compress(raw, 1)).decode("ascii")
 
     @classmethod
     def decode(cls, text: object, rows: int) -> RowCounts | None:

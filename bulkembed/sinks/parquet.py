@@ -8,8 +8,9 @@ multipart upload, which the store does not list).
 
 Embedding columns are written plain: no dictionary, no statistics, no compression. Vectors
 of floats gain nothing from any of them, and skipping them doubles the speed of writing
-float32 multi-vectors and triples it for float16 (see the README's host-ceiling figures);
-ids, hashes and passthrough columns keep pyarrow's defaults.
+float32 multi-vectors and triples it for float16 (see the README's host-ceiling figures).
+Ids and content hashes, each one of a kind, are written without a dictionary (the hashes
+without statistics); passthrough columns keep pyarrow's defaults.
 
 A part's footer carries its label: the id of the run that wrote it and the content of its
 unit's done-marker. A part is bulkembed's own when its footer says so or when the ledger
@@ -34,7 +35,7 @@ import pyarrow.parquet as pq
 
 from bulkembed.contracts import RUN_DIRECTORY
 from bulkembed.errors import OutputError
-from bulkembed.schema import EMBEDDING_COLUMNS
+from bulkembed.schema import CONTENT_HASH, EMBEDDING_COLUMNS
 from bulkembed.sinks.base import Recovered, Sink, unfenced
 from bulkembed.sources.opening import READ_ERRORS
 from bulkembed.storage import AnyPath, ObjectPath, Spool, parquet_file, random_access
@@ -103,12 +104,14 @@ def leaf_paths(name: str, kind: pa.DataType) -> list[str]:
 
 def writer_options(schema: pa.Schema) -> dict[str, Any]:
     """`ParquetWriter` options for parts of `schema`: the leaf columns of the embeddings
-    plain (no dictionary, statistics or compression), the others as pyarrow's defaults."""
+    plain (no dictionary, statistics or compression); ids and content hashes, one of a kind
+    each, without a dictionary (and the hashes without statistics); the others as pyarrow's
+    defaults."""
     paths = [p for field in schema for p in leaf_paths(field.name, field.type)]
     others = [p for p in paths if p.split(".")[0] not in EMBEDDING_COLUMNS]
     return {
-        "use_dictionary": others,
-        "write_statistics": others,
+        "use_dictionary": [p for p in others if p not in ("id", CONTENT_HASH)],
+        "write_statistics": [p for p in others if p != CONTENT_HASH],
         "compression": {p: "snappy" if p in others else "none" for p in paths},
     }
 
