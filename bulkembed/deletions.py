@@ -29,7 +29,7 @@ import pyarrow as pa
 
 from bulkembed.errors import OutputError
 from bulkembed.schema import CONTENT_HASH, EMBEDDING_COLUMNS
-from bulkembed.sources.filters import id_hash, id_hashes, sorted_contains
+from bulkembed.sources.filters import id_hash, id_hashes, sorted_contains, sorted_unique
 from bulkembed.sources.records import DUPLICATE_ID, known_id
 from bulkembed.wording import counted
 
@@ -60,7 +60,7 @@ class Unread:
     may be among them)."""
 
     def __init__(self, ids: Iterable[int], anything: bool) -> None:
-        self.ids = np.unique(np.fromiter(ids, np.uint64))
+        self.ids = sorted_unique(np.fromiter(ids, np.uint64))
         self.anything = anything
 
     @classmethod
@@ -132,7 +132,7 @@ def missing_ids(
     """The previous output's ids that `output_ids` lacks, table by table, sorted into
     gone and kept. Ids are compared by 64-bit hash: an id of the previous output whose hash
     matches a kept id's (odds about n² / 2⁶⁵) counts as held."""
-    held = np.unique(np.concatenate([np.empty(0, np.uint64), *map(id_hashes, output_ids)]))
+    held = sorted_unique(np.concatenate([np.empty(0, np.uint64), *map(id_hashes, output_ids)]))
     for number, table in enumerate(previous.id_tables()):
         ids = table.column("id")
         hashes = id_hashes(ids)

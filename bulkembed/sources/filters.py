@@ -76,6 +76,19 @@ def _rotl(values: np.ndarray, bits: int) -> np.ndarray:
     return (values << np.uint64(bits)) | (values >> np.uint64(64 - bits))
 
 
+def sorted_unique(values: np.ndarray) -> np.ndarray:
+    """The distinct values, sorted: a sort and a comparison of neighbours (`np.unique`
+    takes a hash table for these, many times slower on a million values).
+
+    >>> sorted_unique(np.array([5, 1, 5, 3], np.uint64)).tolist()
+    [1, 3, 5]
+    """
+    ordered = np.sort(values)
+    if len(ordered) < 2:
+        return ordered
+    return ordered[np.concatenate([[True], ordered[1:] != ordered[:-1]])]
+
+
 def sorted_contains(keys: np.ndarray, values: np.ndarray) -> np.ndarray:
     """For each of `values`, whether the sorted array `keys` holds it: a binary search
     each, where `np.isin` would sort both arrays again at every call.
