@@ -188,6 +188,18 @@ def incremental_corpora(folder: Path) -> dict[str, set[str]]:
     return {"new": {r["id"] for r in added}, "changed": changed, "deleted": deleted}
 
 
+def assert_table_is_the_rebuild(table: pa.Table, rebuild: pa.Table) -> None:
+    """A LanceDB table (sorted by id) holds the rows of a Parquet output (sorted by id):
+    the same ids and content hashes, vectors within 1e-6."""
+    assert table.column("id").to_pylist() == rebuild.column("id").to_pylist()
+    assert table.column("content_hash").equals(rebuild.column("content_hash"))
+    np.testing.assert_allclose(
+        np.array(table.column("vector").to_pylist()),
+        np.array(rebuild.column("dense").to_pylist()),
+        atol=1e-6,
+    )
+
+
 def bge_m3_reference(folder: Path, texts: list[str], max_length: int = 64) -> dict[str, Any]:
     """FlagEmbedding's dense, lexical and ColBERT outputs of `texts`, in float32 on the CPU."""
     from FlagEmbedding import BGEM3FlagModel

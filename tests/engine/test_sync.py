@@ -12,7 +12,14 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 from fault_harness import run_forked
-from helpers import HARNESS, ROOT, incremental_corpora, run_cli, write_jsonl
+from helpers import (
+    HARNESS,
+    ROOT,
+    assert_table_is_the_rebuild,
+    incremental_corpora,
+    run_cli,
+    write_jsonl,
+)
 from typer.testing import CliRunner
 
 from bulkembed.cli import app
@@ -199,13 +206,7 @@ def _table(db) -> pa.Table:
 
 def _assert_table_is_the_full_rebuild(table: pa.Table, full: pa.Table) -> None:
     assert table.num_rows == 1000 + 3 - 2
-    assert table.column("id").to_pylist() == full.column("id").to_pylist()
-    assert table.column("content_hash").equals(full.column("content_hash"))
-    np.testing.assert_allclose(
-        np.array(table.column("vector").to_pylist()),
-        np.array(full.column("dense").to_pylist()),
-        atol=1e-6,
-    )
+    assert_table_is_the_rebuild(table, full)
 
 
 @pytest.fixture(scope="module")

@@ -7,12 +7,11 @@ import subprocess
 import sys
 
 import lancedb
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
-from helpers import HARNESS, incremental_corpora, run_cli
+from helpers import HARNESS, assert_table_is_the_rebuild, incremental_corpora, run_cli
 
 # float32 on every CPU, so that vectors compare at float32 precision across runs; a short
 # maximum length, so that some documents are truncated.
@@ -25,16 +24,6 @@ def _by_id(table: pa.Table) -> pa.Table:
 
 def _table(db) -> pa.Table:
     return _by_id(lancedb.connect(db).open_table("docs").to_arrow())
-
-
-def _assert_table_is(table: pa.Table, full: pa.Table) -> None:
-    assert table.column("id").to_pylist() == full.column("id").to_pylist()
-    assert table.column("content_hash").equals(full.column("content_hash"))
-    np.testing.assert_allclose(
-        np.array(table.column("vector").to_pylist()),
-        np.array(full.column("dense").to_pylist()),
-        atol=1e-6,
-    )
 
 
 def _arguments(corpus, model, uri, shard):
@@ -78,14 +67,14 @@ def test_two_shards_at_once_sync_the_table_as_one_run_does(versions, tmp_path):
     shutil.copytree(folder / "lance-v1", db)
     uri = f"lancedb://{db}?table=docs"
     _shards_at_once(folder / "v2", model, uri)
-    _assert_table_is(_table(db), _by_id(pq.read_table(folder / "full-v2")))
+    assert_table_is_the_rebuild(_table(db), _by_id(pq.read_table(folder / "full-v2")))
     summary = json.loads((db / "_bulkembed" / "docs" / "summary.json").read_text())
     counts = {k: summary[k] for k in ("docs", "new", "changed", "unchanged", "deleted")}
     assert counts == {"docs": 1001, "new": 3, "changed": 5, "unchanged": 993, "deleted": 2}
 
     # The next sync, with other inputs (v1 again), starts the sync's ledger over once.
     _shards_at_once(folder / "v1", model, uri)
-    _assert_table_is(_table(db), _by_id(pq.read_table(folder / "full-v1")))
+    assert_table_is_the_rebuild(_table(db), _by_id(pq.read_table(folder / "full-v1")))
     summary = json.loads((db / "_bulkembed" / "docs" / "summary.json").read_text())
     counts = {k: summary[k] for k in ("docs", "new", "changed", "deleted")}
     assert counts == {"docs": 1000, "new": 2, "changed": 5, "deleted": 3}
@@ -109,7 +98,7 @@ def test_a_shard_killed_mid_sync_then_run_again_gives_the_same_table(versions, t
     assert not (db / "_bulkembed" / "docs" / "sync" / "_bulkembed" / "complete").exists()
     result = run_cli(folder / "v2", model, uri, *SETTINGS, "--since", uri, "--shard", "0/2")
     assert result.exit_code == 0, result.output
-    _assert_table_is(_table(db), _by_id(pq.read_table(folder / "full-v2")))
+    assert_table_is_the_rebuild(_table(db), _by_id(pq.read_table(folder / "full-v2")))
     summary = json.loads((db / "_bulkembed" / "docs" / "summary.json").read_text())
     assert (summary["docs"], summary["new"], summary["changed"], summary["deleted"]) == (
         1001,
