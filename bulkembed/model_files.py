@@ -78,8 +78,9 @@ def read_json(path: Path | None) -> Any:
         raise ModelError(f"cannot read {path}: {e}") from e
 
 
-def find_model_config(source: str, revision: str | None) -> Path:
-    """The model's config.json; a clear error when the model cannot be found."""
+def find_model_config(source: str, revision: str | None, recipe: str | None = None) -> Path:
+    """The model's config.json; a clear error when the model cannot be found (naming the
+    bundled `recipe` whose weights `source` is, if one is)."""
     if is_local(source):
         found = model_file(source, revision, "config.json")
         if found is None:
@@ -92,6 +93,12 @@ def find_model_config(source: str, revision: str | None) -> Path:
     try:
         found = model_file(source, revision, "config.json")
     except (OSError, ValueError) as e:
+        if recipe is not None:
+            raise ModelError(
+                f"the weights of recipe '{recipe}' ({source}) are not in the Hugging Face "
+                f"cache and cannot be fetched from the Hub ({type(e).__name__}): connect once "
+                f"to download them, or pass a local copy: --model FOLDER --recipe {recipe}"
+            ) from e
         raise ModelError(
             f"unknown model '{source}': not a bundled recipe (see `bulkembed recipes`), "
             f"not a local folder, and not found on the Hugging Face Hub or in its cache "

@@ -228,7 +228,7 @@ def resolve_model(config: RunConfig) -> ModelSpec:
     if is_local(source):
         source = str(Path(source).expanduser().resolve())
     revision = config.revision or (recipe.revision if recipe else None)
-    config_file = find_model_config(source, revision)
+    config_file = find_model_config(source, revision, recipe.name if recipe else None)
     st = read_sentence_transformers_info(source, revision)
     model_config = read_json(config_file) or {}
 

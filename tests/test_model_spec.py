@@ -68,6 +68,19 @@ def test_unknown_model_says_where_it_looked(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(ModelError, match="unknown model 'no-such/model': not a bundled recipe"):
         resolve_model(_config("no-such/model"))
+    # A bundled recipe whose weights are not cached, offline: the recipe is known, the
+    # weights are what is missing.
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    with pytest.raises(ModelError) as missing:
+        resolve_model(_config("all-minilm-l6-v2"))
+    assert str(missing.value).startswith(
+        "the weights of recipe 'all-minilm-l6-v2' (sentence-transformers/all-MiniLM-L6-v2) are "
+        "not in the Hugging Face cache and cannot be fetched from the Hub ("
+    )
+    assert str(missing.value).endswith(
+        "connect once to download them, or pass a local copy: --model FOLDER --recipe "
+        "all-minilm-l6-v2"
+    )
 
 
 @pytest.mark.parametrize(
