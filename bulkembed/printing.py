@@ -26,20 +26,28 @@ def _fit(line: str, width: int = SUMMARY_WIDTH) -> str:
 
 
 def summary_lines(summary: dict[str, Any]) -> list[str]:
-    """The end of a run in at most 9 lines of at most 80 columns: what the output holds,
-    this run's speed, the model, changes against `--since` (and the rows it did not
-    delete), bad and truncated records, and where the full figures are (`summary.json`,
-    `bulkembed status`)."""
+    """The end of a run in at most 9 lines: what the output holds, this run's speed (and,
+    when it ran batches, their padding and the device's idle time), the model, changes
+    against `--since` (and the rows it did not delete), bad and truncated records, and
+    where the full figures are (`summary.json`, `bulkembed status`). Lines are cut in the
+    middle to 80 columns, but for the two that name the output: it is kept whole, to be
+    pasted into the next command."""
     output = summary.get("output") or "stdout"
     seconds = summary.get("seconds") or 0.0
+    batches = summary.get("batches_this_run", 0)
     lines = [
-        f"done: {summary.get('docs', 0):,} docs in {output}",
         f"this run: {summary.get('docs_this_run', 0):,} docs embedded in {duration(seconds)}: "
         f"{summary.get('docs_per_s', 0):,.0f} docs/s, {summary.get('tokens_per_s', 0):,.0f} "
         "tok/s",
-        f"padding efficiency {summary.get('padding_efficiency', 1.0):.2f}, device idle "
-        f"{100 * (summary.get('device_idle_fraction') or 0):.0f}%, "
-        f"{counted(summary.get('batches_this_run', 0), 'batch', 'batches')}",
+        *(
+            [
+                f"padding efficiency {summary.get('padding_efficiency', 1.0):.2f}, device idle "
+                f"{100 * (summary.get('device_idle_fraction') or 0):.0f}%, "
+                f"{counted(batches, 'batch', 'batches')}"
+            ]
+            if batches
+            else []
+        ),
         f"model {summary.get('model')} on {summary.get('device')} ({summary.get('dtype')}"
         f"{', ' + summary['backend'] if summary.get('backend') else ''}"
         f"{', flat' if summary.get('attention') == 'flat' else ''}): "
@@ -56,9 +64,9 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
             f"{counted(summary['truncated'], 'doc')} cut at {summary.get('max_length')} tokens "
             "(--max-length)"
         )
-    if output != "stdout":
-        lines.append(f"full figures: bulkembed status {output} (and its summary.json)")
-    return [_fit(line) for line in lines]
+    whole = [f"done: {summary.get('docs', 0):,} docs in {output}"]
+    closing = [f"full figures: bulkembed status {output} (and its summary.json)"]
+    return whole + [_fit(line) for line in lines] + (closing if output != "stdout" else [])
 
 
 def _since_lines(summary: dict[str, Any]) -> list[str]:

@@ -116,9 +116,12 @@ def test_the_closing_summary_fits_ten_lines_of_80_columns():
         "output": "s3://bucket/" + "deeply/nested/" * 10 + "out",
     }
     lines = summary_lines(summary)
-    assert len(lines) <= 10 and max(map(len, lines)) <= 80
-    assert lines[0].startswith("done: 1,234,567 docs in s3://bucket/") and "…" in lines[0]
-    assert lines[0].endswith("/nested/out") and len(lines[0]) == 80
+    # The output is named whole, to be pasted back; every other line fits 80 columns.
+    output = summary["output"]
+    assert lines[0] == f"done: 1,234,567 docs in {output}"
+    assert lines[-1] == f"full figures: bulkembed status {output} (and its summary.json)"
+    assert len(lines) <= 10 and max(map(len, lines[1:-1])) <= 80
+    assert any("…" in line for line in lines[1:-1])  # the model's long name is cut
     assert lines[1] == "this run: 8 docs embedded in 1m32s: 1,310 docs/s, 402,118 tok/s"
     assert lines[2] == "padding efficiency 0.93, device idle 4%, 1 batch"
     assert "since the previous output: 3 new, 5 changed, 1,234,559 unchanged, 2 deleted" in lines
@@ -132,6 +135,17 @@ def test_the_closing_summary_fits_ten_lines_of_80_columns():
     ]
 
 
+def test_a_run_that_embeds_nothing_says_nothing_of_padding_or_idle_devices():
+    summary = {"docs": 1000, "docs_this_run": 0, "batches_this_run": 0, "seconds": 4.2}
+    summary |= {"device_idle_fraction": 1.0, "output": "lancedb:///data/db?table=docs"}
+    lines = summary_lines(summary)
+    assert lines[1] == "this run: 0 docs embedded in 4s: 0 docs/s, 0 tok/s"
+    assert not [line for line in lines if "idle" in line or "padding" in line]
+    assert lines[-1] == (
+        "full figures: bulkembed status lancedb:///data/db?table=docs (and its summary.json)"
+    )
+
+
 def test_a_run_names_its_start_up_phases_and_ends_with_a_short_summary(tmp_path, tiny_st):
     corpus = write_jsonl(tmp_path / "c.jsonl", records(40))
     out = tmp_path / "out"
@@ -143,8 +157,8 @@ def test_a_run_names_its_start_up_phases_and_ends_with_a_short_summary(tmp_path,
     assert any(re.fullmatch(rf"{STAMP}  loading the model on cpu", x) for x in lines)
     closing = lines[lines.index(next(x for x in lines if x.startswith("done: "))) :]
     assert closing[0].startswith("done: 40 docs in /") and closing[0].endswith("/out")
-    assert closing[-1].startswith("full figures: bulkembed status /")
-    assert len(closing) <= 10 and max(map(len, closing)) <= 80
+    assert closing[-1] == f"full figures: bulkembed status {out} (and its summary.json)"
+    assert len(closing) <= 10 and max(map(len, closing[1:-1])) <= 80
     summary = json.loads((out / "_bulkembed" / "summary.json").read_text())
     assert closing == summary_lines(summary)
     assert closing[1].startswith("this run: 40 docs embedded in ")
