@@ -150,6 +150,12 @@ class TableCarryOver(CarryOver):
         super().__init__(lookup, [], keeps_unread=True)
         self._dataset = dataset
 
+    def __getstate__(self) -> dict[str, Any]:
+        raise TypeError("a LanceDB table's rows are carried over in the run's process only")
+
+    def sharing(self, lookup: PreviousLookup) -> CarryOver:
+        raise TypeError("a LanceDB table's rows are carried over in the run's process only")
+
     def embeddings(self, entries: np.ndarray) -> pa.Table:
         assert self.lookup is not None
         names = self._dataset.schema.names

@@ -2,8 +2,9 @@
 
 Every output row keeps `content_hash`: BLAKE2b-128 of the exact text the model read (prompt
 included, lowercased where the model lowercases), computed where the text is tokenized
-(`tokenize.content_digest`). An incremental run reads PREV's ids and hashes once, into
-sorted arrays (32 bytes per document), and then, chunk by chunk, after tokenizing:
+(`tokenize.content_digest`). An incremental run reads PREV's ids and hashes once, into a
+lookup on disk (`bulkembed.lookup`, 41 bytes per document), and then, chunk by chunk, after
+tokenizing:
 
 - an id PREV does not have is new, and embedded;
 - an id whose hash differs is changed, and embedded;

@@ -25,6 +25,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -53,6 +54,7 @@ PERCENTILE = 1
 SAMPLE_DOCUMENTS = 64
 # Bumped when a recorded check means something else.
 _RECORD_FORMAT = 1
+_COMMIT = re.compile(r"[0-9a-f]{40}")
 
 
 def sample_sequences(window: list[TokenizedChunk]) -> list[np.ndarray]:
@@ -89,6 +91,8 @@ class PrecisionCheck:
     agreement: Agreement
     documents: int
     recorded: bool = False
+    # The token budget the sample was embedded in batches of (a recorded check's).
+    budget: int | None = None
 
     @property
     def passed(self) -> bool:
@@ -131,20 +135,35 @@ def _record_path(spec: ModelSpec, device: str, dtype: torch.dtype) -> Path:
     return cache_root() / "dtype-checks" / f"{key_digest(key)}.json"
 
 
+def _recordable(spec: ModelSpec) -> bool:
+    """Whether the model's files are known exactly: a local folder's digest or a hub commit
+    (not a branch, whose weights may change under its name)."""
+    return spec.local or _COMMIT.fullmatch(spec.version) is not None
+
+
 def recorded_check(spec: ModelSpec, device: str, dtype: torch.dtype) -> PrecisionCheck | None:
     """The check an earlier run recorded for `spec` in `dtype` on `device`, if any."""
+    if not _recordable(spec):
+        return None
     try:
         found = json.loads(_record_path(spec, device, dtype).read_text(encoding="utf-8"))
         agreement = Agreement(found["dense"], found["others"])
-        return PrecisionCheck(found["tried"], agreement, int(found["documents"]), recorded=True)
+        documents, budget = int(found["documents"]), int(found["budget"])
+        return PrecisionCheck(found["tried"], agreement, documents, True, budget)
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
 
-def record_check(spec: ModelSpec, device: str, dtype: torch.dtype, check: PrecisionCheck) -> None:
-    """Record `check` for later runs; where the cache cannot be written, nothing is."""
+def record_check(
+    spec: ModelSpec, device: str, dtype: torch.dtype, check: PrecisionCheck, budget: int
+) -> None:
+    """Record `check`, made in batches of `budget` tokens, for later runs; where the cache
+    cannot be written, nothing is."""
+    if not _recordable(spec):
+        return
     path = _record_path(spec, device, dtype)
     found = {"tried": check.tried, "documents": check.documents, **asdict(check.agreement)}
+    found["budget"] = budget
     temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -259,6 +278,6 @@ def replay_on_window(
         return None
     embedding()
     if check.passed:
-        return embed_sample(encoder, sequences, budget)
+        return embed_sample(encoder, sequences, check.budget or budget)
     with exact_float32():
-        return embed_sample(encoder, sequences, budget)
+        return embed_sample(encoder, sequences, check.budget or budget)

@@ -86,7 +86,7 @@ def embed_locally(
     carrier = mode.carrier()
     if mode.sizes() is None:
         # A model will be needed (one that may not be carries over what it can first).
-        load_ahead()
+        load_ahead("cpu" in devices and plan.spec.backend != "torch")
     with TokenizerPool(plan.tokenizer_settings, plan.workers, previous=carrier.lookup) as pool:
         admitted = _admitted(plan, sink, done, carrier, pool.map(chunks))
         with ReadAhead(admitted, lambda c: share_of_window(c, budget)) as tokenized:

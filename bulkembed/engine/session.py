@@ -165,11 +165,12 @@ class DeviceSession:
         fresh = self.precision is None
         if self.precision is None:
             self.reporter.phase(f"checking {dtype_name(self.candidate)} against float32")
-            checked = check_on_window(self.embedder, window, self.candidate, self.budget)
+            budget = self.budget
+            checked = check_on_window(self.embedder, window, self.candidate, budget)
             if checked is None:
                 return False
             encoder, self.precision, self.sample = checked.encoder, checked.check, checked.sample
-            record_check(self.spec, self.devices[0], self.candidate, self.precision)
+            record_check(self.spec, self.devices[0], self.candidate, self.precision, budget)
         else:
             self.sample = replay_on_window(
                 self.embedder, window, self.budget, self.precision, embedding
@@ -211,16 +212,19 @@ class DeviceSession:
         self.embedder.close()
 
 
-def load_ahead() -> None:
-    """Import the libraries a model runs on (PyTorch, OpenVINO) on a thread of their own,
-    while this one starts the tokenizer processes and reads: the import is most of loading
-    a converted model, and the thread waits for those processes anyway."""
+def load_ahead(openvino: bool) -> None:
+    """Import the libraries a model runs on (PyTorch, and OpenVINO where it may run the
+    model) on a thread of their own, while this one starts the tokenizer processes and
+    reads: the import is most of loading a converted model, and the thread waits for those
+    processes anyway. A library that fails to import here fails again, with its message,
+    where the model loads."""
 
     def load() -> None:
-        with contextlib.suppress(ImportError):
+        with contextlib.suppress(Exception):
             import torch  # noqa: F401
-        with contextlib.suppress(ImportError):
-            import openvino  # noqa: F401
+        if openvino:
+            with contextlib.suppress(Exception):
+                import openvino as ov  # noqa: F401
 
     threading.Thread(target=load, name="bulkembed-load-ahead", daemon=True).start()
 

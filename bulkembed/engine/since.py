@@ -177,6 +177,13 @@ class Incremental:
             self.previous.close()
 
     def state(self) -> dict[str, Any]:
+        if not self.ended and self.run.config_path.exists():
+            # A `--shard` run that found every unit done may have begun the end step since
+            # this run read the configuration: its decision stands, and is kept.
+            noted = self.run.read_config()
+            if noted.get("ended"):
+                self.deletions = Deletions.from_dict(noted.get("deletions"))
+                self.ended = True
         deletions = None if self.deletions is None else self.deletions.as_dict()
         state = {"previous_rows": self.previous_rows, "deletions": deletions, "ended": self.ended}
         if self.sync is not None:

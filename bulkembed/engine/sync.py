@@ -23,6 +23,7 @@ have removed it). The next sync with other inputs starts its run directory over.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Any
@@ -48,6 +49,9 @@ from bulkembed.sinks import (
 
 # The sync's run directory, below the table's.
 SYNC_DIRECTORY = "sync"
+# How long a `--shard` run of a sync waits for the table while another shard holds it
+# alone (deciding whether to start the sync over, and doing so).
+SHARD_START_SECONDS = 120.0
 
 
 def syncs_in_place(plan: RunPlan) -> bool:
@@ -150,19 +154,30 @@ class TableSync:
                 f"--since {self.table_run.label}: no table that bulkembed wrote is there; "
                 "run once without --since to create it"
             )
-        if self.shard is not None:
-            whole = directory_lock(self.table_run.meta, self.table_run.label, None)
+        if self.shard is None:
+            self.table_run.acquire_lock()
+            return
+        whole = directory_lock(self.table_run.meta, self.table_run.label, None)
+        try:
+            whole.acquire()
+        except LockedError:
+            pass  # a shard run holds it: that one started the sync
+        else:
             try:
-                whole.acquire()
+                if self._finished_before():
+                    self.run.start_over(self.table.id_parts(self.directory))
+            finally:
+                whole.release()
+        # Another shard may hold the table alone for a moment, starting the sync over.
+        deadline = time.monotonic() + SHARD_START_SECONDS
+        while True:
+            try:
+                self.table_run.acquire_lock()
+                return
             except LockedError:
-                pass  # a shard run holds it: that one started the sync
-            else:
-                try:
-                    if self._finished_before():
-                        self.run.start_over(self.table.id_parts(self.directory))
-                finally:
-                    whole.release()
-        self.table_run.acquire_lock()
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(1.0)
 
     def unlock(self) -> None:
         self.table_run.release_lock()

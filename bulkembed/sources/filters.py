@@ -25,9 +25,15 @@ def id_hashes(ids: pa.Array | pa.ChunkedArray) -> np.ndarray:
     """A 64-bit hash of each id, as uint64: the id's UTF-8 bytes (integers in decimal, a
     missing id as `None`) mixed 8 bytes at a time, as MurmurHash3 mixes its blocks, with
     its length and MurmurHash3's finalizer. Computed on whole arrays: no Python object is
-    made per id."""
+    made per id; a chunked array a chunk at a time."""
     if isinstance(ids, pa.ChunkedArray):
-        ids = ids.combine_chunks() if ids.num_chunks else pa.array([], pa.string())
+        hashed = [_hashes(chunk) for chunk in ids.chunks]
+        return np.concatenate(hashed) if hashed else np.empty(0, np.uint64)
+    return _hashes(ids)
+
+
+def _hashes(ids: pa.Array) -> np.ndarray:
+    """`id_hashes` of one array."""
     if ids.type not in _TEXT_TYPES:
         ids = pc.cast(ids, pa.string())
     if ids.null_count:
@@ -37,9 +43,11 @@ def id_hashes(ids: pa.Array | pa.ChunkedArray) -> np.ndarray:
     buffers = ids.buffers()
     offsets = np.frombuffer(buffers[1], np.int64, count + 1, ids.offset * 8)
     data = np.frombuffer(buffers[2], np.uint8) if buffers[2] is not None else np.empty(0, np.uint8)
-    # Eight zero bytes past the end: the last block of the last id reads no further. Each
-    # position's next 8 bytes, as a row of a strided view (no copy).
-    data = np.concatenate([data, np.zeros(8, np.uint8)])
+    # The bytes of these ids only (a slice's buffer is its parent's), then eight zero bytes:
+    # the last block of the last id reads no further. Each position's next 8 bytes, as a
+    # row of a strided view (no copy).
+    data = np.concatenate([data[offsets[0] : offsets[-1]], np.zeros(8, np.uint8)])
+    offsets = offsets - offsets[0]
     windows = np.lib.stride_tricks.as_strided(data, (len(data) - 7, 8), (1, 1), writeable=False)
     starts, lengths = offsets[:-1], np.diff(offsets)
     hashes = np.zeros(count, np.uint64)

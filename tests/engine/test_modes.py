@@ -118,6 +118,11 @@ def test_an_incremental_run_carries_unchanged_rows_and_ends_with_the_deletes(tmp
         # The end step is a change set's: the deletes once every unit is done.
         assert mode.end(print) is not None
         assert mode.state()["previous_rows"] == 1000
+        assert mode.state()["ended"] is False
+        # Another shard began the end step meanwhile: its decision is kept, not written over.
+        noted = {"deleted": 2, "kept": 0, "withheld": 0, "held_by": None}
+        run.write_config({"fingerprint": {}, "deletions": noted, "ended": True})
+        assert (mode.state()["deletions"], mode.state()["ended"]) == (noted, True)
     finally:
         mode.close()
         run.release_lock()

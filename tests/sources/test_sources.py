@@ -251,6 +251,11 @@ def test_id_hashes_depend_on_every_byte_and_the_length_only():
     assert id_hashes(pa.array(ids, pa.large_string())).tolist() == hashes
     assert id_hashes(pa.array([None, "None"])).tolist() == [hashes[7]] * 2
     assert id_hashes(pa.array([-5, 2**40], pa.int64())).tolist() == [id_hash("-5"), id_hash(2**40)]
+    # The hash is fixed: these values are the function's, not a run's.
+    assert [hex(h) for h in id_hashes(pa.array(["doc-1", "a"])).tolist()] == [
+        "0x55a4ea62ba4a977d",
+        "0x3b0bdbfa8b94d021",
+    ]
     # One flipped bit anywhere in a long id changes its hash.
     long = "z" * 37
     flipped = [long[:i] + chr(ord(long[i]) ^ 1) + long[i + 1 :] for i in range(len(long))]
