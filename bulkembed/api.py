@@ -1,14 +1,15 @@
 """The in-process encoder: `load` a model once, then embed texts in this process.
 
     encoder = bulkembed.load("e5-base-v2")
-    encoder.embed_query(["how do I sort a list?"]).dense     # [1, 768], "query: " first
+    encoder.encode_query(["how do I sort a list?"]).dense    # [1, 768], "query: " first
+    encoder.embed_query("how do I sort a list?")             # the same row, as LangChain's list
 
 `load` takes the settings of `bulkembed run` that concern the model, under the same names
 and with the same checks (`RunConfig`), and resolves the model as a run does: recipe,
 pooling, normalisation, maximum length, prompts, outputs. Texts are tokenized in the
 calling process, packed into token-budget batches and embedded by the same encoder, and
 their vectors shaped as the run writes them (`--dim`, `--dtype-out`, `--quantize`): an
-`embed_documents` vector equals the run's for the same text. No process is started unless
+`encode_document` vector equals the run's for the same text. No process is started unless
 several devices are asked for, so a script without an `if __name__ == "__main__":` guard,
 or one read from stdin, works.
 """
@@ -56,6 +57,8 @@ MODEL_SETTINGS = (
     "max_length",
     "max_batch_tokens",
 )
+# The call that gives every output, for each of LangChain's dense-only calls.
+_ENCODE = {"embed_documents": "encode_document", "embed_query": "encode_query"}
 # Texts tokenized at a time: a window gathers these into token-budget batches.
 TEXTS_PER_CHUNK = 1024
 # `RunConfig` wants inputs and an output; the in-process encoder reads and writes neither.
@@ -106,11 +109,11 @@ def load(model: str | os.PathLike[str], **settings: Any) -> TextEncoder:
 class TextEncoder:
     """A model loaded in this process, embedding texts as `bulkembed run` does.
 
-    - `embed(texts)`: with the prompt the settings name (`prompt`, `prompt_name`), else the
+    - `encode(texts)`: with the prompt the settings name (`prompt`, `prompt_name`), else the
       one a run gives corpus documents;
-    - `embed_documents(texts)`: with the document prompt a run gives by default (E5's
+    - `encode_document(texts)`: with the document prompt a run gives by default (E5's
       `passage: `, nomic's `search_document: `), whatever `prompt` says;
-    - `embed_query(texts)`: with the model's query prompt (E5's `query: `, the BGE
+    - `encode_query(texts)`: with the model's query prompt (E5's `query: `, the BGE
       instruction, nomic's `search_query: `), or none if the model names none.
 
     Each takes one text or a list of them and returns `Embeddings` with one row per text,
@@ -126,7 +129,11 @@ class TextEncoder:
     in float32 and in the candidate, and the candidate is kept only if they agree. With
     `quantize="int8"` or `"uint8"` the first call's texts (two at least) calibrate the
     ranges that every later call uses. One call at a time: an encoder is not meant to be
-    shared between threads."""
+    shared between threads.
+
+    `embed_documents(texts)` and `embed_query(text)` are LangChain's `Embeddings`: the dense
+    vectors of `encode_document` and `encode_query` as lists of floats, so the encoder can
+    be given wherever LangChain takes an embedding model."""
 
     def __init__(self, config: RunConfig) -> None:
         from bulkembed.devices import resolve_devices
@@ -169,30 +176,47 @@ class TextEncoder:
 
     @property
     def query_prompt(self) -> str:
-        """The text put before each query (`embed_query`)."""
+        """The text put before each query (`encode_query`)."""
         return self.spec.query_prompt or ""
 
     @property
     def document_prompt(self) -> str:
-        """The text put before each document (`embed_documents`)."""
+        """The text put before each document (`encode_document`)."""
         return self.spec.document_prompt
 
-    def embed(self, texts: str | Sequence[str]) -> Embeddings:
+    def encode(self, texts: str | Sequence[str]) -> Embeddings:
         """Embeddings of `texts` with the prompt of the settings (see `TextEncoder`)."""
         return self._embed(texts, self.spec.prompt)
 
-    def embed_documents(self, texts: str | Sequence[str]) -> Embeddings:
+    def encode_document(self, texts: str | Sequence[str]) -> Embeddings:
         """Embeddings of `texts` as documents: the model's document prompt first."""
         return self._embed(texts, self.spec.document_prompt)
 
-    def embed_query(self, texts: str | Sequence[str]) -> Embeddings:
+    def encode_query(self, texts: str | Sequence[str]) -> Embeddings:
         """Embeddings of `texts` as queries: the model's query prompt first."""
         if self.spec.family == "colbert":
             raise ModelError(
-                "embed_query: ColBERT queries take their own marker and length, which this "
-                "version does not apply; embed_documents gives document vectors"
+                "encode_query: ColBERT queries take their own marker and length, which this "
+                "version does not apply; encode_document gives document vectors"
             )
         return self._embed(texts, self.query_prompt)
+
+    def embed_documents(self, texts: list[str]) -> list[list[float]]:
+        """LangChain's `embed_documents`: the dense vector of each text as a document."""
+        return self._dense(self.encode_document(texts), "embed_documents").tolist()
+
+    def embed_query(self, text: str) -> list[float]:
+        """LangChain's `embed_query`: the dense vector of `text` as a query."""
+        row: list[float] = self._dense(self.encode_query([text]), "embed_query")[0].tolist()
+        return row
+
+    def _dense(self, embedded: Embeddings, call: str) -> np.ndarray:
+        if embedded.dense is None:
+            raise UsageError(
+                f"{call} returns dense vectors, and this encoder gives "
+                f"{','.join(self.outputs)}: call {_ENCODE[call]} for them"
+            )
+        return embedded.dense
 
     def close(self) -> None:
         """Let the model go, and stop its device processes if it has any."""

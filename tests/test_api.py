@@ -10,7 +10,16 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from helpers import ROOT, cosines, embed_texts, mixed_texts, records, run_cli, write_jsonl
+from helpers import (
+    ROOT,
+    cosines,
+    embed_texts,
+    mixed_texts,
+    records,
+    run_cli,
+    sample_texts,
+    write_jsonl,
+)
 from typer.testing import CliRunner
 
 import bulkembed
@@ -35,7 +44,7 @@ def _sparse_rows(table) -> list[dict]:
 def test_embed_documents_equals_the_run_output_dense(tmp_path, tiny_st, mode):
     texts = mixed_texts()
     table, _ = embed_texts(tmp_path, tiny_st(mode), texts, *RUN_OPTIONS)
-    found = _load(tiny_st(mode)).embed_documents(texts)
+    found = _load(tiny_st(mode)).encode_document(texts)
     expected = np.array(table.column("dense").to_pylist(), dtype=np.float32)
     assert found.dense.shape == expected.shape == (len(texts), 32)
     assert found.dense.dtype == np.float32
@@ -47,7 +56,7 @@ def test_embed_documents_equals_the_run_output_bge_m3(tmp_path, tiny_bge_m3):
     texts = mixed_texts()
     outputs = "dense,sparse,multivector"
     table, _ = embed_texts(tmp_path, tiny_bge_m3, texts, *RUN_OPTIONS, "--outputs", outputs)
-    found = _load(tiny_bge_m3, outputs=outputs).embed_documents(texts)
+    found = _load(tiny_bge_m3, outputs=outputs).encode_document(texts)
 
     expected = np.array(table.column("dense").to_pylist(), dtype=np.float32)
     assert cosines(found.dense, expected).min() >= 0.99999
@@ -68,7 +77,7 @@ def test_embed_documents_equals_the_run_output_bge_m3(tmp_path, tiny_bge_m3):
 def test_embed_documents_equals_the_run_output_splade(tmp_path, tiny_splade):
     texts = mixed_texts()
     table, _ = embed_texts(tmp_path, tiny_splade, texts, *RUN_OPTIONS)
-    found = _load(tiny_splade).embed_documents(texts)
+    found = _load(tiny_splade).encode_document(texts)
     assert found.dense is None and found.multivector is None
     nonempty = 0
     for vector, row in zip(found.sparse, _sparse_rows(table), strict=True):
@@ -85,40 +94,40 @@ def test_embed_query_applies_the_recipe_query_prompt(tiny_st):
     assert (encoder.query_prompt, encoder.document_prompt) == ("query: ", "passage: ")
     plain = _load(model, recipe="e5-base-v2", max_length=64, prompt="")
 
-    queries = encoder.embed_query(texts).dense
+    queries = encoder.encode_query(texts).dense
     np.testing.assert_allclose(
-        queries, plain.embed([f"query: {t}" for t in texts]).dense, atol=1e-6
+        queries, plain.encode([f"query: {t}" for t in texts]).dense, atol=1e-6
     )
-    documents = encoder.embed_documents(texts).dense
+    documents = encoder.encode_document(texts).dense
     np.testing.assert_allclose(
-        documents, plain.embed([f"passage: {t}" for t in texts]).dense, atol=1e-6
+        documents, plain.encode([f"passage: {t}" for t in texts]).dense, atol=1e-6
     )
     # `embed` applies what the settings say: the recipe's corpus prompt, as `run` does.
-    np.testing.assert_allclose(encoder.embed(texts).dense, documents, atol=1e-6)
+    np.testing.assert_allclose(encoder.encode(texts).dense, documents, atol=1e-6)
     # The prompts change the vectors: the test could fail.
-    assert cosines(queries, plain.embed(texts).dense).max() < 0.9999
+    assert cosines(queries, plain.encode(texts).dense).max() < 0.9999
 
 
 def test_a_model_without_a_query_prompt_embeds_queries_as_they_are(tiny_st):
     encoder = _load(tiny_st("mean"))
     assert encoder.query_prompt == ""
     np.testing.assert_array_equal(
-        encoder.embed_query(["a query"]).dense, encoder.embed(["a query"]).dense
+        encoder.encode_query(["a query"]).dense, encoder.encode(["a query"]).dense
     )
 
 
 def test_dim_and_normalization_as_the_run_writes_them(tmp_path, tiny_bert):
     texts = mixed_texts()
-    raw = _load(tiny_bert, pooling="mean", normalize=False).embed(texts).dense
+    raw = _load(tiny_bert, pooling="mean", normalize=False).encode(texts).dense
     assert not np.allclose(np.linalg.norm(raw, axis=1), 1.0)
 
-    normalized = _load(tiny_bert, pooling="mean", normalize=True).embed(texts).dense
+    normalized = _load(tiny_bert, pooling="mean", normalize=True).encode(texts).dense
     np.testing.assert_allclose(
         normalized, raw / np.linalg.norm(raw, axis=1, keepdims=True), atol=1e-6
     )
 
     encoder = _load(tiny_bert, pooling="mean", normalize=True, dim=16)
-    cut = encoder.embed(texts).dense
+    cut = encoder.encode(texts).dense
     assert cut.shape == (len(texts), 16) and encoder.dim == 16
     head = raw[:, :16]
     np.testing.assert_allclose(cut, head / np.linalg.norm(head, axis=1, keepdims=True), atol=1e-6)
@@ -132,16 +141,16 @@ def test_dim_and_normalization_as_the_run_writes_them(tmp_path, tiny_bert):
 def test_one_text_empty_lists_and_order(tiny_st):
     encoder = _load(tiny_st("cls"))
     texts = ["a much longer text about the python standard library " * 5, "short", "mid text"]
-    together = encoder.embed(texts).dense
-    one_by_one = np.vstack([encoder.embed(t).dense for t in texts])
+    together = encoder.encode(texts).dense
+    one_by_one = np.vstack([encoder.encode(t).dense for t in texts])
     assert together.shape == (3, 32)
     np.testing.assert_allclose(together, one_by_one, atol=1e-6)
-    empty = encoder.embed([])
+    empty = encoder.encode([])
     assert empty.dense.shape == (0, 32) and empty.dense.dtype == np.float32
 
 
 def test_empty_calls_give_each_output_with_no_row(tiny_bge_m3):
-    empty = _load(tiny_bge_m3, outputs="dense,sparse,multivector").embed_query([])
+    empty = _load(tiny_bge_m3, outputs="dense,sparse,multivector").encode_query([])
     assert empty.dense.shape == (0, 32)
     assert len(empty.sparse) == 0 and list(empty.sparse) == [] and empty.multivector == []
 
@@ -153,7 +162,7 @@ def test_bad_arguments_are_one_line_errors(tiny_st):
         bulkembed.load(tiny_st("cls"), pooling="max")
     encoder = _load(tiny_st("cls"))
     with pytest.raises(BulkembedError, match="text 1 is a int, not a string: pass strings only"):
-        encoder.embed(["fine", 3])
+        encoder.encode(["fine", 3])
 
 
 def test_import_and_embed_help_do_not_load_torch():
@@ -183,7 +192,7 @@ import bulkembed
 
 texts = [f"text number {{i}} about python" for i in range(100)]
 encoder = bulkembed.load({model!r}, dtype="float32")
-found = encoder.embed_documents(texts)
+found = encoder.encode_document(texts)
 assert found.dense.shape == (100, 32), found.dense.shape
 np.save({out!r}, found.dense)
 print("embedded", len(found.dense))
@@ -199,7 +208,7 @@ def test_a_script_without_a_main_guard_loads_and_embeds(tmp_path, tiny_st):
     )
     assert result.returncode == 0, result.stderr
     assert "embedded 100" in result.stdout
-    expected = _load(tiny_st("mean")).embed_documents(
+    expected = _load(tiny_st("mean")).encode_document(
         [f"text number {i} about python" for i in range(100)]
     )
     np.testing.assert_allclose(np.load(tmp_path / "a.npy"), expected.dense, atol=1e-6)
@@ -300,7 +309,7 @@ def test_embed_command_prints_one_json_line_per_text(tiny_bge_m3):
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
     assert len(lines) == 2
-    expected = _load(tiny_bge_m3, outputs="dense,sparse,multivector").embed(texts)
+    expected = _load(tiny_bge_m3, outputs="dense,sparse,multivector").encode(texts)
     for number, line in enumerate(lines):
         row = json.loads(line)
         assert sorted(row) == ["dense", "multivector", "sparse"]
@@ -322,7 +331,7 @@ def test_embed_command_query_applies_the_query_prompt(tiny_st):
     base += ["--max-length", "64", *RUN_OPTIONS]
     query = runner.invoke(app, [*base, "--query"])
     assert query.exit_code == 0, query.output
-    expected = _load(model, recipe="e5-base-v2", max_length=64, prompt="").embed(
+    expected = _load(model, recipe="e5-base-v2", max_length=64, prompt="").encode(
         "query: how to sort"
     )
     np.testing.assert_array_equal(np.float32(json.loads(query.stdout)["dense"]), expected.dense[0])
@@ -340,7 +349,7 @@ def test_embed_command_writes_npy(tmp_path, tiny_st):
     assert result.exit_code == 0, result.output
     assert result.stdout == ""
     np.testing.assert_array_equal(
-        np.load(target), _load(model).embed(["one", "two", "three"]).dense
+        np.load(target), _load(model).encode(["one", "two", "three"]).dense
     )
 
     kept = tmp_path / "mine.npy"
@@ -398,14 +407,14 @@ def test_auto_dtype_is_checked_on_the_first_call(monkeypatch, capsys, tiny_st):
     texts = mixed_texts()
     encoder = bulkembed.load(tiny_st("mean"), max_batch_tokens=512)
     assert encoder.dtype == "bfloat16"
-    found = encoder.embed(texts)
+    found = encoder.encode(texts)
     assert encoder.dtype == "float32"
     assert f"--dtype auto: bfloat16 against float32 on {len(texts)} documents" in (
         capsys.readouterr().err
     )
-    reference = _load(tiny_st("mean")).embed(texts)
+    reference = _load(tiny_st("mean")).encode(texts)
     np.testing.assert_allclose(found.dense, reference.dense, atol=1e-6)
-    encoder.embed(texts[:3])
+    encoder.encode(texts[:3])
     assert "--dtype auto" not in capsys.readouterr().err
 
 
@@ -413,14 +422,14 @@ def test_colbert_documents_embed_and_queries_are_refused(tmp_path, tiny_colbert)
     texts = mixed_texts()[:10]
     table, _ = embed_texts(tmp_path, tiny_colbert, texts, *RUN_OPTIONS)
     encoder = _load(tiny_colbert)
-    found = encoder.embed_documents(texts)
+    found = encoder.encode_document(texts)
     for vectors, row in zip(
         found.multivector, table.column("multivector").to_pylist(), strict=True
     ):
         assert vectors.shape == (len(row), 16)
         assert cosines(vectors, np.array(row)).min() >= 0.99999
-    with pytest.raises(BulkembedError, match="embed_query: ColBERT queries take their own marker"):
-        encoder.embed_query(texts)
+    with pytest.raises(BulkembedError, match="encode_query: ColBERT queries take their own marker"):
+        encoder.encode_query(texts)
 
 
 @pytest.mark.parametrize(
@@ -433,7 +442,7 @@ def test_colbert_documents_embed_and_queries_are_refused(tmp_path, tiny_colbert)
 def test_written_types_as_the_run_writes_them(tmp_path, tiny_st, setting, option):
     texts = mixed_texts()
     table, _ = embed_texts(tmp_path, tiny_st("mean"), texts, *RUN_OPTIONS, option)
-    found = _load(tiny_st("mean"), **setting).embed_documents(texts)
+    found = _load(tiny_st("mean"), **setting).encode_document(texts)
     expected = table.column("dense").combine_chunks().flatten().to_numpy()
     assert found.dense.dtype == expected.dtype
     # The same texts in the same batches: the same numbers.
@@ -449,7 +458,7 @@ def test_texts_that_are_not_valid_unicode_are_usage_errors(tiny_st):
         result.stderr == "error: TEXT 2 is not valid UTF-8 (byte 0xff at byte 0): pass UTF-8 text\n"
     )
     with pytest.raises(BulkembedError) as raised:
-        _load(model).embed(["fine", "ab\ud800"])
+        _load(model).encode(["fine", "ab\ud800"])
     assert raised.value.exit_code == 2
     assert str(raised.value) == (
         "text 1 holds an unpaired surrogate (U+D800) at character 2, which is not valid "
@@ -479,5 +488,37 @@ def test_embed_output_is_a_file_in_a_folder_that_exists_or_stdout(tmp_path, tiny
     import io
 
     np.testing.assert_array_equal(
-        np.load(io.BytesIO(npy.stdout_bytes)), _load(tiny_st("cls")).embed(["one", "two"]).dense
+        np.load(io.BytesIO(npy.stdout_bytes)), _load(tiny_st("cls")).encode(["one", "two"]).dense
     )
+
+
+def test_the_encoder_is_a_langchain_embedding_model(tiny_st):
+    from langchain_core.documents import Document
+    from langchain_core.vectorstores import InMemoryVectorStore
+
+    encoder = _load(tiny_st("mean"))
+    texts = sample_texts(40)
+    documents = encoder.embed_documents(texts)
+    assert isinstance(documents, list) and isinstance(documents[0], list)
+    assert isinstance(documents[0][0], float) and len(documents) == len(texts)
+    np.testing.assert_array_equal(np.array(documents), encoder.encode_document(texts).dense)
+    query = encoder.embed_query(texts[7])
+    assert isinstance(query, list) and isinstance(query[0], float)
+    np.testing.assert_array_equal(np.array(query), encoder.encode_query([texts[7]]).dense[0])
+
+    store = InMemoryVectorStore(embedding=encoder)
+    store.add_documents([Document(page_content=t, id=f"t{i}") for i, t in enumerate(texts)])
+    (top,) = store.similarity_search(texts[7], k=1)
+    assert top.id == "t7" and top.page_content == texts[7]
+
+
+def test_langchain_calls_on_a_model_without_dense_output_name_the_encode_call(tiny_splade):
+    encoder = _load(tiny_splade)
+    with pytest.raises(BulkembedError) as refused:
+        encoder.embed_documents(["one text"])
+    assert str(refused.value) == (
+        "embed_documents returns dense vectors, and this encoder gives sparse: call "
+        "encode_document for them"
+    )
+    with pytest.raises(BulkembedError, match="call encode_query for them"):
+        encoder.embed_query("one text")

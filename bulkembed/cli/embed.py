@@ -104,7 +104,7 @@ def embed_command(guarded: Callable[[Callable[[], Any]], Any]) -> Callable[..., 
             if settings.pop("tune_batch_tokens"):
                 settings["max_batch_tokens"] = "auto"
             with load(model, **settings, devices=devices) as encoder:
-                found = encoder.embed_query(texts) if query else encoder.embed(texts)
+                found = encoder.encode_query(texts) if query else encoder.encode(texts)
             _write(found, len(texts), output_format, target)
 
         guarded(action)

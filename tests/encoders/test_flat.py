@@ -439,7 +439,7 @@ def test_a_compiled_flat_model_gives_the_padded_vectors(tiny_st):
             compile=compile_model,
             max_batch_tokens=128,
         )
-        found[attention] = encoder.embed_documents(texts).dense
+        found[attention] = encoder.encode_document(texts).dense
     assert cosines(found["flat"], found["padded"]).min() >= 0.99999
 
 
@@ -478,7 +478,7 @@ def test_the_in_process_encoder_runs_flat_batches_too(tiny_bge_m3):
             outputs=["dense", "sparse"],
             max_batch_tokens=256,
         )
-        found[attention] = encoder.embed_documents(texts)
+        found[attention] = encoder.encode_document(texts)
     padded, flat = found["padded"], found["flat"]
     assert cosines(flat.dense, padded.dense).min() >= 0.99999
     for ours, theirs in zip(flat.sparse, padded.sparse, strict=True):
