@@ -18,7 +18,7 @@ import pyarrow as pa
 
 from bulkembed.schema import EMBEDDING_COLUMNS
 from bulkembed.sources import BadRecord
-from bulkembed.sources.filters import id_hash
+from bulkembed.sources.filters import id_hashes
 from bulkembed.sources.records import (
     DUPLICATE_ID,
     PREVIOUS_ROW_KEPT,
@@ -93,12 +93,15 @@ class CarryOver:
     def _note_kept(lookup: PreviousLookup, bad: list[BadRecord]) -> None:
         """Say of each bad record that PREV's rows it may hold are not deleted: its id's
         row, if PREV has the id; any row, if its id is unknown."""
+        named = [r for r in bad if r.reason != DUPLICATE_ID and known_id(r.id)]
         for record in bad:
-            if record.reason == DUPLICATE_ID:
-                continue
-            if not known_id(record.id):
+            if record.reason != DUPLICATE_ID and not known_id(record.id):
                 record.previous = PREVIOUS_ROWS_KEPT
-            elif lookup.find(np.array([id_hash(record.id)], np.uint64))[0] >= 0:
+        if not named:
+            return
+        keys = id_hashes(pa.array([str(r.id) for r in named], pa.string()))
+        for record, entry in zip(named, lookup.find(keys), strict=True):
+            if entry >= 0:
                 record.previous = PREVIOUS_ROW_KEPT
 
     def embeddings(self, entries: np.ndarray) -> pa.Table:

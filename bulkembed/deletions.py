@@ -29,7 +29,7 @@ import pyarrow as pa
 
 from bulkembed.errors import OutputError
 from bulkembed.schema import CONTENT_HASH, EMBEDDING_COLUMNS
-from bulkembed.sources.filters import id_hash, id_hashes, sorted_contains, sorted_unique
+from bulkembed.sources.filters import id_hashes, sorted_contains, sorted_unique
 from bulkembed.sources.records import DUPLICATE_ID, known_id
 from bulkembed.wording import counted
 
@@ -67,17 +67,17 @@ class Unread:
     def of(cls, bad_records: Iterable[dict[str, Any]], unread_directories: bool) -> Unread:
         """From the quarantine's lines (`BadRecord.fields`), and whether an input directory
         could not be listed."""
-        ids: list[int] = []
+        ids: list[str] = []
         anything = unread_directories
         for fields in bad_records:
             if fields.get("reason") == DUPLICATE_ID:
                 # The id is in the output: its first record's.
                 continue
             if known_id(fields.get("id")):
-                ids.append(id_hash(fields["id"]))
+                ids.append(str(fields["id"]))
             else:
                 anything = True
-        return cls(ids, anything)
+        return cls(id_hashes(pa.array(ids, pa.string())), anything)
 
     def keeps(self, hashes: np.ndarray) -> np.ndarray:
         """Which ids (64-bit hashes) of the previous output are unknown: not to delete."""

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 from typing import Any
 
 from bulkembed.errors import ModelError
+
+_COMMIT = re.compile(r"[0-9a-f]{40}")
 
 _DIGEST_SPAN = 1 << 20
 # The weights of BGE-M3's sparse and ColBERT heads, beside the transformer's.
@@ -16,6 +19,12 @@ BGE_M3_HEAD_FILES = ("sparse_linear.pt", "colbert_linear.pt")
 
 def is_local(source: str) -> bool:
     return Path(source).expanduser().is_dir()
+
+
+def exact_files(source: str, version: str) -> bool:
+    """Whether `version` (`model_version`) names the model's files exactly: a local folder's
+    digest or a hub commit, not a branch, whose files may change under its name."""
+    return is_local(source) or _COMMIT.fullmatch(version) is not None
 
 
 def model_file(source: str, revision: str | None, filename: str) -> Path | None:

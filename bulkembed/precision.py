@@ -25,7 +25,6 @@ import contextlib
 import hashlib
 import json
 import os
-import re
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -38,6 +37,7 @@ from bulkembed.batching import input_order, pack_batches
 from bulkembed.devices import device_identity, exact_float32
 from bulkembed.encoders import Embeddings, Encoder, TokenBatch
 from bulkembed.export_cache import cache_root, installed_version, key_digest
+from bulkembed.model_files import exact_files
 from bulkembed.version import __version__
 from bulkembed.windows import EmbeddedHead
 from bulkembed.wording import counted
@@ -54,7 +54,6 @@ PERCENTILE = 1
 SAMPLE_DOCUMENTS = 64
 # Bumped when a recorded check means something else.
 _RECORD_FORMAT = 1
-_COMMIT = re.compile(r"[0-9a-f]{40}")
 
 
 def sample_sequences(window: list[TokenizedChunk]) -> list[np.ndarray]:
@@ -135,15 +134,9 @@ def _record_path(spec: ModelSpec, device: str, dtype: torch.dtype) -> Path:
     return cache_root() / "dtype-checks" / f"{key_digest(key)}.json"
 
 
-def _recordable(spec: ModelSpec) -> bool:
-    """Whether the model's files are known exactly: a local folder's digest or a hub commit
-    (not a branch, whose weights may change under its name)."""
-    return spec.local or _COMMIT.fullmatch(spec.version) is not None
-
-
 def recorded_check(spec: ModelSpec, device: str, dtype: torch.dtype) -> PrecisionCheck | None:
     """The check an earlier run recorded for `spec` in `dtype` on `device`, if any."""
-    if not _recordable(spec):
+    if not exact_files(spec.source, spec.version):
         return None
     try:
         found = json.loads(_record_path(spec, device, dtype).read_text(encoding="utf-8"))
@@ -159,7 +152,7 @@ def record_check(
 ) -> None:
     """Record `check`, made in batches of `budget` tokens, for later runs; where the cache
     cannot be written, nothing is."""
-    if not _recordable(spec):
+    if not exact_files(spec.source, spec.version):
         return
     path = _record_path(spec, device, dtype)
     found = {"tried": check.tried, "documents": check.documents, **asdict(check.agreement)}

@@ -13,14 +13,13 @@ snapshot is read every time (its files may change under the same name).
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from bulkembed.errors import ModelError
 from bulkembed.export_cache import converted, installed_version
-from bulkembed.model_files import is_local
+from bulkembed.model_files import exact_files
 from bulkembed.st_folder import SentenceTransformersInfo
 from bulkembed.version import __version__
 
@@ -30,7 +29,6 @@ _FACTS = "facts.json"
 _TOKENIZER = "tokenizer.json"
 # Tokenizers report "no limit" as a huge sentinel number.
 _NO_LIMIT = 1_000_000
-_COMMIT = re.compile(r"[0-9a-f]{40}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,7 +49,7 @@ def tokenizer_facts(
 ) -> TokenizerFacts:
     """The facts of the tokenizer of `source` at `version` (its exact files), from the
     export cache where they were read before."""
-    if not (is_local(source) or _COMMIT.fullmatch(version)):
+    if not exact_files(source, version):
         return _read(source, revision, st)
     key = {
         "format": FACTS_FORMAT,
