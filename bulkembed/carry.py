@@ -5,6 +5,11 @@ runs wherever chunks are tokenized: in the run's process, or pickled into a Ray 
 lookup is then read from Ray's object store). PREV's vectors are read a row group at a
 time, as the records that need them come; the run's own order of units usually matches
 PREV's, so each row group is read once.
+
+Records that are, so far in their unit, the rows of one of PREV's parts from its first, in
+order, are carried without their vectors (`Carried.source`): a unit found to be such a part
+whole is committed as a copy of it (`Sink.adopt`), and the vectors of the others are read
+when they are written.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from bulkembed.sources.records import (
     PREVIOUS_ROW_KEPT,
     PREVIOUS_ROWS_KEPT,
     Carried,
+    PreviousRows,
     known_id,
 )
 from bulkembed.storage import AnyPath, parquet_file
@@ -32,6 +38,7 @@ if TYPE_CHECKING:
     import pyarrow.parquet as pq
 
     from bulkembed.lookup import PreviousLookup
+    from bulkembed.sources import Chunk
     from bulkembed.tokenize import TokenizedChunk
 
 # PREV's row groups held in memory at once.
@@ -52,6 +59,9 @@ class CarryOver:
         self.keeps_unread = keeps_unread
         self._files: dict[int, tuple[pq.ParquetFile, np.ndarray]] = {}
         self._cache: OrderedDict[tuple[int, int], pa.Table] = OrderedDict()
+        # For each unit whose records so far are the rows of one part of PREV from its
+        # first, in order: that part and its next row (None: the unit is not).
+        self._whole: dict[str, tuple[int, int] | None] = {}
 
     def __getstate__(self) -> dict[str, Any]:
         """What travels to another process: no open file, no cached row group."""
@@ -80,14 +90,41 @@ class CarryOver:
             chunk.changed = int(((entries >= 0) & ~same).sum())
             untokenized = tokenized.untokenized
             assert untokenized is None or not (untokenized & ~same).any(), "left untokenized"
+            source = self._source(chunk, entries, same)
             if same.any():
                 unchanged = np.flatnonzero(same)
                 counts = tokenized.counts(unchanged, lookup.counts(entries[unchanged]))
                 records = chunk.rows(unchanged)
-                embeddings = self.embeddings(entries[unchanged])
-                chunk.carried = Carried(records, embeddings, counts)
+                embeddings = None if source else self.embeddings(entries[unchanged])
+                chunk.carried = Carried(records, embeddings, counts, source)
                 tokenized.count_as_carried(unchanged, counts)
             yield tokenized
+
+    def _source(self, chunk: Chunk, entries: np.ndarray, same: np.ndarray) -> PreviousRows | None:
+        """The rows of PREV that the records of `chunk` are, where they go on the rows its
+        unit's earlier records are, of one part of PREV from its first row: every record
+        unchanged, no passthrough column, in PREV's order."""
+        unit = chunk.part
+        if chunk.last_in_unit:
+            run = self._whole.pop(unit, (-1, 0))
+        else:
+            run = self._whole.setdefault(unit, (-1, 0))
+        if run is None or not len(entries):
+            return None
+        if chunk.columns or not same.all():
+            self._whole[unit] = None
+            return None
+        assert self.lookup is not None
+        numbers = self.lookup.parts[entries]
+        rows = self.lookup.rows[entries]
+        number, start = run if run[0] >= 0 else (int(numbers[0]), 0)
+        stop = start + len(entries)
+        if (numbers != number).any() or (rows != np.arange(start, stop)).any():
+            self._whole[unit] = None
+            return None
+        if not chunk.last_in_unit:
+            self._whole[unit] = (number, stop)
+        return PreviousRows(self.parts[number], start, stop)
 
     @staticmethod
     def _note_kept(lookup: PreviousLookup, bad: list[BadRecord]) -> None:
@@ -158,6 +195,9 @@ class TableCarryOver(CarryOver):
 
     def sharing(self, lookup: PreviousLookup) -> CarryOver:
         raise TypeError("a LanceDB table's rows are carried over in the run's process only")
+
+    def _source(self, chunk: Chunk, entries: np.ndarray, same: np.ndarray) -> PreviousRows | None:
+        return None
 
     def embeddings(self, entries: np.ndarray) -> pa.Table:
         assert self.lookup is not None

@@ -77,7 +77,8 @@ class Unread:
                 ids.append(str(fields["id"]))
             else:
                 anything = True
-        return cls(id_hashes(pa.array(ids, pa.string())), anything)
+        hashes = id_hashes(pa.array(ids, pa.string())) if ids else np.empty(0, np.uint64)
+        return cls(hashes, anything)
 
     def keeps(self, hashes: np.ndarray) -> np.ndarray:
         """Which ids (64-bit hashes) of the previous output are unknown: not to delete."""

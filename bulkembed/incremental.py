@@ -36,10 +36,9 @@ from __future__ import annotations
 import io
 import os
 import secrets
-import tempfile
+import shutil
 from collections.abc import Collection, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -52,9 +51,10 @@ from bulkembed.errors import OutputError, UsageError
 from bulkembed.lookup import PartRows, PreviousLookup
 from bulkembed.run_dir import RunDirectory, describe_changes
 from bulkembed.schema import CONTENT_HASH, digests
-from bulkembed.sinks.parquet import ParquetSink, part_label
+from bulkembed.sinks.parquet import ParquetSink
+from bulkembed.sinks.part_files import part_label
 from bulkembed.sources.filters import id_hashes
-from bulkembed.storage import AnyPath, ObjectPath, parquet_file
+from bulkembed.storage import AnyPath, ObjectPath, parquet_file, scratch_folder
 
 # Settings that may differ from PREV's: they change which documents there are or which
 # input columns are copied, not what a document's vectors are.
@@ -111,9 +111,13 @@ class PreviousOutput:
         self._start()
 
     def _start(self) -> None:
-        self._folder = tempfile.TemporaryDirectory(prefix="bulkembed-previous-")
+        self._folder = scratch_folder("previous")
         self.rows = 0  # counted as the lookup is built
-        self.lookup = PreviousLookup.build(self._part_rows(), Path(self._folder.name))
+        try:
+            self.lookup = PreviousLookup.build(self._part_rows(), self._folder)
+        except BaseException:
+            self.close()
+            raise
         self.carrier = self._carrier()
 
     def _carrier(self) -> CarryOver:
@@ -122,7 +126,7 @@ class PreviousOutput:
 
     def close(self) -> None:
         """Remove the lookup's folder."""
-        self._folder.cleanup()
+        shutil.rmtree(self._folder, ignore_errors=True)
 
     def sizes(self) -> KnownSizes | None:
         """The sizes of PREV's vectors, as its parts' schema records them (None without a
@@ -140,12 +144,14 @@ class PreviousOutput:
         return KnownSizes(int(dimension) if dimension else None, multivector)
 
     def id_tables(self) -> Iterator[pa.Table]:
-        """PREV's ids and content hashes, a part at a time."""
-        for table, _ in self._labelled_tables():
+        """PREV's ids, a part at a time."""
+        for table, _ in self._labelled_tables(["id"]):
             yield table
 
-    def _labelled_tables(self) -> Iterator[tuple[pa.Table, dict[str, Any] | None]]:
-        """Each part's ids and content hashes, and its label."""
+    def _labelled_tables(
+        self, columns: list[str]
+    ) -> Iterator[tuple[pa.Table, dict[str, Any] | None]]:
+        """Each part's `columns` (of its ids and content hashes), and its label."""
         for path in self.parts:
             file = parquet_file(path)
             if CONTENT_HASH not in file.schema_arrow.names:
@@ -154,12 +160,12 @@ class PreviousOutput:
                     "bulkembed); run without --since once"
                 )
             label = part_label(file.metadata)
-            yield file.read(columns=["id", CONTENT_HASH]), label
+            yield file.read(columns=columns), label
 
     def _part_rows(self) -> Iterator[PartRows]:
         """Each part's ids and content hashes, and its rows' counts where its label has
         them (not known for a part written before labels held them)."""
-        for table, label in self._labelled_tables():
+        for table, label in self._labelled_tables(["id", CONTENT_HASH]):
             count = table.num_rows
             self.rows += count
             keys = id_hashes(table.column("id"))
@@ -246,10 +252,12 @@ class PreviousTable(PreviousOutput):
     def _carrier(self) -> CarryOver:
         return TableCarryOver(self.lookup, self._dataset)
 
-    def _labelled_tables(self) -> Iterator[tuple[pa.Table, dict[str, Any] | None]]:
-        """The table's ids and content hashes, whole (its rows are found by their offset),
-        with no counts."""
-        yield self._dataset.to_table(columns=["id", CONTENT_HASH]), None
+    def _labelled_tables(
+        self, columns: list[str]
+    ) -> Iterator[tuple[pa.Table, dict[str, Any] | None]]:
+        """The table's `columns`, whole (its rows are found by their offset), with no
+        counts."""
+        yield self._dataset.to_table(columns=columns), None
 
     def sizes(self) -> KnownSizes | None:
         """Not read from a table: the model gives them."""

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from bulkembed.contracts import RowCounts
+from bulkembed.sources.filters import sorted_search
 
 # The arrays, by file name, and their types.
 _ARRAYS: dict[str, np.dtype] = {
@@ -118,7 +119,7 @@ class PreviousLookup:
         """For each id of 64-bit hash in `keys`, its entry in the arrays, or -1."""
         if not len(self.keys):
             return np.full(len(keys), -1, dtype=np.int64)
-        found = np.minimum(np.searchsorted(self.keys, keys), len(self.keys) - 1)
+        found = np.minimum(sorted_search(self.keys, keys), len(self.keys) - 1)
         return np.where(self.keys[found] == keys, found, -1)
 
     def same(self, keys: np.ndarray, hashes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -203,7 +203,7 @@ def _tokenized(chunk: Chunk, result: Tokens) -> TokenizedChunk:
     flat, lengths, truncated, seconds, digests, ids, skipped = result
     chunk.hashes, chunk.id_hashes = digests, ids
     # A new empty array: a slice of the texts would still pickle their whole buffer.
-    chunk.texts = pa.array([], type=chunk.texts.type)
+    chunk.texts = pa.nulls(0, chunk.texts.type)
     return TokenizedChunk(chunk, flat, lengths, truncated, seconds, untokenized=skipped)
 
 

@@ -56,6 +56,8 @@ def _carried_batch(carried: Carried, schema: pa.Schema) -> pa.RecordBatch:
     """Rows for `schema` from carried-over records: embeddings from the previous output,
     ids, hashes and passthrough values from this input."""
     records = carried.records
+    named = {"id", CONTENT_HASH, *records.columns}
+    embeddings = carried.read([f.name for f in schema if f.name not in named])
     columns = []
     for field in schema:
         if field.name == "id":
@@ -65,7 +67,7 @@ def _carried_batch(carried: Carried, schema: pa.Schema) -> pa.RecordBatch:
         elif field.name in records.columns:
             columns.append(records.columns[field.name])
         else:
-            columns.append(carried.embeddings.column(field.name).combine_chunks())
+            columns.append(embeddings.column(field.name).combine_chunks())
     return pa.RecordBatch.from_arrays(columns, schema=schema)
 
 
@@ -103,13 +105,23 @@ class PartWriter:
         self.bad: dict[str, list[BadRecord]] = {}
         # Each row's counts, in the order of the unit's part (kept in its label).
         self.counts: dict[str, list[RowCounts]] = {}
+        # Records carried over whose vectors are not read yet: the first of their units,
+        # rows of one part of the previous output in order (`Carried.source`).
+        self.deferred: dict[str, list[Carried]] = {}
         sink.start(schema, fence)
 
     def write(self, tokenized: TokenizedChunk, embeddings: Embeddings, padded: np.ndarray) -> None:
         chunk = tokenized.chunk
+        carried = chunk.carried
         tally = self.tallies.setdefault(chunk.part, _Tally())
         self.bad.setdefault(chunk.part, []).extend(chunk.bad)
         batches, counts = [], []
+        if carried is not None and carried.embeddings is None:
+            self.deferred.setdefault(chunk.part, []).append(carried)
+            counts.append(carried.counts)
+            tally.rows += len(carried.records.positions)
+        elif len(chunk.ids) or carried is not None:
+            self._write_deferred(chunk.part)
         if len(chunk.ids):
             batches.append(
                 record_batch(chunk.ids, embeddings, self.schema, chunk.hashes, chunk.columns)
@@ -117,13 +129,12 @@ class PartWriter:
             counts.append(RowCounts(tokenized.lengths, tokenized.truncated_rows))
             if self.upserts is not None:
                 self.upserts.write(chunk.part, batches[0])
-        if chunk.carried is not None:
-            batches.append(_carried_batch(chunk.carried, self.schema))
-            counts.append(chunk.carried.counts)
-            tally.carried += len(chunk.carried.records.positions)
+        if carried is not None and carried.embeddings is not None:
+            batches.append(_carried_batch(carried, self.schema))
+            counts.append(carried.counts)
         if len(batches) > 1:
-            assert chunk.carried is not None
-            positions = np.concatenate([chunk.positions, chunk.carried.records.positions])
+            assert carried is not None
+            positions = np.concatenate([chunk.positions, carried.records.positions])
             order = np.argsort(positions, kind="stable")
             rows = pa.Table.from_batches(batches).take(pa.array(order, pa.int64()))
             batches = rows.combine_chunks().to_batches()
@@ -132,6 +143,7 @@ class PartWriter:
         for batch in batches:
             self.sink.write(chunk.part, batch)
             tally.rows += batch.num_rows
+        tally.carried += 0 if carried is None else len(carried.records.positions)
         tally.changed += chunk.changed
         tally.bad_records += len(chunk.bad)
         tally.truncated += tokenized.truncated
@@ -144,10 +156,16 @@ class PartWriter:
             rows = RowCounts.joined(self.counts.pop(chunk.part, []))
             self.commit(record, [b.fields() for b in self.bad.pop(chunk.part)], rows)
 
+    def _write_deferred(self, part: str) -> None:
+        """Write the records of `part` carried over without their vectors, read now."""
+        for carried in self.deferred.pop(part, []):
+            self.sink.write(part, _carried_batch(carried, self.schema))
+
     def commit(self, record: UnitRecord, bad: list[dict[str, Any]], counts: RowCounts) -> None:
         """Commit the part of `record` (and its upserts), labelled with the run's id, the
         unit's counts and `bad`, its bad records, and its rows' counts; then tell
-        `committed`."""
+        `committed`. A unit whose rows are all carried over without their vectors is, if
+        they are a part of the previous output whole, a copy of it (`Sink.adopt`)."""
         kept = bad if len(json.dumps(bad, default=str)) <= LABEL_BAD_RECORDS_BYTES else None
         label = {
             "run": self.run_id,
@@ -157,8 +175,24 @@ class PartWriter:
         if self.upserts is not None:
             # The upserts hold the unit's embedded rows only: the rows' counts are the part's.
             self.upserts.commit(record.part, {k: v for k, v in label.items() if k != "counts"})
-        found = self.sink.commit(record.part, label)
+        if self._adopted(record, label):
+            found: dict[str, Any] = {}
+        else:
+            self._write_deferred(record.part)
+            found = self.sink.commit(record.part, label)
         self.committed(replace(record, **found), bad)
+
+    def _adopted(self, record: UnitRecord, label: dict[str, Any]) -> bool:
+        """Whether the unit's part is a copy of a part of the previous output: its rows are
+        all carried over without their vectors, and are that part whole."""
+        deferred = self.deferred.get(record.part)
+        source = deferred[-1].source if deferred else None
+        if source is None or source.stop != record.rows:
+            return False
+        if not self.sink.adopt(record.part, source.path, record.rows, label):
+            return False
+        del self.deferred[record.part]
+        return True
 
     def close(self) -> None:
         self.sink.close()

@@ -94,7 +94,7 @@ def test_leaf_paths_are_the_columns_pyarrow_writes():
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from bulkembed.sinks.parquet import leaf_paths
+    from bulkembed.sinks.part_files import leaf_paths
 
     schema = pa.schema(
         [

@@ -24,7 +24,6 @@ import contextlib
 import secrets
 import sys
 from collections.abc import Callable, Collection, Iterator
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bulkembed.contracts import RUN_DIRECTORY, UnitRecord
@@ -49,7 +48,7 @@ from bulkembed.run_dir.lease import directory_lock
 from bulkembed.run_dir.ledger import Ledger
 from bulkembed.run_dir.lock import LockedError
 from bulkembed.run_dir.quarantine import Quarantine
-from bulkembed.storage import AnyPath
+from bulkembed.storage import AnyPath, scratch_folder
 from bulkembed.wording import counted
 
 if TYPE_CHECKING:
@@ -103,11 +102,9 @@ class RunDirectory:
     ) -> RunDirectory:
         """The bookkeeping of `--output`; a stream's lives in a temporary directory, which
         the run removes at the end."""
-        import tempfile
-
         meta = target.run_directory
         if meta is None:
-            meta = Path(tempfile.mkdtemp(prefix="bulkembed-stream-"))
+            meta = scratch_folder("stream")
         return cls(target.path or meta, meta, target.label, shard, take_over)
 
     def open(

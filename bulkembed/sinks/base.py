@@ -128,6 +128,12 @@ class Sink(ABC):
         and the unit's marker) goes into the part where the sink can keep it, so that a lost
         marker can be taken back from the part."""
 
+    def adopt(self, part: str, source: AnyPath, rows: int, label: dict[str, Any]) -> bool:
+        """Commit as `part`, labelled `label`, the `rows` rows of `source`: a part of a
+        previous output that holds, in order, what this part would. False where the sink
+        cannot take the file as it is (its rows are then written and committed)."""
+        return False
+
     def finish(self, phase: Callable[[str], None] = unshown) -> None:  # noqa: B027
         """Every unit is committed: finalize the target (indexes, compaction, end of stream),
         naming each step that takes a while to `phase` (most sinks have nothing left to do)."""

@@ -6,16 +6,10 @@ uploaded under its final name once complete: an object appears whole when its up
 completes, and a process killed during the upload leaves no object (only an unfinished
 multipart upload, which the store does not list).
 
-Embedding columns are written plain: no dictionary, no statistics, no compression. Vectors
-of floats gain nothing from any of them, and skipping them doubles the speed of writing
-float32 multi-vectors and triples it for float16 (see the README's host-ceiling figures).
-Ids and content hashes, each one of a kind, are written without a dictionary (the hashes
-without statistics); passthrough columns keep pyarrow's defaults.
-
-A part's footer carries its label: the id of the run that wrote it and the content of its
-unit's done-marker. A part is bulkembed's own when its footer says so or when the ledger
-names it; nothing else in the directory is ever deleted, and a file that is named like a
-part but is not bulkembed's own is refused rather than overwritten.
+A part's footer carries its label (`part_files`). A part is bulkembed's own when its
+footer says so or when the ledger names it; nothing else in the directory is ever deleted,
+and a file that is named like a part but is not bulkembed's own is refused rather than
+overwritten.
 """
 
 from __future__ import annotations
@@ -35,8 +29,14 @@ import pyarrow.parquet as pq
 
 from bulkembed.contracts import RUN_DIRECTORY
 from bulkembed.errors import OutputError
-from bulkembed.schema import CONTENT_HASH, EMBEDDING_COLUMNS
 from bulkembed.sinks.base import Recovered, Sink, unfenced
+from bulkembed.sinks.part_files import (
+    LABEL_KEY,
+    FooterError,
+    copy_with_entry,
+    part_label,
+    writer_options,
+)
 from bulkembed.sources.opening import READ_ERRORS
 from bulkembed.storage import AnyPath, ObjectPath, Spool, parquet_file, random_access
 
@@ -44,8 +44,6 @@ if TYPE_CHECKING:
     from bulkembed.contracts import UnitRecord
 
 TEMPORARY_SUFFIX = ".parquet.tmp"
-# The footer key of a part's label.
-LABEL_KEY = "bulkembed.unit"
 _PART = re.compile(r"part-\d{5,}-\d{6,}")
 _PART_FILE = re.compile(_PART.pattern + r"\.parquet")
 _TEMPORARY = re.compile(r"\.part-\d{5,}-\d{6,}\.[0-9a-f-]+" + re.escape(TEMPORARY_SUFFIX))
@@ -65,55 +63,6 @@ def _label(path: AnyPath) -> dict[str, Any] | None:
     except READ_ERRORS as e:
         raise _Unreadable(str(e)) from e
     return part_label(metadata)
-
-
-def part_label(metadata: pq.FileMetaData) -> dict[str, Any] | None:
-    """The label in a part's footer metadata, with the part's `rows`; None if it has none
-    (bulkembed did not write it) or it is not a JSON object."""
-    label = (metadata.metadata or {}).get(LABEL_KEY.encode())
-    if label is None:
-        return None
-    try:
-        found = json.loads(label)
-    except json.JSONDecodeError:
-        return None
-    if not isinstance(found, dict):
-        return None
-    found["rows"] = metadata.num_rows
-    return found
-
-
-def leaf_paths(name: str, kind: pa.DataType) -> list[str]:
-    """The Parquet column paths of an Arrow field, as pyarrow writes them (lists in the
-    compliant nested layout, `name.list.element`).
-
-    >>> leaf_paths("sparse", pa.struct([("indices", pa.list_(pa.int32()))]))
-    ['sparse.indices.list.element']
-    """
-    if pa.types.is_struct(kind):
-        return [p for child in kind for p in leaf_paths(f"{name}.{child.name}", child.type)]
-    if pa.types.is_map(kind):
-        entries = f"{name}.key_value"
-        return leaf_paths(f"{entries}.key", kind.key_type) + leaf_paths(
-            f"{entries}.value", kind.item_type
-        )
-    if isinstance(kind, pa.ListType | pa.LargeListType | pa.FixedSizeListType):
-        return leaf_paths(f"{name}.list.element", kind.value_type)
-    return [name]
-
-
-def writer_options(schema: pa.Schema) -> dict[str, Any]:
-    """`ParquetWriter` options for parts of `schema`: the leaf columns of the embeddings
-    plain (no dictionary, statistics or compression); ids and content hashes, one of a kind
-    each, without a dictionary (and the hashes without statistics); the others as pyarrow's
-    defaults."""
-    paths = [p for field in schema for p in leaf_paths(field.name, field.type)]
-    others = [p for p in paths if p.split(".")[0] not in EMBEDDING_COLUMNS]
-    return {
-        "use_dictionary": [p for p in others if p not in ("id", CONTENT_HASH)],
-        "write_statistics": [p for p in others if p != CONTENT_HASH],
-        "compression": {p: "snappy" if p in others else "none" for p in paths},
-    }
 
 
 def _not_ours(path: AnyPath) -> OutputError:
@@ -320,7 +269,8 @@ class ParquetSink(Sink):
                 path = self.part_path(record.part)
                 try:
                     with random_access(path) as source:
-                        table = pq.read_table(source, columns=["id"])
+                        # A file's reader, not `read_table`: that imports pyarrow.dataset.
+                        table = pq.ParquetFile(source).read(columns=["id"])
                 except READ_ERRORS as e:
                     raise _damaged(path, str(e)) from e
                 yield from table.column("id").chunks
@@ -345,15 +295,47 @@ class ParquetSink(Sink):
         writer = self._open.pop(part, None)
         if writer is None:
             return {}
+
+        def close() -> None:
+            writer.add_key_value_metadata({LABEL_KEY: json.dumps(label, default=str)})
+            writer.close()
+
+        self._publish(part, close)
+        return {}
+
+    def adopt(self, part: str, source: AnyPath, rows: int, label: dict[str, Any]) -> bool:
+        """A copy of `source`, a local part written with this schema, with `label` in its
+        footer (`part_files.copy_with_entry`); not a part on object storage."""
+        assert self.schema is not None
+        if not isinstance(source, Path) or part in self._open:
+            return False
+        try:
+            found = pq.ParquetFile(source)
+            schema, found_rows = found.schema_arrow, found.metadata.num_rows
+        except READ_ERRORS:
+            return False
+        if found_rows != rows or schema != self.schema or schema.metadata != self.schema.metadata:
+            return False
+        temporary = self._temporary(part)
+        text = json.dumps(label, default=str)
+        try:
+            self._publish(part, lambda: copy_with_entry(source, temporary, LABEL_KEY, text))
+        except FooterError:
+            return False
+        return True
+
+    def _publish(self, part: str, write: Callable[[], None]) -> None:
+        """Finish the temporary file of `part` with `write`, then, if this run still holds
+        the output, put it in place: renamed (synced first), or uploaded. The temporary file
+        goes on any error."""
         temporary = self._temporary(part)
         spool = self._spools.pop(part, None)
         try:
-            writer.add_key_value_metadata({LABEL_KEY: json.dumps(label, default=str)})
-            writer.close()
+            write()
             self._fence()
             if spool is not None:
                 spool.commit()
-                return {}
+                return
             final = self.part_path(part)
             assert isinstance(final, Path)
             with open(temporary, "rb+") as f:
@@ -365,7 +347,6 @@ class ParquetSink(Sink):
         except BaseException:
             temporary.unlink(missing_ok=True)
             raise
-        return {}
 
     def close(self) -> None:
         """Drop every uncommitted part; errors closing them (a full disk) do not matter then."""

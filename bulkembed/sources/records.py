@@ -9,7 +9,7 @@ import numpy as np
 import pyarrow as pa
 
 from bulkembed.contracts import RowCounts, part_name
-from bulkembed.storage import AnyPath
+from bulkembed.storage import AnyPath, parquet_file
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,9 +78,16 @@ class BadRecord:
         return self.source
 
 
-_NO_TEXT = pa.array([], pa.string())
+_NO_TEXT = pa.nulls(0, pa.string())
 _NO_POSITION = np.empty(0, dtype=np.int64)
 _NO_HASH = np.empty(0, dtype="S16")
+
+
+def _int64_array(values: np.ndarray) -> pa.Array:
+    """`values` as an Arrow int64 array on their own buffer: `pa.array` imports pandas on
+    its first call (0.2 s), which a run that embeds nothing never needs otherwise."""
+    flat = np.ascontiguousarray(values, dtype=np.int64)
+    return pa.Array.from_buffers(pa.int64(), len(flat), [None, pa.py_buffer(flat)])
 
 
 @dataclass(slots=True)
@@ -126,7 +133,7 @@ class Chunk:
             def pick(values: pa.Array) -> pa.Array:
                 return values[which]
         else:
-            indices = pa.array(which, pa.int64())
+            indices = _int64_array(which)
 
             def pick(values: pa.Array) -> pa.Array:
                 return values.take(indices)
@@ -155,18 +162,47 @@ class Chunk:
         self.columns, self.hashes, self.id_hashes = rows.columns, rows.hashes, rows.id_hashes
 
 
+@dataclass(frozen=True, slots=True)
+class PreviousRows:
+    """Rows `start` to `stop` (not included) of the previous output's part at `path`."""
+
+    path: AnyPath
+    start: int
+    stop: int
+
+    def read(self, columns: list[str]) -> pa.Table:
+        """The rows' `columns`: the row groups that hold them, sliced."""
+        file = parquet_file(self.path)
+        sizes = [file.metadata.row_group(g).num_rows for g in range(file.num_row_groups)]
+        starts = np.cumsum([0, *sizes])
+        first = int(np.searchsorted(starts, self.start, side="right")) - 1
+        last = int(np.searchsorted(starts, self.stop, side="left"))
+        table = file.read_row_groups(range(first, last), columns=columns)
+        return table.slice(self.start - int(starts[first]), self.stop - self.start)
+
+
 @dataclass(slots=True)
 class Carried:
     """Records whose text is unchanged since a previous output, their output columns from
     it (`embeddings`: dense, sparse, multivector as that output wrote them) and their
-    counts."""
+    counts. Where they are `source`, rows of one part of it in order, `embeddings` may be
+    None: read only if the rows are written (their unit's part is not carried over whole)."""
 
     records: Chunk
-    embeddings: pa.Table
+    embeddings: pa.Table | None
     counts: RowCounts
+    source: PreviousRows | None = None
+
+    def read(self, columns: list[str]) -> pa.Table:
+        """The output columns of the records, read from `source` if they are not in hand."""
+        if self.embeddings is not None:
+            return self.embeddings.select(columns)
+        assert self.source is not None, "carried records come with their vectors or rows"
+        return self.source.read(columns)
 
     def before(self, position: int) -> tuple[Carried | None, Carried | None]:
         """The records before input position `position`, and the others (None: none)."""
+        assert self.embeddings is not None, "records to embed come with carried vectors"
         cut = int(np.searchsorted(self.records.positions, position))
         if cut == 0:
             return None, self

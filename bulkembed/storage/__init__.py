@@ -25,6 +25,7 @@ import contextlib
 import io
 import os
 import re
+import shutil
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -152,6 +153,17 @@ def process_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def scratch_folder(kind: str) -> Path:
+    """A new temporary folder of this process, `bulkembed-KIND-PID-...`, which its owner
+    removes; those of processes of this machine that are gone (killed before they could)
+    are removed first."""
+    for path in Path(tempfile.gettempdir()).glob(f"bulkembed-{kind}-*-*"):
+        pid = path.name.split("-")[2]
+        if pid.isdigit() and not process_alive(int(pid)):
+            shutil.rmtree(path, ignore_errors=True)
+    return Path(tempfile.mkdtemp(prefix=f"bulkembed-{kind}-{os.getpid()}-"))
 
 
 @dataclass(slots=True)
