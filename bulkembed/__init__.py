@@ -39,7 +39,7 @@ def embed_corpus(config: RunConfig, **kwargs: Any) -> Summary:
     return run(config, **kwargs)
 
 
-def load(model: str | os.PathLike[str], **settings: Any) -> TextEncoder:
+def load(model: str | os.PathLike[str], /, **settings: Any) -> TextEncoder:
     """An in-process encoder for `model`; see `bulkembed.api.load`."""
     from bulkembed.api import load as load_model
 

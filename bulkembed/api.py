@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -26,7 +27,7 @@ import pyarrow as pa
 
 from bulkembed.config import RunConfig
 from bulkembed.contracts import Embeddings, SparseRows
-from bulkembed.errors import ModelError, UsageError
+from bulkembed.errors import ModelError, UsageError, one_line
 
 if TYPE_CHECKING:
     from bulkembed.engine.session import DeviceSession
@@ -94,7 +95,7 @@ def model_config(model: str | os.PathLike[str], settings: dict[str, Any]) -> Run
     return RunConfig(inputs=_NO_INPUTS, output=_NO_OUTPUT, model=os.fspath(model), **values)
 
 
-def load(model: str | os.PathLike[str], **settings: Any) -> TextEncoder:
+def load(model: str | os.PathLike[str], /, **settings: Any) -> TextEncoder:
     """A `TextEncoder` for `model`: a recipe name, a hub id or a local folder, with the
     settings of `bulkembed run` that concern the model, as keyword arguments with the
     options' names and meanings: `recipe`, `revision`, `devices` or `device` (`auto`: the
@@ -102,8 +103,64 @@ def load(model: str | os.PathLike[str], **settings: Any) -> TextEncoder:
     `prompt_name`, `outputs`, `sparse_top_k`, `dim`, `dtype_out`, `quantize`, `max_length`,
     `max_batch_tokens`.
 
+    Or `model` is an output that `bulkembed run` wrote (a Parquet folder, local or on object
+    storage, or `lancedb://PATH?table=NAME`): the encoder it was made with, every setting
+    that shapes a vector read from it (`bulkembed.recorded`), int8/uint8 scale included.
+    Those settings may not be given then; the others may, and `model` (where the model's
+    files are now, if they moved) and `storage_options` (a dict, as `--storage-option`).
+    Weights other than those the output was made with are refused.
+
     The model is loaded here, once; see `TextEncoder` for what each call does."""
+    from bulkembed.recorded import names_output
+
+    if names_output(model):
+        return _made(os.fspath(model), settings)
     return TextEncoder(model_config(model, settings))
+
+
+def _made(output: str, settings: dict[str, Any]) -> TextEncoder:
+    """The encoder that made `output`, with `settings` of where and how fast it runs."""
+    from bulkembed.recorded import RECORDED, output_encoder
+    from bulkembed.storage import StorageOptions
+
+    pairs = (settings.pop("storage_options", None) or {}).items()
+    options = StorageOptions.parse([f"{k}={v}" for k, v in pairs]) if pairs else None
+    made = output_encoder(output, options)
+    recorded = sorted(set(settings) & ({*RECORDED, "prompt_name"} - {"model"}))
+    if recorded:
+        raise UsageError(
+            f"load: {made.label} records the settings its vectors were made with: leave out "
+            f"{', '.join(recorded)}"
+        )
+    return load_recorded(made.label, made.settings, made.version, made.ranges, settings)
+
+
+def load_recorded(
+    label: str,
+    recorded: dict[str, Any],
+    version: str,
+    ranges: list[list[float]] | None,
+    settings: dict[str, Any],
+) -> TextEncoder:
+    """The encoder that `label` records (`bulkembed.recorded`: `load`'s settings, the exact
+    weights `version`, the int8/uint8 `ranges`), with `settings` of where and how fast it
+    runs and, as `model`, where the model's files are now; other weights are refused."""
+    values = {**recorded, **settings}
+    model = values.pop("model")
+    try:
+        encoder = TextEncoder(model_config(model, values), ranges)
+    except (ModelError, OSError) as e:
+        raise ModelError(
+            f"{label} was made with the model {model}, which cannot be loaded here "
+            f"({one_line(e)}): pass model= where its files are"
+        ) from None
+    if encoder.spec.version != version:
+        encoder.close()
+        raise ModelError(
+            f"{label} was made with the weights {version} of {model}, not these "
+            f"({encoder.spec.version}): load those (model=..., revision=...)"
+        )
+    return encoder
 
 
 class TextEncoder:
@@ -135,7 +192,7 @@ class TextEncoder:
     vectors of `encode_document` and `encode_query` as lists of floats, so the encoder can
     be given wherever LangChain takes an embedding model."""
 
-    def __init__(self, config: RunConfig) -> None:
+    def __init__(self, config: RunConfig, ranges: list[list[float]] | None = None) -> None:
         from bulkembed.devices import resolve_devices
         from bulkembed.engine.session import DeviceSession
         from bulkembed.model_spec import resolve_model
@@ -145,6 +202,9 @@ class TextEncoder:
         self.config = config
         self.spec: ModelSpec = resolve_model(config)
         self._format: OutputFormat = OutputFormat.for_run(config, self.spec)
+        if ranges is not None:
+            # An output's int8/uint8 scale: queries are quantized as its documents were.
+            self._format = replace(self._format, ranges=np.asarray(ranges, dtype=np.float32))
         self._reporter = QuietReporter()
         devices = resolve_devices(config.devices)
         if config.devices.strip().lower() == "auto":

@@ -28,6 +28,9 @@ SPARSE_TYPE = pa.struct(
 
 EMBEDDING_COLUMNS = ("dense", "sparse", "multivector")
 CONTENT_HASH = "content_hash"
+# The schema metadata key of the settings of the encoder that made the vectors
+# (`bulkembed.recorded`).
+ENCODER_KEY = "bulkembed.encoder"
 
 
 def output_schema(

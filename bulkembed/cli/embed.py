@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from bulkembed.cli.model_options import ModelOptions, with_group
-from bulkembed.cli.options import Model
+from bulkembed.cli.options import from_env
 from bulkembed.errors import OutputError, UsageError
 
 if TYPE_CHECKING:
@@ -62,6 +62,26 @@ EmbedDevices = Annotated[
         "list starts one encoder process per entry.",
     ),
 ]
+EmbedModel = Annotated[
+    str | None,
+    typer.Option(
+        "--model",
+        "-m",
+        help="A recipe name (see `bulkembed recipes`), a hub id or a local folder; with "
+        "--like, where the model it names is now, if it moved.",
+        **from_env("MODEL"),
+    ),
+]
+Like = Annotated[
+    str | None,
+    typer.Option(
+        "--like",
+        help="An output `bulkembed run` wrote (a folder, lancedb://PATH?table=NAME, "
+        "s3://...): embed with the model and the settings its vectors were made with, read "
+        "from it. Options that shape a vector are refused with it.",
+        show_default=False,
+    ),
+]
 Replace = Annotated[
     bool, typer.Option("--overwrite", help="Replace the --output file if it exists.")
 ]
@@ -74,8 +94,9 @@ def embed_command(guarded: Callable[[Callable[[], Any]], Any]) -> Callable[..., 
     @with_group(ModelOptions, "model_options")
     def embed(
         texts: Texts,
-        model: Model,
         model_options: ModelOptions,
+        model: EmbedModel = None,
+        like: Like = None,
         query: Query = False,
         output_format: Format = EmbedFormat.JSON,
         output: EmbedOutput = None,
@@ -103,13 +124,34 @@ def embed_command(guarded: Callable[[Callable[[], Any]], Any]) -> Callable[..., 
             settings = model_options.settings()
             if settings.pop("tune_batch_tokens"):
                 settings["max_batch_tokens"] = "auto"
-            with load(model, **settings, devices=devices) as encoder:
+            if like is not None:
+                source, settings = like, _given(settings)
+                if model is not None:
+                    settings["model"] = model
+            elif model is None:
+                raise UsageError("pass --model MODEL, or --like OUTPUT to embed as an output was")
+            else:
+                source = model
+            with load(source, **settings, devices=devices) as encoder:
                 found = encoder.encode_query(texts) if query else encoder.encode(texts)
             _write(found, len(texts), output_format, target)
 
         guarded(action)
 
     return embed
+
+
+def _given(settings: dict[str, Any]) -> dict[str, Any]:
+    """The settings of the options given: those that say where and how fast the model runs
+    always, the others where they are not left at their defaults."""
+    from bulkembed.config import DTypeOut
+
+    runtime = ("dtype", "compile", "backend", "attention", "max_batch_tokens")
+    return {
+        name: value
+        for name, value in settings.items()
+        if name in runtime or (value is not None and value != DTypeOut.FLOAT32)
+    }
 
 
 def _check_arguments(texts: list[str]) -> None:

@@ -30,6 +30,7 @@ from bulkembed.engine.sync import TableSync, refuse_synced, syncs_in_place
 from bulkembed.errors import BulkembedError, Interrupted, OutputLocked, exit_status, one_line
 from bulkembed.incremental import ChangeSet
 from bulkembed.progress import QuietReporter, Reporter, RunStats
+from bulkembed.recorded import encoder_record
 from bulkembed.run_dir import LockedError, RunDirectory, fingerprint
 from bulkembed.run_dir.intents import Intents, finishing
 from bulkembed.sinks import Sink, SinkSettings, make_sink
@@ -183,8 +184,9 @@ def _run(
 def _write_config(
     plan: RunPlan, run: RunDirectory, settings: dict[str, Any], mode: RunMode
 ) -> None:
-    """`config.json`: the fingerprint, the inputs, the model, and what an incremental run
-    keeps across restarts; `vocab.json` for sparse outputs."""
+    """`config.json`: the fingerprint, the inputs, the model and the settings its vectors
+    were made with (`recorded`), and what an incremental run keeps across restarts;
+    `vocab.json` for sparse outputs."""
     spec_fields = {k: v for k, v in asdict(plan.spec).items() if k != "tokenizer_json"}
     paths = [{"name": f.name, "path": str(f.path)} for f in plan.files]
     run.write_config(
@@ -193,6 +195,7 @@ def _write_config(
             "fingerprint": settings,
             "input_paths": paths,
             "model": spec_fields,
+            "encoder": encoder_record(plan.spec, plan.output_format),
             **mode.state(),
             "records_per_unit": plan.config.records_per_unit,
             **plan.run_info(),

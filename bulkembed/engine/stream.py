@@ -7,6 +7,7 @@ it on one unit at a time.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from itertools import chain
@@ -16,7 +17,8 @@ import numpy as np
 
 from bulkembed.contracts import Embeddings
 from bulkembed.errors import OutputError
-from bulkembed.schema import output_schema
+from bulkembed.recorded import encoder_record
+from bulkembed.schema import ENCODER_KEY, output_schema
 from bulkembed.version import __version__
 from bulkembed.windows import embed_packed, window_tokens, windows
 from bulkembed.writer import PartWriter, write_window
@@ -104,8 +106,9 @@ def schema_metadata(
     """What a reader of a part needs to know to search it, as `bulkembed.`-prefixed string
     keys of the schema metadata: the model, the exact weights (`revision`: the hub commit or
     a digest of a local folder), the outputs, the dense dimension ("" without dense), whether
-    vectors are normalised, the dense vectors' metric, and the bulkembed version. The same
-    for every part of a run, since its settings are.
+    vectors are normalised, the dense vectors' metric, the bulkembed version, and the
+    settings of its encoder (`recorded`). The same for every part of a run, since its
+    settings are.
 
     The metric follows what the vectors are: `cosine` for normalised vectors (the dot
     product gives the same order), `dot` for vectors the model leaves unnormalised (and for
@@ -124,6 +127,7 @@ def schema_metadata(
         "bulkembed.normalized": str(output_format.normalize).lower(),
         "bulkembed.metric": metric,
         "bulkembed.version": __version__,
+        ENCODER_KEY: json.dumps(encoder_record(spec, output_format)),
     }
 
 

@@ -90,7 +90,14 @@ def _open_lancedb(target: OutputTarget, settings: SinkSettings) -> Sink:
     index = None
     if settings.index is not None:
         index = IndexSettings(settings.index, settings.index_partitions, settings.metric)
-    return LanceSink(target.path, target.name, index, settings.fts_column, settings.intents)
+    return LanceSink(
+        target.path,
+        target.name,
+        index,
+        settings.fts_column,
+        settings.intents,
+        text_column=settings.text_column,
+    )
 
 
 def _stdout(output: str, options: StorageOptions | None) -> OutputTarget | None:

@@ -46,6 +46,7 @@ the done units are checked by their row count instead.
 from __future__ import annotations
 
 import contextlib
+import json
 import warnings
 from collections.abc import Callable, Collection, Iterator
 from datetime import timedelta
@@ -54,6 +55,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from bulkembed.errors import OutputError, UnaccountedRows
+from bulkembed.schema import ENCODER_KEY
 from bulkembed.sinks.base import IntentLog, Recovered, Sink, unfenced, unshown
 from bulkembed.sinks.lance_index import (
     DEFAULT_TABLE,
@@ -76,6 +78,8 @@ FLUSH_BYTES = 64 * 1024 * 1024
 # Commits of one unit that conflict with other writers' before the run gives up (each is
 # retried inside Lance too).
 COMMIT_ATTEMPTS = 8
+# The name of bulkembed's embedding function in LanceDB's registry (`bulkembed.lancedb`).
+EMBEDDING_FUNCTION = "bulkembed"
 
 
 class LanceSink(Sink):
@@ -90,11 +94,13 @@ class LanceSink(Sink):
         fts_column: str | None = None,
         intents: IntentLog | None = None,
         storage_options: StorageOptions | None = None,
+        text_column: str = "text",
     ) -> None:
         self.path = path
         self.table_name = table
         self.index = index
         self.fts_column = fts_column
+        self.text_column = text_column
         self._intents = intents
         if storage_options is None and isinstance(path, ObjectPath):
             storage_options = path.options
@@ -110,7 +116,7 @@ class LanceSink(Sink):
     def __reduce__(self) -> tuple[Any, ...]:
         """A copy sent to another process (a device process, a Ray actor) connects anew."""
         arguments = (self.path, self.table_name, self.index, self.fts_column, self._intents)
-        return (LanceSink, (*arguments, self.storage_options))
+        return (LanceSink, (*arguments, self.storage_options, self.text_column))
 
     @property
     def description(self) -> str:
@@ -303,7 +309,8 @@ class LanceSink(Sink):
                     yield batch.column("id")
 
     def start(self, schema: pa.Schema, fence: Callable[[], None] = unfenced) -> None:
-        self.schema = pa.schema([f.with_name("vector") if f.name == "dense" else f for f in schema])
+        fields = [f.with_name("vector") if f.name == "dense" else f for f in schema]
+        self.schema = pa.schema(fields, metadata=self._metadata(pa.schema(fields, schema.metadata)))
         self._fence = fence
         table = self._existing_table()
         if table is None:
@@ -315,6 +322,25 @@ class LanceSink(Sink):
                 f"{self.description} has columns {table.schema.names}, not the "
                 f"{self.schema.names} this run writes: use --overwrite"
             )
+
+    def _metadata(self, schema: pa.Schema) -> dict[bytes, bytes]:
+        """The schema's metadata, with bulkembed's embedding function for the `vector`
+        column where the run recorded its encoder and the vectors are floats: LanceDB
+        embeds text queries with it (`bulkembed.lancedb`)."""
+        metadata = dict(schema.metadata or {})
+        encoder = metadata.get(ENCODER_KEY.encode())
+        if encoder is None or "vector" not in schema.names:
+            return metadata
+        if not pa.types.is_floating(schema.field("vector").type.value_type):
+            return metadata
+        function = {
+            "name": EMBEDDING_FUNCTION,
+            "model": json.loads(encoder),
+            "source_column": self.text_column,
+            "vector_column": "vector",
+        }
+        metadata[b"embedding_functions"] = json.dumps([function]).encode()
+        return metadata
 
     def write(self, part: str, batch: pa.RecordBatch) -> None:
         assert self.schema is not None

@@ -69,8 +69,9 @@ class OutputTarget:
 class SinkSettings:
     """The run's settings that shape its sink: the vector metric (`cosine` for normalized
     vectors, else `dot`), `--stream-format`, `--index` (a kind, or None), its partitions,
-    the column `--fts` indexes (None: no full-text index), and where writers keep their
-    intents (the run directory's, for kinds that commit in two steps)."""
+    the column `--fts` indexes (None: no full-text index), where writers keep their
+    intents (the run directory's, for kinds that commit in two steps), and the inputs' text
+    column (what a store's embedding function reads)."""
 
     metric: str = "cosine"
     stream_format: StreamFormat = StreamFormat.JSONL
@@ -78,6 +79,7 @@ class SinkSettings:
     index_partitions: int | None = None
     fts_column: str | None = None
     intents: IntentLog | None = None
+    text_column: str = "text"
 
     @classmethod
     def of(cls, config: RunConfig, normalize: bool, intents: IntentLog | None) -> SinkSettings:
@@ -88,6 +90,7 @@ class SinkSettings:
             index_partitions=config.index_partitions,
             fts_column=config.text_column if config.fts else None,
             intents=intents,
+            text_column=config.text_column,
         )
 
 

@@ -1,0 +1,110 @@
+"""The encoder an output was made with, as its run recorded it, so that queries are embedded
+with the settings its documents were.
+
+A run records the settings of `bulkembed.load` that shape a vector (`RECORDED`: the model,
+its revision and recipe, pooling, normalisation, the documents' prompt, outputs, sparse
+top-k, `--dim`, `--dtype-out`, `--quantize`, maximum length) and the exact weights
+(`version`) in its `config.json`, under `encoder`, and in the schema metadata of its parts
+and tables, under `bulkembed.encoder`. `load(OUTPUT)` reads them back, with the int8/uint8
+ranges of the run, and refuses weights other than the recorded ones.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from bulkembed.contracts import RUN_DIRECTORY
+from bulkembed.errors import UsageError
+from bulkembed.run_dir import RunDirectory
+from bulkembed.run_dir.files import CONFIG_FILE
+from bulkembed.sinks import parse_output
+
+if TYPE_CHECKING:
+    from bulkembed.model_spec import ModelSpec
+    from bulkembed.outputs import OutputFormat
+    from bulkembed.storage import StorageOptions
+
+# The settings of `load` a run records: the model, and what shapes its vectors.
+RECORDED = (
+    "model",
+    "revision",
+    "recipe",
+    "pooling",
+    "normalize",
+    "prompt",
+    "outputs",
+    "sparse_top_k",
+    "dim",
+    "dtype_out",
+    "quantize",
+    "max_length",
+)
+
+
+def encoder_record(spec: ModelSpec, output_format: OutputFormat) -> dict[str, Any]:
+    """What a run records of its encoder: `RECORDED`, and the exact weights (`version`)."""
+    return {
+        "model": spec.source,
+        "revision": spec.revision,
+        "recipe": spec.recipe,
+        "pooling": spec.pooling.value if spec.pooling else None,
+        "normalize": spec.normalize,
+        "prompt": spec.prompt,
+        "outputs": list(spec.outputs),
+        "sparse_top_k": spec.sparse_top_k,
+        "dim": output_format.dim,
+        "dtype_out": output_format.dtype_out,
+        "quantize": output_format.quantize,
+        "max_length": spec.max_length,
+        "version": spec.version,
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class OutputEncoder:
+    """The encoder of the output `label`: `load`'s settings (`RECORDED`), the exact weights
+    (`version`), and the int8/uint8 ranges its vectors were quantized with."""
+
+    label: str
+    settings: dict[str, Any]
+    version: str
+    ranges: list[list[float]] | None
+
+
+def names_output(source: str | os.PathLike[str]) -> bool:
+    """Whether `source` names an output rather than a model: a URI (`lancedb://`, `s3://`,
+    ...: a model is a recipe, a hub id or a local folder), or a folder with a run
+    directory."""
+    text = os.fspath(source)
+    return "://" in text or (Path(text) / RUN_DIRECTORY / CONFIG_FILE).is_file()
+
+
+def output_encoder(output: str, options: StorageOptions | None = None) -> OutputEncoder:
+    """The recorded encoder of `output`, or a one-line error saying why there is none."""
+    target = parse_output(output, options)
+    if target.run_directory is None:
+        raise UsageError(f"{output} is a stream: it keeps no record of its encoder")
+    run = RunDirectory.for_target(target, None)
+    if not run.config_path.exists():
+        raise UsageError(
+            f"{target.label} holds no bulkembed run ({run.config_path} is missing): pass a "
+            "model, or an output that bulkembed wrote"
+        )
+    found = run.read_config().get("encoder")
+    if not isinstance(found, dict) or not set(RECORDED) <= set(found):
+        raise UsageError(
+            f"{target.label} was written by an earlier bulkembed, which did not record its "
+            "encoder: load the model by name with the settings of that run"
+        )
+    quantized = found.get("quantize") in ("int8", "uint8")
+    ranges = run.read_quantization_ranges() if quantized else None
+    if quantized and ranges is None:
+        raise UsageError(
+            f"{target.label}: {run.quantization_path} is missing, so its int8/uint8 scale "
+            "is unknown: restore it"
+        )
+    settings = {k: found[k] for k in RECORDED}
+    return OutputEncoder(target.label, settings, str(found.get("version")), ranges)

@@ -1,0 +1,135 @@
+"""`bulkembed.load(OUTPUT)` and `bulkembed embed --like OUTPUT`: the encoder an output was
+made with, every setting that shapes a vector read from it."""
+
+import json
+import shutil
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from helpers import records, run_cli, write_parquet
+from typer.testing import CliRunner
+
+import bulkembed
+from bulkembed.cli import app
+from bulkembed.errors import ModelError, UsageError
+
+QUERY = "how do I sort a list?"
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    write_parquet(tmp_path / "corpus" / "a.parquet", records(40), row_group_size=20)
+    return tmp_path / "corpus"
+
+
+def _run(corpus, model, out, *extra):
+    result = run_cli(corpus, model, out, *extra)
+    assert result.exit_code == 0, result.output
+    return out
+
+
+@pytest.mark.parametrize(
+    ("options", "settings"),
+    [
+        ((), {}),
+        (("--dim", "16"), {"dim": 16}),
+        (("--dtype-out", "float16"), {"dtype_out": "float16"}),
+    ],
+    ids=["plain", "dim", "float16"],
+)
+def test_a_parquet_output_gives_its_encoder(tmp_path, corpus, tiny_st, options, settings):
+    model = tiny_st("mean")
+    out = _run(corpus, model, tmp_path / "out", *options)
+    with bulkembed.load(out) as made, bulkembed.load(model, **settings) as named:
+        assert made.embed_query(QUERY) == named.embed_query(QUERY)
+        assert made.dim == named.dim == (16 if "dim" in settings else 32)
+        # The documents embed as the run wrote them.
+        table = pq.read_table(out)
+        texts = [r["text"] for r in records(40)][:5]
+        np.testing.assert_array_equal(
+            made.encode(texts).dense, np.array(table.column("dense").to_pylist()[:5])
+        )
+
+
+def test_an_int8_output_quantizes_queries_with_its_scale(tmp_path, corpus, tiny_st):
+    model = tiny_st("mean")
+    out = _run(corpus, model, tmp_path / "out", "--quantize", "int8")
+    ranges = np.array(
+        json.loads((out / "_bulkembed" / "quantization.json").read_text())["ranges"], np.float32
+    )
+    with bulkembed.load(out) as made, bulkembed.load(model) as plain:
+        found = np.array(made.embed_query(QUERY))
+        vector = plain.encode_query(QUERY).dense[0]
+    steps = (ranges[1] - ranges[0]) / 255
+    expected = np.clip(np.floor((vector - ranges[0]) / np.where(steps == 0, 1, steps)), 0, 255)
+    np.testing.assert_array_equal(found, expected - 128)
+    # Another text's first call calibrates a plain int8 encoder on itself instead.
+    with bulkembed.load(model, quantize="int8") as calibrating:
+        assert calibrating.embed_documents(["a", "b c"]) != made.embed_documents(["a", "b c"])
+
+
+def test_a_lancedb_table_gives_its_encoder(tmp_path, corpus, tiny_st):
+    model = tiny_st("mean")
+    uri = f"lancedb://{tmp_path / 'db'}?table=docs"
+    _run(corpus, model, uri, "--dim", "16")
+    with bulkembed.load(uri) as made, bulkembed.load(model, dim=16) as named:
+        assert made.embed_query(QUERY) == named.embed_query(QUERY)
+
+
+def test_an_output_on_s3_gives_its_encoder(tmp_path, corpus, tiny_st, s3):
+    model = tiny_st("mean")
+    _run(corpus, model, s3.uri("out"), "--dim", "8")
+    with bulkembed.load(s3.uri("out")) as made, bulkembed.load(model, dim=8) as named:
+        assert made.embed_query(QUERY) == named.embed_query(QUERY)
+
+
+def test_settings_the_output_records_are_refused_and_the_others_taken(tmp_path, corpus, tiny_st):
+    model = tiny_st("mean")
+    out = _run(corpus, model, tmp_path / "out", "--dim", "16")
+    with pytest.raises(UsageError, match=r"records the settings .*: leave out dim, prompt_name$"):
+        bulkembed.load(out, dim=8, prompt_name="query", device="cpu")
+    with bulkembed.load(out, device="cpu", dtype="float32", max_batch_tokens=256) as made:
+        assert made.dtype == "float32" and made.dim == 16
+
+
+def test_a_moved_model_is_named_and_other_weights_are_refused(tmp_path, corpus, tiny_st):
+    first, other = tiny_st("mean"), tiny_st("cls")
+    moved = tmp_path / "moved"
+    shutil.copytree(first, moved)
+    out = _run(corpus, moved, tmp_path / "out")
+    shutil.rmtree(moved)
+    with pytest.raises(ModelError, match=rf"made with the model {moved}, which cannot be loaded"):
+        bulkembed.load(out)
+    with bulkembed.load(out, model=first) as made, bulkembed.load(first) as named:
+        assert made.embed_query(QUERY) == named.embed_query(QUERY)
+    with pytest.raises(ModelError, match=r"made with the weights sha256:\w+ of .*, not these"):
+        bulkembed.load(out, model=other)
+
+
+def test_what_is_not_an_output_of_this_version_is_a_one_line_error(tmp_path, corpus, tiny_st):
+    model = tiny_st("mean")
+    out = _run(corpus, model, tmp_path / "out")
+    config = out / "_bulkembed" / "config.json"
+    written = json.loads(config.read_text())
+    del written["encoder"]
+    config.write_text(json.dumps(written))
+    with pytest.raises(UsageError, match="written by an earlier bulkembed"):
+        bulkembed.load(out)
+    with pytest.raises(UsageError, match="holds no bulkembed run"):
+        bulkembed.load(f"lancedb://{tmp_path / 'none'}?table=t")
+
+
+def test_embed_like_an_output(tmp_path, corpus, tiny_st):
+    model = tiny_st("mean")
+    out = _run(corpus, model, tmp_path / "out", "--dim", "16")
+    result = CliRunner().invoke(app, ["embed", "--like", str(out), "--query", QUERY])
+    assert result.exit_code == 0, result.output
+    with bulkembed.load(out) as made:
+        expected = made.encode_query(QUERY).dense[0]
+    np.testing.assert_array_equal(np.float32(json.loads(result.stdout)["dense"]), expected)
+    refused = CliRunner().invoke(app, ["embed", "--like", str(out), "--dim", "8", QUERY])
+    assert refused.exit_code == 2
+    assert "leave out dim" in refused.output
+    missing = CliRunner().invoke(app, ["embed", QUERY])
+    assert missing.exit_code == 2 and "--model" in missing.output
