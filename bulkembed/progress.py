@@ -33,7 +33,9 @@ STAGES = ("read", "tokenize", "pack", "model", "post-process", "write")
 @dataclass(slots=True)
 class RunStats:
     """Counters of a run, updated after every batch. `docs` went through the model;
-    `carried` were copied from a previous output (`--since`); `encode_seconds` is the time
+    `carried` were copied from a previous output (`--since`); `read` were tokenized (or
+    carried over) by this process so far, ahead of the model, and `read_tokens` are the
+    tokens of those of them to embed (for the ETA); `encode_seconds` is the time
     the model was busy (batches in, vectors back on the host); `counts` what the devices
     counted (batches embedded again in float32, busy seconds of the mean device). `stages`
     holds the busy seconds of each of `STAGES` (tokenize summed over the tokenizer
@@ -46,6 +48,8 @@ class RunStats:
 
     docs: int = 0
     carried: int = 0
+    read: int = 0
+    read_tokens: int = 0
     encode_seconds: float = 0.0
     tokens: int = 0
     padded_tokens: int = 0
@@ -251,6 +255,7 @@ class LogReporter(QuietReporter):
     def update(self, stats: RunStats) -> None:
         super().update(stats)
         self.progress.count(stats.docs + stats.carried, stats.tokens)
+        self.progress.read(stats.read, stats.read_tokens)
 
     def finish(self, summary: dict[str, Any]) -> None:
         self.close()
@@ -290,7 +295,8 @@ class _Since(ProgressColumn):
 
 class BarReporter(LogReporter):
     """A rich progress bar on the terminal: the phase or `embedding`, the bar (moving to and
-    fro while the total is unknown), counts, recent rates, time in the phase, ETA."""
+    fro while the total is unknown), the percentage done, counts, recent rates, time in the
+    phase, ETA."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -327,13 +333,14 @@ class BarReporter(LogReporter):
             self._bar = Progress(
                 TextColumn("{task.description}"),
                 BarColumn(bar_width=24),
+                TextColumn("{task.fields[percent]}"),
                 TextColumn("{task.fields[counts]}"),
                 TextColumn("{task.fields[rates]}"),
                 _Since(self.progress),
                 TextColumn("{task.fields[eta]}"),
                 console=self.console,
             )
-            self._task = self._bar.add_task("", total=None, counts="", rates="", eta="")
+            self._task = self._bar.add_task("", total=None, percent="", counts="", rates="", eta="")
             self._bar.start()
         assert self._task is not None
         state = self.progress
@@ -344,6 +351,7 @@ class BarReporter(LogReporter):
             description=state.phase or "embedding",
             completed=state.done if embedding else 0,
             total=state.total if embedding else None,
+            percent="" if state.percent is None or not embedding else f"{state.percent}%",
             counts=state.counts() if embedding else "",
             rates=state.rates() if embedding else "",
             eta="" if eta is None else f"ETA {duration(eta)}",

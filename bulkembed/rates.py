@@ -9,6 +9,9 @@ from collections.abc import Callable
 
 # Rates are measured over the counts of the last this many seconds.
 RATE_WINDOW_SECONDS = 30.0
+# The ETA's rate is over the last this share of the time since the first batch (up to
+# `RATE_WINDOW_SECONDS`): the batches to come are more like the last ones than the first.
+ETA_SHARE = 1 / 3
 
 
 def duration(seconds: float) -> str:
@@ -40,11 +43,15 @@ class RateWindow:
         while len(self._counts) > 2 and now - self._counts[1][0] >= self.span:
             self._counts.popleft()
 
-    def rates(self) -> tuple[float, float] | None:
-        """(docs/s, tokens/s) over the window; None before two counts apart in time."""
+    def rates(self, since: float | None = None) -> tuple[float, float] | None:
+        """(docs/s, tokens/s) over the window, or from the last count at or before `since`
+        on; None before two counts apart in time."""
         if len(self._counts) < 2:
             return None
-        (start, docs, tokens), (end, last_docs, last_tokens) = self._counts[0], self._counts[-1]
+        first = self._counts[0]
+        if since is not None:
+            first = next((c for c in reversed(self._counts) if c[0] <= since), first)
+        (start, docs, tokens), (end, last_docs, last_tokens) = first, self._counts[-1]
         if end <= start:
             return None
         return (last_docs - docs) / (end - start), (last_tokens - tokens) / (end - start)
@@ -61,7 +68,13 @@ class RunProgress:
         self.since = clock()
         self.total: int | None = None
         self.done = 0
+        self.tokens = 0
+        self.read_docs = 0
+        self.read_tokens = 0
         self.window = RateWindow()
+        # When the first and the latest batch came back.
+        self.first_count: float | None = None
+        self.last_count = 0.0
 
     def begin(self, label: str | None) -> None:
         """Enter the phase `label` (None: embedding, shown by counts)."""
@@ -73,8 +86,16 @@ class RunProgress:
         embedded so far. The run is embedding."""
         if self.phase is not None:
             self.begin(None)
-        self.done = done
-        self.window.add(self.clock(), done, tokens)
+        self.done, self.tokens = done, tokens
+        self.last_count = self.clock()
+        if self.first_count is None:
+            self.first_count = self.last_count
+        self.window.add(self.last_count, done, tokens)
+
+    def read(self, docs: int, tokens: int) -> None:
+        """`docs` documents were read so far (tokenized or carried over), ahead of the
+        model, and those of them to embed hold `tokens` tokens."""
+        self.read_docs, self.read_tokens = docs, tokens
 
     @property
     def percent(self) -> int | None:
@@ -85,11 +106,31 @@ class RunProgress:
 
     @property
     def eta(self) -> float | None:
-        """Seconds until every document is done at the recent rate, when the total is known."""
-        rates = self.window.rates()
-        if self.total is None or self.done >= self.total or rates is None or rates[0] <= 0:
+        """Seconds until every document is done at the recent rate, when the total is known.
+
+        Tokens left over tokens per second, where documents were read ahead: the tokens
+        still to embed are those read and not embedded yet, plus, for the documents not
+        read yet, as many per document as the read ones hold. Documents reach the model
+        sorted by length within each window, so documents per second swing with their
+        lengths (a run that starts with its longest documents would show an ETA several
+        times too long), where tokens per second hold better. The rate is over the last
+        `ETA_SHARE` of the time since the first batch (at most the rate window): a token of
+        a long document costs more than one of a short one, and the batches to come are
+        more like the last ones than the first."""
+        if self.first_count is None:
             return None
-        return max(0, self.total - self.done) / rates[0]
+        recent = min(self.window.span, (self.last_count - self.first_count) * ETA_SHARE)
+        rates = self.window.rates(since=self.last_count - recent)
+        if self.total is None or self.done >= self.total or rates is None:
+            return None
+        docs_per_second, tokens_per_second = rates
+        if self.read_docs and self.read_tokens and tokens_per_second > 0:
+            unread = max(0, self.total - self.read_docs)
+            expected = self.read_tokens + unread * self.read_tokens / self.read_docs
+            return max(0.0, expected - self.tokens) / tokens_per_second
+        if docs_per_second <= 0:
+            return None
+        return max(0, self.total - self.done) / docs_per_second
 
     def counts(self) -> str:
         """`4,200/10,000 docs`, or `4,200 docs` while the total is unknown."""

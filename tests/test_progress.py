@@ -196,3 +196,50 @@ def test_index_builds_are_named_while_they_run(tmp_path, tiny_st):
         "building the ivf_hnsw_sq index on vector (300 rows)",
         "building the full-text index on text",
     ]
+
+
+def test_the_terminal_bar_shows_the_percentage_counts_rates_and_eta():
+    import io
+
+    from rich.console import Console
+
+    from bulkembed.progress import BarReporter
+
+    clock = FakeClock()
+    reporter = BarReporter()
+    reporter.progress = RunProgress(clock)
+    reporter.console = Console(file=io.StringIO(), width=140)
+    reporter.start(RunStats())
+    reporter.set_total(1_000)
+    reporter.update(_stats(docs=100, tokens=4_000))
+    clock.now += 2
+    reporter.update(_stats(docs=420, tokens=16_800))
+    shown = Console(file=io.StringIO(), width=140)
+    shown.print(reporter._bar.get_renderable())
+    reporter.close()
+    line = " ".join(shown.file.getvalue().split())
+    assert line.endswith("42% 420/1,000 docs 160 docs/s 6,400 tok/s 2s ETA 4s")
+
+
+def test_the_eta_a_quarter_into_the_demo_is_within_30_percent_of_the_time_left():
+    """The demo's batches, replayed on a fake clock: the longest documents come first, so
+    documents per second start low and rise."""
+    recorded = json.loads((ROOT / "tests" / "data" / "demo_progress.json").read_text())
+    counts = recorded["counts"]
+    end = counts[-1][0]
+    estimates = {}
+    for reads in (True, False):
+        clock = FakeClock()
+        progress = RunProgress(clock)
+        progress.total = recorded["total"]
+        for seconds, done, tokens, read_docs, read_tokens in counts:
+            clock.now = 1000.0 + seconds
+            progress.count(done, tokens)
+            if reads:
+                progress.read(read_docs, read_tokens)
+            if done >= recorded["total"] / 4:
+                estimates[reads] = progress.eta / (end - seconds)
+                break
+    assert 0.7 <= estimates[True] <= 1.3
+    # By documents alone, as before the reads were counted: several times too long.
+    assert estimates[False] > 3

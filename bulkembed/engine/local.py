@@ -50,9 +50,11 @@ def _admitted(
     done: dict[str, UnitRecord],
     carrier: CarryOver,
     tokenized: Iterable[TokenizedChunk],
+    stats: RunStats,
 ) -> Iterator[TokenizedChunk]:
     """The tokenized records still to embed: first id wins (the ids of done units count
-    as seen), up to the limit; `carrier` (the mode's) carries over those it can."""
+    as seen), up to the limit; `carrier` (the mode's) carries over those it can. They are
+    counted as read into `stats`."""
     config = plan.config
     seen = SeenIds()
     mine = {k: v for k, v in done.items() if plan.my_units is None or k in plan.my_units}
@@ -62,7 +64,18 @@ def _admitted(
         chunks = take(chunks, config.limit - sum(r.rows for r in done.values()))
     if config.on_bad_record is OnBadRecord.FAIL:
         chunks = fail_on_bad_records(chunks)
-    return leave_id_hashes(carrier.carry(chunks))
+    return _counted(leave_id_hashes(carrier.carry(chunks)), stats)
+
+
+def _counted(chunks: Iterable[TokenizedChunk], stats: RunStats) -> Iterator[TokenizedChunk]:
+    """`chunks`, their documents (carried over too) and the tokens of those to embed
+    counted as read into `stats` (the ETA reckons with them)."""
+    for tokenized in chunks:
+        carried = tokenized.chunk.carried
+        stats.read += len(tokenized.lengths)
+        stats.read += 0 if carried is None else len(carried.records.positions)
+        stats.read_tokens += int(tokenized.lengths.sum())
+        yield tokenized
 
 
 def embed_locally(
@@ -88,7 +101,7 @@ def embed_locally(
         # A model will be needed (one that may not be carries over what it can first).
         load_ahead("cpu" in devices and plan.spec.backend != "torch")
     with TokenizerPool(plan.tokenizer_settings, plan.workers, previous=carrier.lookup) as pool:
-        admitted = _admitted(plan, sink, done, carrier, pool.map(chunks))
+        admitted = _admitted(plan, sink, done, carrier, pool.map(chunks), stats)
         with ReadAhead(admitted, lambda c: share_of_window(c, budget)) as tokenized:
             # int8/uint8 ranges not calibrated yet are calibrated on the first window, here.
             many_writers = plan.target.capabilities.many_writers
