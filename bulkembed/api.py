@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
-from bulkembed.config import RunConfig
+from bulkembed.config import RUNTIME_SETTINGS, VECTOR_SETTINGS, RunConfig
 from bulkembed.contracts import Embeddings, SparseRows
 from bulkembed.errors import ModelError, UsageError, one_line
 
@@ -38,26 +38,7 @@ if TYPE_CHECKING:
 
 # The settings of `RunConfig` that `load` takes: those that decide what a vector is, and
 # where and how fast it is computed.
-MODEL_SETTINGS = (
-    "recipe",
-    "revision",
-    "devices",
-    "dtype",
-    "compile",
-    "backend",
-    "attention",
-    "pooling",
-    "normalize",
-    "prompt",
-    "prompt_name",
-    "outputs",
-    "sparse_top_k",
-    "dim",
-    "dtype_out",
-    "quantize",
-    "max_length",
-    "max_batch_tokens",
-)
+MODEL_SETTINGS = (*VECTOR_SETTINGS, "prompt_name", *RUNTIME_SETTINGS)
 # The call that gives every output, for each of LangChain's dense-only calls.
 _ENCODE = {"embed_documents": "encode_document", "embed_query": "encode_query"}
 # Texts tokenized at a time: a window gathers these into token-budget batches.
@@ -120,13 +101,13 @@ def load(model: str | os.PathLike[str], /, **settings: Any) -> TextEncoder:
 
 def _made(output: str, settings: dict[str, Any]) -> TextEncoder:
     """The encoder that made `output`, with `settings` of where and how fast it runs."""
-    from bulkembed.recorded import RECORDED, output_encoder
+    from bulkembed.recorded import output_encoder
     from bulkembed.storage import StorageOptions
 
     pairs = (settings.pop("storage_options", None) or {}).items()
     options = StorageOptions.parse([f"{k}={v}" for k, v in pairs]) if pairs else None
     made = output_encoder(output, options)
-    recorded = sorted(set(settings) & ({*RECORDED, "prompt_name"} - {"model"}))
+    recorded = sorted(set(settings) & {*VECTOR_SETTINGS, "prompt_name"})
     if recorded:
         raise UsageError(
             f"load: {made.label} records the settings its vectors were made with: leave out "

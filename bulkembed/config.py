@@ -22,6 +22,23 @@ DEFAULT_MAX_DELETES = 0.1
 OUTPUTS = ("dense", "sparse", "multivector")
 # Column names the output uses for itself (`vector` is the dense column in LanceDB).
 RESERVED_COLUMNS = ("id", *OUTPUTS, "content_hash", "vector")
+# The model's settings that shape its vectors, by their `RunConfig` names: what an output
+# records of its encoder besides the model (`bulkembed.recorded`).
+VECTOR_SETTINGS = (
+    "revision",
+    "recipe",
+    "pooling",
+    "normalize",
+    "prompt",
+    "outputs",
+    "sparse_top_k",
+    "dim",
+    "dtype_out",
+    "quantize",
+    "max_length",
+)
+# Where and how fast a model runs: its vectors are the same but for rounding.
+RUNTIME_SETTINGS = ("devices", "dtype", "compile", "backend", "attention", "max_batch_tokens")
 
 
 class Pooling(str, Enum):

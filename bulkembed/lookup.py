@@ -83,7 +83,9 @@ class PreviousLookup:
 
     @classmethod
     def build(cls, parts: Iterable[PartRows], folder: Path) -> PreviousLookup:
-        """Sort the rows of `parts` by id hash into `folder`, and open it."""
+        """Sort the rows of `parts` by id hash into `folder`, and open it. Each array is
+        joined, then written and let go, one after another: the peak holds the joined
+        arrays (41 bytes a row) and the sort order, not copies of all of them."""
         pieces: dict[str, list[np.ndarray]] = {name: [] for name in _ARRAYS}
         for number, part in enumerate(parts):
             count = len(part.keys)
@@ -93,23 +95,20 @@ class PreviousLookup:
             pieces["truncated"].append(part.counts.truncated)
             pieces["parts"].append(np.full(count, number, np.int32))
             pieces["rows"].append(np.arange(count, dtype=np.int64))
-        joined = {
-            name: np.concatenate(arrays).astype(_ARRAYS[name], copy=False)
-            if arrays
-            else np.empty(0, _ARRAYS[name])
-            for name, arrays in pieces.items()
-        }
+        joined = {name: _joined(pieces.pop(name), _ARRAYS[name]) for name in _ARRAYS}
         keys = joined["keys"]
-        order = np.argsort(keys, kind="stable")
+        # Ids of one hash (the same id twice, or a collision) match nothing: both are dropped.
+        order = np.argsort(keys)
         keys = keys[order]
         unique = np.ones(len(keys), dtype=bool)
         shared = keys[1:] == keys[:-1]
         unique[1:] &= ~shared
         unique[:-1] &= ~shared
         order = order[unique]
+        del keys, unique, shared
         folder.mkdir(parents=True, exist_ok=True)
-        for name, values in joined.items():
-            np.save(folder / f"{name}.npy", values[order])
+        for name in _ARRAYS:
+            np.save(folder / f"{name}.npy", joined.pop(name)[order])
         return cls.open(folder)
 
     def __len__(self) -> int:
@@ -141,3 +140,10 @@ class PreviousLookup:
 
     def counts(self, entries: np.ndarray) -> RowCounts:
         return RowCounts(np.asarray(self.tokens[entries]), np.asarray(self.truncated[entries]))
+
+
+def _joined(arrays: list[np.ndarray], kind: np.dtype) -> np.ndarray:
+    """`arrays` as one array of `kind`."""
+    if not arrays:
+        return np.empty(0, kind)
+    return np.concatenate(arrays).astype(kind, copy=False)

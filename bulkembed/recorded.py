@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from bulkembed.config import VECTOR_SETTINGS
 from bulkembed.contracts import RUN_DIRECTORY
 from bulkembed.errors import UsageError
 from bulkembed.run_dir import RunDirectory
@@ -28,20 +29,7 @@ if TYPE_CHECKING:
     from bulkembed.storage import StorageOptions
 
 # The settings of `load` a run records: the model, and what shapes its vectors.
-RECORDED = (
-    "model",
-    "revision",
-    "recipe",
-    "pooling",
-    "normalize",
-    "prompt",
-    "outputs",
-    "sparse_top_k",
-    "dim",
-    "dtype_out",
-    "quantize",
-    "max_length",
-)
+RECORDED = ("model", *VECTOR_SETTINGS)
 
 
 def encoder_record(spec: ModelSpec, output_format: OutputFormat) -> dict[str, Any]:

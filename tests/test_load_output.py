@@ -133,3 +133,22 @@ def test_embed_like_an_output(tmp_path, corpus, tiny_st):
     assert "leave out dim" in refused.output
     missing = CliRunner().invoke(app, ["embed", QUERY])
     assert missing.exit_code == 2 and "--model" in missing.output
+
+
+def test_a_duckdb_search_of_the_output_ranks_as_numpy(tmp_path, corpus, tiny_st):
+    import duckdb
+
+    out = _run(corpus, tiny_st("mean"), tmp_path / "out")
+    query = bulkembed.load(out).embed_query(QUERY)
+    # The README's query, as it is written there.
+    top = duckdb.sql(
+        f"""SELECT id, list_cosine_similarity(dense, $query::FLOAT[]) AS score
+            FROM '{out}/*.parquet' ORDER BY score DESC LIMIT 5""",
+        params={"query": query},
+    ).fetchall()
+    table = pq.read_table(out)
+    vectors = np.array(table.column("dense").to_pylist())
+    scores = vectors @ np.array(query) / np.linalg.norm(vectors, axis=1) / np.linalg.norm(query)
+    expected = [table.column("id")[int(i)].as_py() for i in np.argsort(-scores)[:5]]
+    assert [row[0] for row in top] == expected
+    np.testing.assert_allclose([row[1] for row in top], np.sort(scores)[::-1][:5], rtol=1e-5)

@@ -144,13 +144,12 @@ def embed_command(guarded: Callable[[Callable[[], Any]], Any]) -> Callable[..., 
 def _given(settings: dict[str, Any]) -> dict[str, Any]:
     """The settings of the options given: those that say where and how fast the model runs
     always, the others where they are not left at their defaults."""
-    from bulkembed.config import DTypeOut
+    from bulkembed.config import RUNTIME_SETTINGS, DTypeOut
 
-    runtime = ("dtype", "compile", "backend", "attention", "max_batch_tokens")
     return {
         name: value
         for name, value in settings.items()
-        if name in runtime or (value is not None and value != DTypeOut.FLOAT32)
+        if name in RUNTIME_SETTINGS or (value is not None and value != DTypeOut.FLOAT32)
     }
 
 

@@ -59,6 +59,7 @@ from bulkembed.schema import ENCODER_KEY
 from bulkembed.sinks.base import IntentLog, Recovered, Sink, unfenced, unshown
 from bulkembed.sinks.lance_index import (
     DEFAULT_TABLE,
+    EMBEDDING_FUNCTION,
     IndexSettings,
     build_indexes,
     fragment_files,
@@ -78,8 +79,6 @@ FLUSH_BYTES = 64 * 1024 * 1024
 # Commits of one unit that conflict with other writers' before the run gives up (each is
 # retried inside Lance too).
 COMMIT_ATTEMPTS = 8
-# The name of bulkembed's embedding function in LanceDB's registry (`bulkembed.lancedb`).
-EMBEDDING_FUNCTION = "bulkembed"
 
 
 class LanceSink(Sink):
@@ -143,6 +142,11 @@ class LanceSink(Sink):
     def db(self) -> Any:
         if self._db is None:
             lancedb, _ = lance_modules()
+            from bulkembed.sinks.lance_function import register
+
+            # The tables runs write name bulkembed's embedding function: LanceDB looks it
+            # up when it writes to them.
+            register()
             self._db = lancedb.connect(str(self.path), storage_options=self._options)
         return self._db
 

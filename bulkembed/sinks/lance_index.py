@@ -14,6 +14,8 @@ from bulkembed.errors import OutputError
 from bulkembed.storage import StorageOptions
 
 DEFAULT_TABLE = "embeddings"
+# The name of bulkembed's embedding function in LanceDB's registry (`lance_function`).
+EMBEDDING_FUNCTION = "bulkembed"
 # IVF trains each partition on up to this many rows.
 ROWS_PER_PARTITION = 256
 # From this many rows `auto` takes IVF_PQ (compressed); below, IVF_HNSW_SQ.

@@ -58,6 +58,9 @@ def parse_json_line(raw: bytes) -> tuple[dict[str, Any] | None, str | None]:
     except UnicodeDecodeError as e:
         return None, f"invalid UTF-8 at byte {e.start}"
     try:
+        # The standard library, not orjson: it reads an escaped unpaired surrogate (which
+        # `problem` then names), and says at which column a line is malformed. Most lines
+        # never come here: Arrow's JSON reader takes their blocks whole (`jsonl`).
         record = json.loads(line)
     except json.JSONDecodeError as e:
         # Some messages end in "at" already ("Invalid control character at").

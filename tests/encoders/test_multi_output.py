@@ -72,6 +72,10 @@ def test_bge_m3_matches_flagembedding(tmp_path, tiny_bge_m3, backend):
     # The schema metadata says how to search the parts.
     metadata = pq.read_schema(next(out.glob("*.parquet"))).metadata
     config = tiny_bge_m3 / "config.json"
+    encoder = json.loads(metadata.pop(b"bulkembed.encoder"))
+    assert encoder["model"] == str(tiny_bge_m3)
+    assert encoder["outputs"] == ["dense", "sparse", "multivector"]
+    assert encoder["version"] == model_version(str(tiny_bge_m3), None, config)
     assert {k: v for k, v in metadata.items() if k.startswith(b"bulkembed.")} == {
         b"bulkembed.model": str(tiny_bge_m3).encode(),
         b"bulkembed.revision": model_version(str(tiny_bge_m3), None, config).encode(),
