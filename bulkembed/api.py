@@ -107,26 +107,31 @@ def _made(output: str, settings: dict[str, Any]) -> TextEncoder:
     pairs = (settings.pop("storage_options", None) or {}).items()
     options = StorageOptions.parse([f"{k}={v}" for k, v in pairs]) if pairs else None
     made = output_encoder(output, options)
-    recorded = sorted(set(settings) & {*VECTOR_SETTINGS, "prompt_name"})
+    # The revision may be named anew (a branch that moved): the weights are checked.
+    recorded = sorted(set(settings) & ({*VECTOR_SETTINGS, "prompt_name"} - {"revision"}))
     if recorded:
         raise UsageError(
             f"load: {made.label} records the settings its vectors were made with: leave out "
             f"{', '.join(recorded)}"
         )
-    return load_recorded(made.label, made.settings, made.version, made.ranges, settings)
+    return load_recorded(made.label, made.record, made.ranges, settings)
 
 
 def load_recorded(
     label: str,
-    recorded: dict[str, Any],
-    version: str,
+    record: dict[str, Any],
     ranges: list[list[float]] | None,
     settings: dict[str, Any],
 ) -> TextEncoder:
-    """The encoder that `label` records (`bulkembed.recorded`: `load`'s settings, the exact
-    weights `version`, the int8/uint8 `ranges`), with `settings` of where and how fast it
-    runs and, as `model`, where the model's files are now; other weights are refused."""
-    values = {**recorded, **settings}
+    """The encoder that `label` records (`bulkembed.recorded.encoder_record`), with its
+    int8/uint8 `ranges`, `settings` of where and how fast it runs and, as `model` and
+    `revision`, where the model's files are now; weights other than the recorded ones are
+    refused. Its documents take the recorded prompt, and its queries the recorded query
+    prompt."""
+    from bulkembed.recorded import RECORDED
+
+    version = str(record.get("version"))
+    values = {**{k: record[k] for k in RECORDED}, **settings}
     model = values.pop("model")
     try:
         encoder = TextEncoder(model_config(model, values), ranges)
@@ -141,6 +146,11 @@ def load_recorded(
             f"{label} was made with the weights {version} of {model}, not these "
             f"({encoder.spec.version}): load those (model=..., revision=...)"
         )
+    # As the output's documents were, whatever the model's defaults are now.
+    query_prompt = record.get("query_prompt")
+    encoder.spec = replace(
+        encoder.spec, document_prompt=encoder.spec.prompt, query_prompt=query_prompt
+    )
     return encoder
 
 

@@ -16,12 +16,13 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
 
-from bulkembed.schema import EMBEDDING_COLUMNS
+from bulkembed.schema import EMBEDDING_COLUMNS, ENCODER_KEY
 from bulkembed.sources import BadRecord
 from bulkembed.sources.filters import id_hashes
 from bulkembed.sources.records import (
@@ -33,6 +34,7 @@ from bulkembed.sources.records import (
     known_id,
 )
 from bulkembed.storage import AnyPath, parquet_file
+from bulkembed.version import __version__
 
 if TYPE_CHECKING:
     import pyarrow.parquet as pq
@@ -62,6 +64,7 @@ class CarryOver:
         # For each unit whose records so far are the rows of one part of PREV from its
         # first, in order: that part and its next row (None: the unit is not).
         self._whole: dict[str, tuple[int, int] | None] = {}
+        self._sizes: dict[int, int | None] = {}
 
     def __getstate__(self) -> dict[str, Any]:
         """What travels to another process: no open file, no cached row group."""
@@ -102,17 +105,28 @@ class CarryOver:
 
     def _source(self, chunk: Chunk, entries: np.ndarray, same: np.ndarray) -> PreviousRows | None:
         """The rows of PREV that the records of `chunk` are, where they go on the rows its
-        unit's earlier records are, of one part of PREV from its first row: every record
-        unchanged, no passthrough column, in PREV's order."""
+        unit's earlier records are, of one part of PREV from its first row, a part that may
+        be copied whole (`_row_bytes`): every record unchanged, no passthrough column, in
+        PREV's order."""
         unit = chunk.part
-        if chunk.last_in_unit:
-            run = self._whole.pop(unit, (-1, 0))
-        else:
-            run = self._whole.setdefault(unit, (-1, 0))
+        run = self._whole.pop(unit, (-1, 0))
+        if run is not None and len(entries):
+            run = self._continued(run, chunk, entries, same)
+        if not chunk.last_in_unit:
+            self._whole[unit] = run
         if run is None or not len(entries):
             return None
+        number, stop = run
+        size = self._row_bytes(number)
+        assert size is not None
+        return PreviousRows(self.parts[number], stop - len(entries), stop, size)
+
+    def _continued(
+        self, run: tuple[int, int], chunk: Chunk, entries: np.ndarray, same: np.ndarray
+    ) -> tuple[int, int] | None:
+        """`run` (a part of PREV and its next row; (-1, 0) before a unit's first record)
+        gone on by the records of `chunk`, or None where they do not go on it."""
         if chunk.columns or not same.all():
-            self._whole[unit] = None
             return None
         assert self.lookup is not None
         numbers = self.lookup.parts[entries]
@@ -120,11 +134,27 @@ class CarryOver:
         number, start = run if run[0] >= 0 else (int(numbers[0]), 0)
         stop = start + len(entries)
         if (numbers != number).any() or (rows != np.arange(start, stop)).any():
-            self._whole[unit] = None
             return None
-        if not chunk.last_in_unit:
-            self._whole[unit] = (number, stop)
-        return PreviousRows(self.parts[number], start, stop)
+        return None if self._row_bytes(number) is None else (number, stop)
+
+    def _row_bytes(self, number: int) -> int | None:
+        """The bytes a row of PREV's part `number` takes, where the part may be copied as
+        it is: a local file whose schema says this version of bulkembed wrote it, with its
+        encoder's record (else this run's schema differs); None where it may not."""
+        if number not in self._sizes:
+            path, size = self.parts[number], None
+            if isinstance(path, Path):
+                file = parquet_file(path)
+                metadata = file.schema_arrow.metadata or {}
+                ours = metadata.get(b"bulkembed.version") == __version__.encode()
+                if ours and ENCODER_KEY.encode() in metadata:
+                    found = file.metadata
+                    stored = sum(
+                        found.row_group(g).total_byte_size for g in range(found.num_row_groups)
+                    )
+                    size = stored // max(1, found.num_rows)
+            self._sizes[number] = size
+        return self._sizes[number]
 
     @staticmethod
     def _note_kept(lookup: PreviousLookup, bad: list[BadRecord]) -> None:

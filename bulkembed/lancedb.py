@@ -22,14 +22,10 @@ from bulkembed.api import TextEncoder, load_recorded
 from bulkembed.sinks import lance_function
 
 
-def _load(fields: dict[str, Any]) -> TextEncoder:
-    """The encoder of a table's record: `load`'s settings and the exact weights."""
-    record = dict(fields)
-    version = record.pop("version")
+def _load(record: dict[str, Any]) -> TextEncoder:
+    """The encoder of a table's record (`bulkembed.recorded.encoder_record`)."""
     device = os.environ.get("BULKEMBED_DEVICE", "auto")
-    return load_recorded(
-        "the LanceDB table's vector column", record, version, None, {"device": device}
-    )
+    return load_recorded("the LanceDB table's vector column", record, None, {"device": device})
 
 
 lance_function.register()

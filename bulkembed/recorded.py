@@ -4,9 +4,10 @@ with the settings its documents were.
 A run records the settings of `bulkembed.load` that shape a vector (`RECORDED`: the model,
 its revision and recipe, pooling, normalisation, the documents' prompt, outputs, sparse
 top-k, `--dim`, `--dtype-out`, `--quantize`, maximum length) and the exact weights
-(`version`) in its `config.json`, under `encoder`, and in the schema metadata of its parts
-and tables, under `bulkembed.encoder`. `load(OUTPUT)` reads them back, with the int8/uint8
-ranges of the run, and refuses weights other than the recorded ones.
+(`version`) and its query prompt in its `config.json`, under `encoder`, and in the schema
+metadata of its parts and tables, under `bulkembed.encoder`. `load(OUTPUT)` reads them
+back, with the int8/uint8 ranges of the run, and refuses weights other than the recorded
+ones.
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ RECORDED = ("model", *VECTOR_SETTINGS)
 
 
 def encoder_record(spec: ModelSpec, output_format: OutputFormat) -> dict[str, Any]:
-    """What a run records of its encoder: `RECORDED`, and the exact weights (`version`)."""
+    """What a run records of its encoder: `RECORDED`, the exact weights (`version`), and
+    the prompt its model puts before queries (`query_prompt`)."""
     return {
         "model": spec.source,
         "revision": spec.revision,
@@ -48,17 +50,17 @@ def encoder_record(spec: ModelSpec, output_format: OutputFormat) -> dict[str, An
         "quantize": output_format.quantize,
         "max_length": spec.max_length,
         "version": spec.version,
+        "query_prompt": spec.query_prompt,
     }
 
 
 @dataclass(frozen=True, slots=True)
 class OutputEncoder:
-    """The encoder of the output `label`: `load`'s settings (`RECORDED`), the exact weights
-    (`version`), and the int8/uint8 ranges its vectors were quantized with."""
+    """The encoder of the output `label`: its record (`encoder_record`) and the int8/uint8
+    ranges its vectors were quantized with."""
 
     label: str
-    settings: dict[str, Any]
-    version: str
+    record: dict[str, Any]
     ranges: list[list[float]] | None
 
 
@@ -94,5 +96,4 @@ def output_encoder(output: str, options: StorageOptions | None = None) -> Output
             f"{target.label}: {run.quantization_path} is missing, so its int8/uint8 scale "
             "is unknown: restore it"
         )
-    settings = {k: found[k] for k in RECORDED}
-    return OutputEncoder(target.label, settings, str(found.get("version")), ranges)
+    return OutputEncoder(target.label, found, ranges)

@@ -31,6 +31,8 @@ CONTENT_HASH = "content_hash"
 # The schema metadata key of the settings of the encoder that made the vectors
 # (`bulkembed.recorded`).
 ENCODER_KEY = "bulkembed.encoder"
+# The name of bulkembed's embedding function in LanceDB's registry, which tables name.
+EMBEDDING_FUNCTION = "bulkembed"
 
 
 def output_schema(

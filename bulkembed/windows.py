@@ -92,7 +92,7 @@ def split_chunk(tokenized: TokenizedChunk, max_tokens: int) -> list[TokenizedChu
 
 def _carried_bytes(chunk: TokenizedChunk) -> int:
     carried = chunk.chunk.carried
-    return 0 if carried is None or carried.embeddings is None else carried.embeddings.nbytes
+    return 0 if carried is None else carried.nbytes
 
 
 def share_of_window(chunk: TokenizedChunk, max_batch_tokens: int) -> float:

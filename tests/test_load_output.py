@@ -133,6 +133,8 @@ def test_embed_like_an_output(tmp_path, corpus, tiny_st):
     assert "leave out dim" in refused.output
     missing = CliRunner().invoke(app, ["embed", QUERY])
     assert missing.exit_code == 2 and "--model" in missing.output
+    model = CliRunner().invoke(app, ["embed", "--like", str(tiny_st("mean")), QUERY])
+    assert model.exit_code == 2 and "is not an output bulkembed wrote" in model.output
 
 
 def test_a_duckdb_search_of_the_output_ranks_as_numpy(tmp_path, corpus, tiny_st):
@@ -152,3 +154,19 @@ def test_a_duckdb_search_of_the_output_ranks_as_numpy(tmp_path, corpus, tiny_st)
     expected = [table.column("id")[int(i)].as_py() for i in np.argsort(-scores)[:5]]
     assert [row[0] for row in top] == expected
     np.testing.assert_allclose([row[1] for row in top], np.sort(scores)[::-1][:5], rtol=1e-5)
+
+
+def test_documents_and_queries_take_the_prompts_the_output_was_made_with(tmp_path, corpus, tiny_st):
+    model = tiny_st("mean")
+    out = _run(corpus, model, tmp_path / "out", "--prompt", "passage: ")
+    with bulkembed.load(out) as made, bulkembed.load(model, prompt="passage: ") as named:
+        assert made.document_prompt == "passage: " and named.document_prompt == ""
+        assert made.embed_documents(["a text"]) == named.encode(["a text"]).dense.tolist()
+    # The query prompt the model had when the output was made, whatever it has now.
+    config = out / "_bulkembed" / "config.json"
+    written = json.loads(config.read_text())
+    written["encoder"]["query_prompt"] = "query: "
+    config.write_text(json.dumps(written))
+    with bulkembed.load(out) as made, bulkembed.load(model) as plain:
+        assert made.query_prompt == "query: "
+        assert made.embed_query("a text") == plain.encode("query: a text").dense[0].tolist()

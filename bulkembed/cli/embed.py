@@ -125,6 +125,13 @@ def embed_command(guarded: Callable[[Callable[[], Any]], Any]) -> Callable[..., 
             if settings.pop("tune_batch_tokens"):
                 settings["max_batch_tokens"] = "auto"
             if like is not None:
+                from bulkembed.recorded import names_output
+
+                if not names_output(like):
+                    raise UsageError(
+                        f"--like {like} is not an output bulkembed wrote (it has no "
+                        "_bulkembed/config.json): name one, or pass --model for a model"
+                    )
                 source, settings = like, _given(settings)
                 if model is not None:
                     settings["model"] = model

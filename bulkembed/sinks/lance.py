@@ -46,7 +46,6 @@ the done units are checked by their row count instead.
 from __future__ import annotations
 
 import contextlib
-import json
 import warnings
 from collections.abc import Callable, Collection, Iterator
 from datetime import timedelta
@@ -55,11 +54,9 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from bulkembed.errors import OutputError, UnaccountedRows
-from bulkembed.schema import ENCODER_KEY
 from bulkembed.sinks.base import IntentLog, Recovered, Sink, unfenced, unshown
 from bulkembed.sinks.lance_index import (
     DEFAULT_TABLE,
-    EMBEDDING_FUNCTION,
     IndexSettings,
     build_indexes,
     fragment_files,
@@ -67,6 +64,7 @@ from bulkembed.sinks.lance_index import (
     lance_storage_options,
     present_files,
     table_files,
+    with_embedding_function,
 )
 from bulkembed.storage import AnyPath, ObjectPath, StorageOptions
 
@@ -142,11 +140,6 @@ class LanceSink(Sink):
     def db(self) -> Any:
         if self._db is None:
             lancedb, _ = lance_modules()
-            from bulkembed.sinks.lance_function import register
-
-            # The tables runs write name bulkembed's embedding function: LanceDB looks it
-            # up when it writes to them.
-            register()
             self._db = lancedb.connect(str(self.path), storage_options=self._options)
         return self._db
 
@@ -313,8 +306,10 @@ class LanceSink(Sink):
                     yield batch.column("id")
 
     def start(self, schema: pa.Schema, fence: Callable[[], None] = unfenced) -> None:
-        fields = [f.with_name("vector") if f.name == "dense" else f for f in schema]
-        self.schema = pa.schema(fields, metadata=self._metadata(pa.schema(fields, schema.metadata)))
+        named = pa.schema([f.with_name("vector") if f.name == "dense" else f for f in schema])
+        self.schema = with_embedding_function(
+            named.with_metadata(schema.metadata), self.text_column
+        )
         self._fence = fence
         table = self._existing_table()
         if table is None:
@@ -326,25 +321,6 @@ class LanceSink(Sink):
                 f"{self.description} has columns {table.schema.names}, not the "
                 f"{self.schema.names} this run writes: use --overwrite"
             )
-
-    def _metadata(self, schema: pa.Schema) -> dict[bytes, bytes]:
-        """The schema's metadata, with bulkembed's embedding function for the `vector`
-        column where the run recorded its encoder and the vectors are floats: LanceDB
-        embeds text queries with it (`bulkembed.lancedb`)."""
-        metadata = dict(schema.metadata or {})
-        encoder = metadata.get(ENCODER_KEY.encode())
-        if encoder is None or "vector" not in schema.names:
-            return metadata
-        if not pa.types.is_floating(schema.field("vector").type.value_type):
-            return metadata
-        function = {
-            "name": EMBEDDING_FUNCTION,
-            "model": json.loads(encoder),
-            "source_column": self.text_column,
-            "vector_column": "vector",
-        }
-        metadata[b"embedding_functions"] = json.dumps([function]).encode()
-        return metadata
 
     def write(self, part: str, batch: pa.RecordBatch) -> None:
         assert self.schema is not None

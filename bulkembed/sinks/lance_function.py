@@ -4,7 +4,7 @@ A table that `bulkembed run` writes names this function in its schema for its `v
 column, with the settings its vectors were made with (`bulkembed.recorded`) as its fields.
 LanceDB reads that entry whenever it writes to the table or embeds text for it, and fails on
 a name it does not know: so every process of bulkembed that opens a database registers it
-(`LanceSink.db`), and so does `import bulkembed.lancedb`, which also gives the
+(`lance_index.lance_modules`), and so does `import bulkembed.lancedb`, which also gives the
 function its model (`loader`): only then does it embed text.
 """
 
@@ -18,7 +18,7 @@ from typing import Any, Protocol
 from lancedb.embeddings import TextEmbeddingFunction, get_registry
 
 from bulkembed.errors import UsageError
-from bulkembed.sinks.lance_index import EMBEDDING_FUNCTION
+from bulkembed.schema import EMBEDDING_FUNCTION
 
 
 class TextEncoderLike(Protocol):
@@ -54,6 +54,7 @@ class BulkembedFunction(TextEmbeddingFunction):
     quantize: str | None = None
     max_length: int | None = None
     version: str = ""
+    query_prompt: str | None = None
     # A model that cannot load does not load on a second try: its error is raised at once.
     max_retries: int = 0
 
@@ -63,7 +64,11 @@ class BulkembedFunction(TextEmbeddingFunction):
         return dim
 
     def generate_embeddings(self, texts: Any, *args: Any, **kwargs: Any) -> list[Any]:
-        return self._encoder().embed_documents([str(t) for t in texts])
+        """The document vector of each text; None for a value that is no text (a null)."""
+        listed = list(texts)
+        strings = [t for t in listed if isinstance(t, str)]
+        vectors = iter(self._encoder().embed_documents(strings) if strings else [])
+        return [next(vectors) if isinstance(t, str) else None for t in listed]
 
     def compute_query_embeddings(self, query: str, *args: Any, **kwargs: Any) -> list[Any]:
         return [self._encoder().embed_query(query)]

@@ -1,21 +1,24 @@
 """A LanceDB table's surroundings: the lancedb and lance modules, where a table on object
-storage is reached, the data files of a version, and the indexes built once every unit is
-in (`--index`, `--fts`)."""
+storage is reached, the data files of a version, the embedding function its schema names,
+and the indexes built once every unit is in (`--index`, `--fts`)."""
 
 from __future__ import annotations
 
+import json
 import math
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import pyarrow as pa
+
 from bulkembed.errors import OutputError
+from bulkembed.schema import EMBEDDING_FUNCTION, ENCODER_KEY
 from bulkembed.storage import StorageOptions
 
 DEFAULT_TABLE = "embeddings"
-# The name of bulkembed's embedding function in LanceDB's registry (`lance_function`).
-EMBEDDING_FUNCTION = "bulkembed"
+
 # IVF trains each partition on up to this many rows.
 ROWS_PER_PARTITION = 256
 # From this many rows `auto` takes IVF_PQ (compressed); below, IVF_HNSW_SQ.
@@ -45,6 +48,26 @@ class IndexSettings:
         return kind, min(trainable, max(1, round(math.sqrt(rows))))
 
 
+def with_embedding_function(schema: pa.Schema, text_column: str) -> pa.Schema:
+    """The schema of a table, naming bulkembed's embedding function for its `vector`
+    column, with `text_column` as its source, where the run recorded its encoder and the
+    vectors are floats: LanceDB embeds text with it (`lance_function`)."""
+    metadata = dict(schema.metadata or {})
+    encoder = metadata.get(ENCODER_KEY.encode())
+    if encoder is None or "vector" not in schema.names:
+        return schema
+    if not pa.types.is_floating(schema.field("vector").type.value_type):
+        return schema
+    function = {
+        "name": EMBEDDING_FUNCTION,
+        "model": json.loads(encoder),
+        "source_column": text_column,
+        "vector_column": "vector",
+    }
+    metadata[b"embedding_functions"] = json.dumps([function]).encode()
+    return schema.with_metadata(metadata)
+
+
 def lance_modules() -> Any:
     """The lancedb and lance modules, or a one-line error naming the extra."""
     try:
@@ -58,6 +81,11 @@ def lance_modules() -> Any:
     # (OpenVINO's telemetry sender) never touch a table.
     warnings.filterwarnings("ignore", "lance is not fork-safe", UserWarning)
     warnings.filterwarnings("ignore", "lancedb fork support is experimental", RuntimeWarning)
+    from bulkembed.sinks.lance_function import register
+
+    # The tables runs write name bulkembed's embedding function: LanceDB looks it up when
+    # it writes to them.
+    register()
     return lancedb, lance
 
 

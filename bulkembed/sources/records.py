@@ -164,11 +164,13 @@ class Chunk:
 
 @dataclass(frozen=True, slots=True)
 class PreviousRows:
-    """Rows `start` to `stop` (not included) of the previous output's part at `path`."""
+    """Rows `start` to `stop` (not included) of the previous output's part at `path`, of
+    `row_bytes` bytes each there."""
 
     path: AnyPath
     start: int
     stop: int
+    row_bytes: int = 0
 
     def read(self, columns: list[str]) -> pa.Table:
         """The rows' `columns`: the row groups that hold them, sliced."""
@@ -192,6 +194,15 @@ class Carried:
     embeddings: pa.Table | None
     counts: RowCounts
     source: PreviousRows | None = None
+
+    @property
+    def nbytes(self) -> int:
+        """What the records' output columns take, in hand or, for those read later, in the
+        previous output: windows and read-ahead weigh them alike."""
+        if self.embeddings is not None:
+            return int(self.embeddings.nbytes)
+        assert self.source is not None
+        return (self.source.stop - self.source.start) * self.source.row_bytes
 
     def read(self, columns: list[str]) -> pa.Table:
         """The output columns of the records, read from `source` if they are not in hand."""

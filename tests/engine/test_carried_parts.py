@@ -113,8 +113,18 @@ def test_a_unit_changed_after_its_first_chunk_reads_the_carried_rows(
 
 
 @pytest.mark.parametrize("change", ["title", "none"])
-def test_kept_columns_come_from_the_input(tmp_path, tiny_st, change):
+def test_kept_columns_come_from_the_input(tmp_path, tiny_st, change, monkeypatch):
+    from bulkembed.sinks.parquet import ParquetSink
+
     model = tiny_st("mean")
+    adopted = []
+    adopt = ParquetSink.adopt
+
+    def counting(self, *args):
+        adopted.append(args[0])
+        return adopt(self, *args)
+
+    monkeypatch.setattr(ParquetSink, "adopt", counting)
     old = [{**r, "title": f"title {n}"} for n, r in enumerate(records(300))]
     new = [dict(r) for r in old]
     if change == "title":
@@ -126,6 +136,32 @@ def test_kept_columns_come_from_the_input(tmp_path, tiny_st, change):
     since = ("--since", tmp_path / "out-v1")
     result = run_cli(tmp_path / "v2", model, tmp_path / "out-v2", *since, *keep, *FLOAT32)
     assert result.exit_code == 0, result.output
+    # A part with passthrough columns is never taken whole: they come from the input.
+    assert adopted == []
     table = pq.read_table(tmp_path / "out-v2")
     assert table.column("title").to_pylist() == [r["title"] for r in new]
     assert table.column("dense").equals(pq.read_table(tmp_path / "out-v1").column("dense"))
+
+
+def test_parts_of_another_bulkembed_version_are_written_row_by_row(tmp_path, tiny_st, monkeypatch):
+    model = tiny_st("mean")
+    incremental_corpora(tmp_path)
+    before = tmp_path / "out-v1"
+    assert run_cli(tmp_path / "v1", model, before, *FLOAT32).exit_code == 0
+    for part in before.glob("part-*.parquet"):
+        table = pq.read_table(part)
+        metadata = {**table.schema.metadata, b"bulkembed.version": b"0.0.1"}
+        label = pq.read_metadata(part).metadata[b"bulkembed.unit"]
+        writer = pq.ParquetWriter(part, table.schema.with_metadata(metadata))
+        writer.write_table(table)
+        writer.add_key_value_metadata({"bulkembed.unit": label})
+        writer.close()
+    reads = _count_reads(monkeypatch)
+    same = tmp_path / "same"
+    result = run_cli(tmp_path / "v1", model, same, "--since", before, *FLOAT32)
+    assert result.exit_code == 0, result.output
+    # Not deferred: their vectors are read as they are carried, never a row at a time later.
+    assert reads == []
+    for name in (p.name for p in same.glob("part-*.parquet")):
+        assert pq.read_schema(same / name).metadata[b"bulkembed.version"] != b"0.0.1"
+    assert pq.read_table(same).column("dense").equals(pq.read_table(before).column("dense"))
