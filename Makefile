@@ -14,7 +14,7 @@ INFINITY_VENV ?= .venv-infinity
 INFINITY ?= 'infinity-emb[optimum]==0.0.78' 'optimum-onnx[onnxruntime]>=0.1' \
 	'transformers>=4.56,<4.58' 'huggingface-hub<1.0'
 
-.PHONY: install demo test test-fast lint format bench gpu-check docs clean
+.PHONY: install demo test test-fast lint format bench gpu-check docs docs-serve clean
 
 install: $(VENV)/.installed
 
@@ -44,6 +44,8 @@ lint: install
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports
 	$(BIN)/mypy
+	$(BIN)/python scripts/cli_reference.py --check
+	$(BIN)/mkdocs build --strict --quiet
 
 format: install
 	$(BIN)/ruff format .
@@ -90,6 +92,10 @@ gpu-check: install
 
 docs: install
 	$(BIN)/python scripts/cli_reference.py
+	$(BIN)/mkdocs build --strict --quiet
+
+docs-serve: install
+	$(BIN)/mkdocs serve
 
 clean:
 	rm -rf $(VENV) $(BENCH_VENV) $(INFINITY_VENV) $(DEMO_OUT) gpu-check.json .pytest_cache .ruff_cache

@@ -21,7 +21,7 @@ one over round r of the other). Also the machine, one document per forward pass 
 `--naive-docs`, once), and each configuration's share of a measured matrix multiply's
 FLOP/s. A configuration that cannot run is listed under "skipped" with the reason.
 
-Prints one JSON object on stdout, and a Markdown table for the README on stderr (and into
+Prints one JSON object on stdout, and a Markdown table for docs/benchmarks.md on stderr (and into
 `--markdown FILE`).
 
     HF_HUB_OFFLINE=1 python benchmarks/throughput.py [--docs 5000] [--rounds 3] \\

@@ -1,9 +1,9 @@
-"""Write the option reference of `bulkembed run` into README.md, between the markers.
+"""Write the option reference of `bulkembed run` into docs/reference.md, between the markers.
 
-    python scripts/cli_reference.py          # rewrite the README section
-    python scripts/cli_reference.py --check  # exit 1 if the README is out of date
+    python scripts/cli_reference.py          # rewrite the section
+    python scripts/cli_reference.py --check  # exit 1 if it is out of date
 
-The table is generated from the CLI's own options, so the README cannot drift from them.
+The table is generated from the CLI's own options, so the reference cannot drift from them.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import typer
 
 from bulkembed.cli import run
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+REFERENCE = Path(__file__).resolve().parent.parent / "docs" / "reference.md"
 START, END = "<!-- cli-reference:start -->", "<!-- cli-reference:end -->"
 
 
@@ -66,13 +66,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--check", action="store_true")
     args = parser.parse_args()
-    text = README.read_text(encoding="utf-8")
+    text = REFERENCE.read_text(encoding="utf-8")
     before, rest = text.split(START, 1)
     _, after = rest.split(END, 1)
     updated = f"{before}{START}\n{reference()}\n{END}{after}"
     if args.check:
         sys.exit(0 if updated == text else 1)
-    README.write_text(updated, encoding="utf-8")
+    REFERENCE.write_text(updated, encoding="utf-8")
 
 
 if __name__ == "__main__":

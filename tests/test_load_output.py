@@ -137,17 +137,19 @@ def test_embed_like_an_output(tmp_path, corpus, tiny_st):
     assert model.exit_code == 2 and "is not an output bulkembed wrote" in model.output
 
 
-def test_a_duckdb_search_of_the_output_ranks_as_numpy(tmp_path, corpus, tiny_st):
-    import duckdb
+def test_the_documented_duckdb_search_ranks_as_numpy(tmp_path, corpus, tiny_st, monkeypatch):
+    from helpers import ROOT
 
     out = _run(corpus, tiny_st("mean"), tmp_path / "out")
-    query = bulkembed.load(out).embed_query(QUERY)
-    # The README's query, as it is written there.
-    top = duckdb.sql(
-        f"""SELECT id, list_cosine_similarity(dense, $query::FLOAT[]) AS score
-            FROM '{out}/*.parquet' ORDER BY score DESC LIMIT 5""",
-        params={"query": query},
-    ).fetchall()
+    page = (ROOT / "docs" / "outputs.md").read_text()
+    section = page.split("## Searching the Parquet output with DuckDB", 1)[1]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    # As written there, but for the question.
+    code = code.replace("how do I sort a list?", QUERY)
+    monkeypatch.chdir(tmp_path)
+    found: dict = {}
+    exec(compile(code, "docs/outputs.md", "exec"), found)
+    top, query = found["top"], found["query"]
     table = pq.read_table(out)
     vectors = np.array(table.column("dense").to_pylist())
     scores = vectors @ np.array(query) / np.linalg.norm(vectors, axis=1) / np.linalg.norm(query)

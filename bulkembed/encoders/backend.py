@@ -123,7 +123,7 @@ def choose_attention(
     flat), and a remark for the log when `auto` cannot take flat on CUDA: `--attention`, with
     `auto` flat where a variable-length flash kernel runs attention (CUDA in half
     precision), else padded (on a CPU the padded OpenVINO graph runs faster than the flat
-    PyTorch path; see the README)."""
+    PyTorch path; see docs/design.md)."""
     from bulkembed.encoders.varlen import kernel_runs
 
     attention = Attention(spec.attention)

@@ -8,7 +8,7 @@ conversion. Later runs read the IR and skip PyTorch's model load.
 
 On the CPU its fused kernels (attention, layer norm, GELU; bfloat16 matrix multiplies on
 AVX512-BF16 and AMX) run the packed batches 1.2-1.3× faster than PyTorch eager in float32
-and 1.3× faster than autocast in bfloat16 (see the README's backend table). Half precision
+and 1.3× faster than autocast in bfloat16 (see the backend table in docs/design.md). Half precision
 is OpenVINO's inference precision: the weights stay float32 in the IR, the plugin computes
 in bfloat16 and returns float32.
 """

@@ -3,7 +3,8 @@ copy of it with another label.
 
 Embedding columns are written plain: no dictionary, no statistics, no compression. Vectors
 of floats gain nothing from any of them, and skipping them doubles the speed of writing
-float32 multi-vectors and triples it for float16 (see the README's host-ceiling figures).
+float32 multi-vectors and triples it for float16 (see the host-ceiling figures in
+docs/benchmarks.md).
 Ids and content hashes, each one of a kind, are written without a dictionary (the hashes
 without statistics); passthrough columns keep pyarrow's defaults.
 

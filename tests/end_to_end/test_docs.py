@@ -5,11 +5,11 @@ from pathlib import Path
 from helpers import ROOT
 
 
-def test_readme_option_reference_is_current():
+def test_the_option_reference_is_current():
     result = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "cli_reference.py"), "--check"], cwd=ROOT
     )
-    assert result.returncode == 0, "README options are stale: run `make docs`"
+    assert result.returncode == 0, "docs/reference.md is stale: run `make docs`"
 
 
 def test_the_readme_query_of_the_demo_output_prints_the_top_five(tmp_path):

@@ -181,15 +181,15 @@ def test_since_on_two_shards_gives_the_one_machine_change_set(synced, tmp_path, 
     assert not [p for p in out.rglob("*.tmp")]
 
 
-def test_readme_loader_applies_the_change_set(synced, tmp_path, monkeypatch):
+def test_the_documented_loader_applies_the_change_set(synced, tmp_path, monkeypatch):
     folder, _, _ = synced
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split("### Sync into a vector store", 1)[1]
+    page = (ROOT / "docs" / "incremental.md").read_text()
+    section = page.split("## Sync into a vector store", 1)[1]
     code = section.split("```python\n", 1)[1].split("```", 1)[0]
     (tmp_path / "out-2026-11-21").symlink_to(folder / "out-v1")
     (tmp_path / "out-2026-11-22").symlink_to(folder / "out-v2")
     monkeypatch.chdir(tmp_path)
-    exec(compile(code, "README.md", "exec"), {})
+    exec(compile(code, "docs/incremental.md", "exec"), {})
 
     import duckdb
 
