@@ -40,3 +40,66 @@ def test_the_readme_query_of_the_demo_output_prints_the_top_five(tmp_path):
     assert len(found) == 5
     scores = [float(line.split()[0]) for line in found]
     assert scores == sorted(scores, reverse=True) and 0 < scores[-1] < scores[0] <= 1
+
+
+def _blocks(text: str):
+    """(language, lines) of each fenced block of a Markdown page, indented ones too."""
+    language, lines = None, []
+    for line in text.split("\n"):
+        stripped = line.strip()
+        if stripped.startswith("```"):
+            if language is None:
+                language, lines = stripped[3:] or "text", []
+            else:
+                yield language, lines
+                language = None
+        elif language is not None:
+            lines.append(line)
+
+
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def _documented(language: str):
+    for page in PAGES:
+        for found, lines in _blocks(page.read_text()):
+            if found == language:
+                yield page.name, lines
+
+
+def test_every_documented_python_block_compiles():
+    import textwrap
+
+    blocks = list(_documented("python"))
+    assert len(blocks) >= 15
+    for name, lines in blocks:
+        compile(textwrap.dedent("\n".join(lines)), name, "exec")
+
+
+def test_every_documented_command_line_parses():
+    """Each `bulkembed ...` line of the shell blocks names a command, options and choices
+    that exist (the values are not checked against files)."""
+    import shlex
+
+    import typer
+
+    from bulkembed.cli import app
+
+    command = typer.main.get_command(app)
+    lines = []
+    for _, block in _documented("sh"):
+        joined = "\n".join(line.strip() for line in block).replace("\\\n", " ")
+        lines += [line for line in joined.splitlines() if line.startswith("bulkembed ")]
+    assert len(lines) >= 15
+    for line in lines:
+        words = shlex.split(line.split(" #")[0])
+        words = words[1 : next((i for i, w in enumerate(words) if w in ("|", ">")), None)]
+        context = command.make_context("bulkembed", list(words), resilient_parsing=True)
+        name, chosen, rest = command.resolve_command(context, list(words))
+        while hasattr(chosen, "resolve_command") and rest and not rest[0].startswith("-"):
+            inner = chosen.make_context(name, list(rest), resilient_parsing=True)
+            name, chosen, rest = chosen.resolve_command(inner, list(rest))
+        try:
+            chosen.make_context(name, list(rest))
+        except Exception as e:  # typer's own click: its exceptions are known by name
+            assert type(e).__name__ == "MissingParameter", f"{line}: {e}"
