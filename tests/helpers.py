@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -217,3 +218,19 @@ def bge_m3_reference(folder: Path, texts: list[str], max_length: int = 64) -> di
 def content_hash(text: str) -> str:
     """The output's content hash of `text`, computed here apart from bulkembed's code."""
     return hashlib.blake2b(text.encode("utf-8"), digest_size=16).hexdigest()
+
+
+def record_calls(
+    monkeypatch: pytest.MonkeyPatch, owner: Any, name: str, note: Callable[..., Any]
+) -> list[Any]:
+    """Each call of method `name` of `owner` from now on, as `note(self, *args)` gives it;
+    the method still runs."""
+    calls: list[Any] = []
+    method = getattr(owner, name)
+
+    def recording(self: Any, *args: Any, **kwargs: Any) -> Any:
+        calls.append(note(self, *args))
+        return method(self, *args, **kwargs)
+
+    monkeypatch.setattr(owner, name, recording)
+    return calls

@@ -8,7 +8,7 @@ import struct
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from helpers import incremental_corpora, records, run_cli, write_parquet
+from helpers import incremental_corpora, record_calls, records, run_cli, write_parquet
 
 from bulkembed.run_dir import RunDirectory
 from bulkembed.sources.records import PreviousRows
@@ -33,15 +33,7 @@ def _summary(out):
 
 def _count_reads(monkeypatch) -> list[tuple[int, int]]:
     """The rows read from the previous output by the writer, as (start, stop)."""
-    reads = []
-    read = PreviousRows.read
-
-    def counting(self, columns):
-        reads.append((self.start, self.stop))
-        return read(self, columns)
-
-    monkeypatch.setattr(PreviousRows, "read", counting)
-    return reads
+    return record_calls(monkeypatch, PreviousRows, "read", lambda rows, _: (rows.start, rows.stop))
 
 
 def test_unchanged_units_are_copies_of_the_previous_parts(tmp_path, tiny_st, monkeypatch):
@@ -117,14 +109,7 @@ def test_kept_columns_come_from_the_input(tmp_path, tiny_st, change, monkeypatch
     from bulkembed.sinks.parquet import ParquetSink
 
     model = tiny_st("mean")
-    adopted = []
-    adopt = ParquetSink.adopt
-
-    def counting(self, *args):
-        adopted.append(args[0])
-        return adopt(self, *args)
-
-    monkeypatch.setattr(ParquetSink, "adopt", counting)
+    adopted = record_calls(monkeypatch, ParquetSink, "adopt", lambda _, part, *rest: part)
     old = [{**r, "title": f"title {n}"} for n, r in enumerate(records(300))]
     new = [dict(r) for r in old]
     if change == "title":

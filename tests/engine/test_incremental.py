@@ -5,7 +5,14 @@ import json
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from helpers import content_hash, incremental_corpora, run_cli, sample_texts, write_jsonl
+from helpers import (
+    content_hash,
+    incremental_corpora,
+    record_calls,
+    run_cli,
+    sample_texts,
+    write_jsonl,
+)
 
 from bulkembed.encoders.base import Encoder
 
@@ -19,15 +26,7 @@ def _summary(out):
 
 def _count_model_documents(monkeypatch):
     """Documents passed through the model, counted at the encoder."""
-    seen = []
-    launch = Encoder.launch
-
-    def counting(self, inputs):
-        seen.append(len(inputs.batch))
-        return launch(self, inputs)
-
-    monkeypatch.setattr(Encoder, "launch", counting)
-    return seen
+    return record_calls(monkeypatch, Encoder, "launch", lambda _, inputs: len(inputs.batch))
 
 
 def test_incremental_run_embeds_only_new_and_changed_documents(tmp_path, tiny_st, monkeypatch):
@@ -227,15 +226,7 @@ def _count_tokenized_texts(monkeypatch):
     """Texts passed through the tokenizer (`--tokenize-workers 0`: in this process)."""
     from bulkembed.tokenize import TextTokenizer
 
-    seen = []
-    encoded = TextTokenizer._encoded
-
-    def counting(self, inputs):
-        seen.append(len(inputs))
-        return encoded(self, inputs)
-
-    monkeypatch.setattr(TextTokenizer, "_encoded", counting)
-    return seen
+    return record_calls(monkeypatch, TextTokenizer, "_encoded", lambda _, inputs: len(inputs))
 
 
 def _drop_row_counts(out):
