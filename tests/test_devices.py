@@ -107,6 +107,31 @@ def test_the_reference_of_the_dtype_check_runs_without_tf32(tiny_st, monkeypatch
         torch.set_float32_matmul_precision(before)
 
 
+def test_device_seconds_of_the_float32_start_stay_counted_when_the_check_keeps_half(
+    tiny_st, monkeypatch
+):
+    from bulkembed import devices, precision
+    from bulkembed.engine.session import DeviceSession
+    from bulkembed.progress import QuietReporter
+    from bulkembed.tokenize import TokenizedChunk
+
+    monkeypatch.setattr(devices, "cpu_accelerates_bfloat16", lambda: True)
+    monkeypatch.setattr(precision, "PARITY_THRESHOLD", 0.9)
+    spec = resolve_model(RunConfig(inputs=("x",), output="o", model=str(tiny_st("mean"))))
+    session = DeviceSession(spec, ["cpu"], DType.AUTO, None, False, QuietReporter())
+    start = session.embedder
+    # What CUDA events timed on the float32 start: a `--max-batch-tokens auto` probe.
+    start.counts.busy_seconds = 5.0
+    before = session.counts
+    chunk = Chunk(0, 0, pa.array(["a", "b"]), pa.array(["x", "y"]), True)
+    tokens, lengths = np.arange(1, 7, dtype=np.int32), np.array([3, 3])
+    assert session.settle([TokenizedChunk(chunk, tokens, lengths, np.zeros(2, bool))])
+    assert session.dtype == "bfloat16" and session.embedder is not start
+    # The run's counts only grow: the summary's busy fraction is never below 0.
+    assert session.counts.busy_seconds == 5.0
+    assert session.counts.since(before).busy_seconds == 0.0
+
+
 def test_float32_on_cuda_uses_tensor_cores():
     from bulkembed.devices import allow_tensor_cores
 

@@ -180,6 +180,9 @@ class DeviceSession:
             encoder = self.embedder
         self.checking = False
         self._say_check()
+        if encoder is not self.embedder:
+            # The float32 start's device seconds stay counted: the run's counts only grow.
+            self._retired.add(self.embedder.counts)
         if len(self.devices) == 1:
             self.embedder = encoder
             self._tell(encoder.notices, encoder.remarks)
