@@ -165,10 +165,8 @@ def _query_prompt(recipe: Recipe | None, st: SentenceTransformersInfo) -> str | 
     return prompts.get("query")
 
 
-def _model_limit(facts: TokenizerFacts, model_config: dict[str, Any]) -> int | None:
-    """Longest input the model accepts, in tokens, or None if neither file says."""
-    if facts.model_max_length is not None:
-        return facts.model_max_length
+def _position_limit(model_config: dict[str, Any]) -> int | None:
+    """Longest input the model's position embeddings take, in tokens, if it has them."""
     positions = model_config.get("max_position_embeddings")
     if positions is None:
         return None
@@ -178,19 +176,35 @@ def _model_limit(facts: TokenizerFacts, model_config: dict[str, Any]) -> int | N
     return int(positions)
 
 
+def _model_limit(facts: TokenizerFacts, model_config: dict[str, Any]) -> int | None:
+    """Longest input the model accepts, in tokens, or None if neither file says."""
+    if facts.model_max_length is not None:
+        return facts.model_max_length
+    return _position_limit(model_config)
+
+
 def _max_length(
-    config: RunConfig, recipe: Recipe | None, st: SentenceTransformersInfo, limit: int | None
+    config: RunConfig,
+    recipe: Recipe | None,
+    st: SentenceTransformersInfo,
+    limit: int | None,
+    positions: int | None,
 ) -> int:
     if config.max_length is not None:
-        if limit is not None and config.max_length > limit:
+        # Past its position embeddings a model cannot go; a tokenizer's own limit is where
+        # the model has no such table (a length that a recipe may take past it is allowed).
+        hard = positions if positions is not None else limit
+        if hard is not None and config.max_length > hard:
             raise UsageError(
-                f"--max-length {config.max_length} exceeds the model's limit of {limit} tokens"
+                f"--max-length {config.max_length} exceeds the model's limit of {hard} tokens"
             )
         return config.max_length
     document_length = st.colbert.document_length if st.colbert else None
     for candidate in (recipe.max_length if recipe else None, document_length, st.max_length, limit):
         if candidate is not None:
-            return int(candidate)
+            # A recipe written for the published weights, applied to a model with fewer
+            # positions (a smaller variant, a fine-tune), is held to what that model takes.
+            return int(candidate) if positions is None else min(int(candidate), positions)
     raise ModelError("the model does not say how long its inputs may be: pass --max-length")
 
 
@@ -253,7 +267,13 @@ def resolve_model(config: RunConfig) -> ModelSpec:
         outputs=outputs,
         pooling=pooling if family != "splade" else None,
         normalize=normalize,
-        max_length=_max_length(config, recipe, st, _model_limit(tokenizer, model_config)),
+        max_length=_max_length(
+            config,
+            recipe,
+            st,
+            _model_limit(tokenizer, model_config),
+            _position_limit(model_config),
+        ),
         prompt=_prompt(config, recipe, st),
         lowercase=st.lowercase,
         pad_token_id=tokenizer.pad_token_id,

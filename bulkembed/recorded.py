@@ -36,12 +36,14 @@ RECORDED = ("model", *VECTOR_SETTINGS)
 def encoder_record(spec: ModelSpec, output_format: OutputFormat) -> dict[str, Any]:
     """What a run records of its encoder: `RECORDED`, the exact weights (`version`), and
     the prompt its model puts before queries (`query_prompt`)."""
+    dense = spec.family == "dense"
     return {
         "model": spec.source,
         "revision": spec.revision,
         "recipe": spec.recipe,
-        "pooling": spec.pooling.value if spec.pooling else None,
-        "normalize": spec.normalize,
+        # Settings of a dense model; other families pool and normalize in their own way.
+        "pooling": spec.pooling.value if spec.pooling and dense else None,
+        "normalize": spec.normalize if dense else None,
         "prompt": spec.prompt,
         "outputs": list(spec.outputs),
         "sparse_top_k": spec.sparse_top_k,

@@ -52,6 +52,20 @@ def test_a_parquet_output_gives_its_encoder(tmp_path, corpus, tiny_st, options, 
         )
 
 
+def test_a_bge_m3_output_gives_its_encoder_dense_and_sparse(tmp_path, corpus, tiny_bge_m3):
+    # A family that pools and normalizes in its own way records neither setting.
+    out = _run(corpus, tiny_bge_m3, tmp_path / "out", "--recipe", "bge-m3")
+    with bulkembed.load(out) as made, bulkembed.load(tiny_bge_m3, recipe="bge-m3") as named:
+        assert made.embed_query(QUERY) == named.embed_query(QUERY)
+        found, expected = (
+            made.encode_query([QUERY]).sparse[0],
+            named.encode_query([QUERY]).sparse[0],
+        )
+        assert len(found.indices) > 0
+        np.testing.assert_array_equal(found.indices, expected.indices)
+        np.testing.assert_array_equal(found.values, expected.values)
+
+
 def test_an_int8_output_quantizes_queries_with_its_scale(tmp_path, corpus, tiny_st):
     model = tiny_st("mean")
     out = _run(corpus, model, tmp_path / "out", "--quantize", "int8")

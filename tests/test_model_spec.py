@@ -42,6 +42,15 @@ def test_plain_model_without_pooling_asks_for_it(tiny_bert):
     assert spec.normalize is False
 
 
+def test_a_recipe_s_length_is_held_to_the_positions_of_the_model_it_is_applied_to(tiny_st):
+    # The recipe says 256; the tiny BERT has 128 position embeddings, its tokenizer says 64.
+    spec = resolve_model(_config(tiny_st("mean"), recipe="all-minilm-l6-v2"))
+    assert spec.max_length == 128
+    # The length a run recorded is taken again when its encoder is loaded from its output.
+    again = _config(tiny_st("mean"), recipe="all-minilm-l6-v2", max_length=spec.max_length)
+    assert resolve_model(again).max_length == 128
+
+
 def test_max_length_beyond_the_model_is_refused(tiny_bert):
     with pytest.raises(UsageError, match="--max-length 500 exceeds the model's limit of 128"):
         resolve_model(_config(tiny_bert, pooling=Pooling.MEAN, max_length=500))
