@@ -22,7 +22,13 @@ from bulkembed.model_files import (
     model_version,
     read_json,
 )
-from bulkembed.recipes import Recipe, find_recipe, list_recipes, load_recipe_file
+from bulkembed.recipes import (
+    Recipe,
+    find_recipe,
+    list_recipes,
+    load_recipe_file,
+    recipe_reference,
+)
 from bulkembed.st_folder import SentenceTransformersInfo, read_sentence_transformers_info
 from bulkembed.tokenizer_facts import TokenizerFacts, tokenizer_facts
 
@@ -262,7 +268,7 @@ def resolve_model(config: RunConfig) -> ModelSpec:
         local=is_local(source),
         revision=revision,
         version=version,
-        recipe=recipe.name if recipe else None,
+        recipe=recipe_reference(recipe) if recipe else None,
         family=family,
         outputs=outputs,
         pooling=pooling if family != "splade" else None,

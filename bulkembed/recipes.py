@@ -83,6 +83,15 @@ def list_recipes() -> list[Recipe]:
     return [load_recipe_file(found[name]) for name in sorted(found)]
 
 
+def recipe_reference(recipe: Recipe) -> str:
+    """How `recipe` is found again (`--recipe`): its name if it is the bundled one, else
+    its file's absolute path."""
+    bundled = find_recipe(recipe.name)
+    if recipe.path is None or (bundled is not None and bundled.path == recipe.path):
+        return recipe.name
+    return str(recipe.path.resolve())
+
+
 def find_recipe(name: str) -> Recipe | None:
     """The bundled recipe called `name`, or None."""
     for directory in _recipe_dirs():

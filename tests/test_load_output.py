@@ -7,7 +7,7 @@ import shutil
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from helpers import records, run_cli, write_parquet
+from helpers import ROOT, records, run_cli, write_parquet
 from typer.testing import CliRunner
 
 import bulkembed
@@ -64,6 +64,19 @@ def test_a_bge_m3_output_gives_its_encoder_dense_and_sparse(tmp_path, corpus, ti
         assert len(found.indices) > 0
         np.testing.assert_array_equal(found.indices, expected.indices)
         np.testing.assert_array_equal(found.values, expected.values)
+
+
+def test_an_output_made_with_a_recipe_file_gives_its_encoder(tmp_path, corpus, tiny_st):
+    bundled = (ROOT / "recipes" / "e5-base-v2.yaml").read_text()
+    recipe = tmp_path / "recipes" / "my-e5.yaml"
+    recipe.parent.mkdir()
+    recipe.write_text(bundled.replace('query: "query: "', 'query: "find: "'))
+    model = tiny_st("mean")
+    out = _run(corpus, model, tmp_path / "out", "--recipe", str(recipe))
+    with bulkembed.load(out) as made, bulkembed.load(model, recipe=str(recipe)) as named:
+        assert made.embed_query(QUERY) == named.embed_query(QUERY)
+    with bulkembed.load(model, recipe="e5-base-v2") as other:
+        assert made.embed_query(QUERY) != other.embed_query(QUERY)
 
 
 def test_an_int8_output_quantizes_queries_with_its_scale(tmp_path, corpus, tiny_st):
