@@ -10,8 +10,9 @@ checks, each with a pass criterion:
    vectors equal to the same batches embedded one by one; tokens/s and MFU; and the
    tokens/s with each switch of the GPU path on and off (reported, not judged):
    `BULKEMBED_COPY_BACK` side or compute, `BULKEMBED_FLASH_ATTENTION` fa3 or fa2 (where
-   flash-attention 3 is installed), and batches of 65,536 tokens (as large as a flat
-   budget on CUDA goes, `BULKEMBED_FLAT_BUDGET`) against 16,384;
+   flash-attention 3 is installed), the same batches padded (`--attention padded`), and
+   batches of 65,536 tokens (as large as a flat budget on CUDA goes,
+   `BULKEMBED_FLAT_BUDGET`) against 16,384;
 2. varlen: a batch mixing a document past 2,000 tokens with typical, 2- and 1-token ones,
    flat (the varlen kernel) against padded: dense, sparse and multi-vector outputs agree;
 3. devices: `bulkembed run --devices cuda:0,cuda:0` against `--devices cuda:0`, `--dtype
@@ -242,6 +243,8 @@ def _switch_rates(setting: Setting, spec: Any, batches: list[Any]) -> dict[str, 
             rates[f"flash_attention_{way}"] = rate
     else:
         rates["flash_attention_fa3"] = "not installed"
+    # The same batches padded: the padding, and the attention mask it takes, cost this much.
+    rates["padded_layout"] = _stream_rate(setting, replace(spec, attention="padded"), batches, {})
     # The stream's own batches against a quarter as many four times as large, in the
     # default ways.
     tokens = setting.batch_tokens * 4
