@@ -570,7 +570,7 @@ def main() -> None:
                     Check(check.__name__.removeprefix("check_"), "fail", {"error": repr(e)})
                 )
             # Each check as it ends, so that a run cut short still tells what it saw.
-            print(_table(checks[-1:]), file=sys.stderr, flush=True)
+            print(_table(checks[-1:]).split("\n", 1)[1], file=sys.stderr, flush=True)
     device = "cpu (smoke)" if args.smoke else torch.cuda.get_device_name(0)
     results = {
         "device": device,

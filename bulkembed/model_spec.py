@@ -171,14 +171,33 @@ def _query_prompt(recipe: Recipe | None, st: SentenceTransformersInfo) -> str | 
     return prompts.get("query")
 
 
+# Architectures whose position ids start after the padding index (transformers'
+# `create_position_ids_from_input_ids`): two positions fewer than the table holds.
+_POSITIONS_AFTER_PADDING = frozenset(
+    {
+        "roberta",
+        "xlm-roberta",
+        "xlm-roberta-xl",
+        "camembert",
+        "mpnet",
+        "roberta-prelayernorm",
+        "data2vec-text",
+        "xmod",
+        "longformer",
+        "ibert",
+        "luke",
+    }
+)
+
+
 def _position_limit(model_config: dict[str, Any]) -> int | None:
     """Longest input the model's position embeddings take, in tokens, if it has them."""
     positions = model_config.get("max_position_embeddings")
     if positions is None:
         return None
     # RoBERTa-style position ids start after the padding index.
-    if model_config.get("model_type") in ("roberta", "xlm-roberta", "camembert"):
-        positions -= model_config.get("pad_token_id", 1) + 1
+    if model_config.get("model_type") in _POSITIONS_AFTER_PADDING:
+        positions -= (model_config.get("pad_token_id") or 1) + 1
     return int(positions)
 
 

@@ -1,7 +1,7 @@
 """Runs one page's blocks in order, as a user following the page would, in the current
 folder: `python docs_runner.py STEPS.json`, where each step is `{"name", "kind", "code"}`.
 
-- `sh`: the block's lines through `bash -e`;
+- `sh`: the block's lines through `bash -e -o pipefail`;
 - `python`: executed in one namespace shared by the page's Python blocks (a page reads as
   one session: a later block uses what an earlier one imported), with `__name__` set to
   `"__main__"` as in a script;
@@ -24,7 +24,7 @@ from typing import Any
 def run_step(step: dict[str, str], namespace: dict[str, Any]) -> None:
     print(f"--- {step['name']} ({step['kind']})", flush=True)
     if step["kind"] == "sh":
-        subprocess.run(["bash", "-e", "-c", step["code"]], check=True)
+        subprocess.run(["bash", "-e", "-o", "pipefail", "-c", step["code"]], check=True)
     elif step["kind"] == "python":
         exec(compile(step["code"], step["name"], "exec"), namespace)
     elif step["kind"] == "sql":

@@ -273,7 +273,8 @@ def test_cuda_run_with_tuned_budget_and_auto_dtype_matches_cpu(tmp_path, tiny_st
     # The half precision `auto` picks must pass its check: a fallback to float32 fails here.
     assert summary["dtype"] == str(resolve_dtype(DType.AUTO, "cuda:0")).removeprefix("torch.")
     assert summary["dtype_check"].endswith("; kept")
-    assert 0 < summary["device_busy_fraction"] <= 1
+    # The GPU computes a tiny model faster than the host feeds it: well below 1.
+    assert 0 < summary["device_busy_fraction"] < 1
     a = np.stack(gpu.column("dense").to_numpy(zero_copy_only=False))
     b = np.stack(cpu.column("dense").to_numpy(zero_copy_only=False))
     assert (a * b).sum(axis=1).min() >= 0.999

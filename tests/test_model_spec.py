@@ -51,6 +51,21 @@ def test_a_recipe_s_length_is_held_to_the_positions_of_the_model_it_is_applied_t
     assert resolve_model(again).max_length == 128
 
 
+@pytest.mark.parametrize(
+    ("config", "limit"),
+    [
+        ({"model_type": "bert", "max_position_embeddings": 512}, 512),
+        ({"model_type": "xlm-roberta", "max_position_embeddings": 8194, "pad_token_id": 1}, 8192),
+        ({"model_type": "mpnet", "max_position_embeddings": 514, "pad_token_id": None}, 512),
+        ({"model_type": "nomic_bert"}, None),
+    ],
+)
+def test_the_positions_a_model_takes(config, limit):
+    from bulkembed.model_spec import _position_limit
+
+    assert _position_limit(config) == limit
+
+
 def test_max_length_beyond_the_model_is_refused(tiny_bert):
     with pytest.raises(UsageError, match="--max-length 500 exceeds the model's limit of 128"):
         resolve_model(_config(tiny_bert, pooling=Pooling.MEAN, max_length=500))

@@ -180,3 +180,43 @@ def test_the_check_s_sample_is_not_embedded_again(
     assert len(rows) == documents
     written = np.array([rows[f"d{i}"] for i in range(sample)], dtype=np.float32)
     assert np.array_equal(written, checked.sample.vectors.dense)
+
+
+def test_device_seconds_count_the_run_s_batches_not_the_check_before_them(
+    tmp_path, tiny_st, monkeypatch
+):
+    from bulkembed.encoders import transfer
+    from bulkembed.engine import run
+
+    # Each batch that lands "took" one device second; those of the check are told apart.
+    landed = {"check": 0, "run": 0}
+    checking = []
+    monkeypatch.setattr(devices, "cpu_accelerates_bfloat16", lambda: True)
+    monkeypatch.setattr(precision, "PARITY_THRESHOLD", 0.9)
+    check_on_window = precision.check_on_window
+
+    def timed_check(*arguments, **options):
+        checking.append(True)
+        try:
+            return check_on_window(*arguments, **options)
+        finally:
+            checking.pop()
+
+    def busy_seconds(self):
+        landed["check" if checking else "run"] += 1
+        return 1.0
+
+    counted = []
+    summarize = run.summarize
+
+    def summarized(done, stats, *rest):
+        counted.append(stats.counts.busy_seconds)
+        return summarize(done, stats, *rest)
+
+    monkeypatch.setattr(precision, "check_on_window", timed_check)
+    monkeypatch.setattr(transfer.Landing, "busy_seconds", busy_seconds)
+    monkeypatch.setattr(run, "summarize", summarized)
+    _, summary = _embed(tmp_path, tiny_st("mean"), "out", "--backend", "torch")
+    assert summary["dtype"] == "bfloat16"
+    assert landed["check"] > 0 and landed["run"] > 0
+    assert counted == [float(landed["run"])]

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from bulkembed.contracts import Embeddings
+from bulkembed.contracts import DeviceCounts, Embeddings
 from bulkembed.errors import OutputError
 from bulkembed.recorded import encoder_record
 from bulkembed.schema import ENCODER_KEY, output_schema
@@ -172,13 +172,23 @@ def embed_windows(
     # The dtype is settled on the first window with a document, before any batch runs (the
     # check may change the embedder and its budget); windows before it have nothing to
     # embed and are written as they come. The check's sample is that window's head.
-    counted, before = stats.counts.copy(), session.counts
+    counted = stats.counts.copy()
+    began: list[DeviceCounts] = []
+
+    def begin() -> None:
+        # A check recorded before replays on the run's first batch: counted from here.
+        stats.begin_embedding()
+        began.append(session.counts)
+
     first = []
     while session.checking and (window := next(gathered, None)) is not None:
-        if session.settle(window, stats.begin_embedding):
+        if session.settle(window, begin):
             first.append(window)
         else:
             emit(window, Embeddings(), np.empty(0, dtype=np.int64))
+    # A check made now ran before the first batch (both dtypes, the budget's probe): the
+    # device seconds counted are those of the batches from here on.
+    before = began[0] if began else session.counts
     # The budget is read as each window is packed.
     packed_windows = embed_packed(
         chain(first, gathered),
