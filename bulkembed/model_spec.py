@@ -201,20 +201,16 @@ def _position_limit(model_config: dict[str, Any]) -> int | None:
     return int(positions)
 
 
-def _model_limit(facts: TokenizerFacts, model_config: dict[str, Any]) -> int | None:
-    """Longest input the model accepts, in tokens, or None if neither file says."""
-    if facts.model_max_length is not None:
-        return facts.model_max_length
-    return _position_limit(model_config)
-
-
 def _max_length(
     config: RunConfig,
     recipe: Recipe | None,
     st: SentenceTransformersInfo,
-    limit: int | None,
+    facts: TokenizerFacts,
     positions: int | None,
 ) -> int:
+    """The longest input in tokens: the option, else the recipe's, the ColBERT document
+    length, sentence-transformers' or the tokenizer's, held to the model's `positions`."""
+    limit = facts.model_max_length if facts.model_max_length is not None else positions
     if config.max_length is not None:
         # Past its position embeddings a model cannot go; a tokenizer's own limit is where
         # the model has no such table (a length that a recipe may take past it is allowed).
@@ -292,13 +288,7 @@ def resolve_model(config: RunConfig) -> ModelSpec:
         outputs=outputs,
         pooling=pooling if family != "splade" else None,
         normalize=normalize,
-        max_length=_max_length(
-            config,
-            recipe,
-            st,
-            _model_limit(tokenizer, model_config),
-            _position_limit(model_config),
-        ),
+        max_length=_max_length(config, recipe, st, tokenizer, _position_limit(model_config)),
         prompt=_prompt(config, recipe, st),
         lowercase=st.lowercase,
         pad_token_id=tokenizer.pad_token_id,

@@ -86,16 +86,17 @@ def list_recipes() -> list[Recipe]:
 def recipe_reference(recipe: Recipe) -> str:
     """How `recipe` is found again (`--recipe`): its name if it is the bundled one, else
     its file's absolute path."""
-    bundled = find_recipe(recipe.name)
-    if recipe.path is None or (bundled is not None and bundled.path == recipe.path):
+    if recipe.path is None or recipe.path == _bundled_path(recipe.name):
         return recipe.name
     return str(recipe.path.resolve())
 
 
+def _bundled_path(name: str) -> Path | None:
+    """The file of the bundled recipe called `name`, if there is one."""
+    return next((p for d in _recipe_dirs() if (p := d / f"{name}.yaml").is_file()), None)
+
+
 def find_recipe(name: str) -> Recipe | None:
     """The bundled recipe called `name`, or None."""
-    for directory in _recipe_dirs():
-        path = directory / f"{name}.yaml"
-        if path.is_file():
-            return load_recipe_file(path)
-    return None
+    path = _bundled_path(name)
+    return None if path is None else load_recipe_file(path)

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable
+import textwrap
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -234,3 +235,23 @@ def record_calls(
 
     monkeypatch.setattr(owner, name, recording)
     return calls
+
+
+# The pages of the documentation: the README, then docs/.
+DOC_PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def doc_blocks(page: Path) -> Iterator[tuple[int, str, str]]:
+    """(line of its opening fence, language, code) of each fenced block of the Markdown
+    `page`; a block indented in a list item comes dedented."""
+    language, start, lines = None, 0, []
+    for number, line in enumerate(page.read_text().split("\n"), 1):
+        stripped = line.strip()
+        if stripped.startswith("```"):
+            if language is None:
+                language, start, lines = stripped[3:], number, []
+            else:
+                yield start, language, textwrap.dedent("\n".join(lines) + "\n")
+                language = None
+        elif language is not None:
+            lines.append(line)

@@ -2,7 +2,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from helpers import ROOT
+from helpers import DOC_PAGES, ROOT, doc_blocks
 
 
 def test_the_option_reference_is_current():
@@ -42,38 +42,18 @@ def test_the_readme_query_of_the_demo_output_prints_the_top_five(tmp_path):
     assert scores == sorted(scores, reverse=True) and 0 < scores[-1] < scores[0] <= 1
 
 
-def _blocks(text: str):
-    """(language, lines) of each fenced block of a Markdown page, indented ones too."""
-    language, lines = None, []
-    for line in text.split("\n"):
-        stripped = line.strip()
-        if stripped.startswith("```"):
-            if language is None:
-                language, lines = stripped[3:] or "text", []
-            else:
-                yield language, lines
-                language = None
-        elif language is not None:
-            lines.append(line)
-
-
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-
-
 def _documented(language: str):
-    for page in PAGES:
-        for found, lines in _blocks(page.read_text()):
+    for page in DOC_PAGES:
+        for _, found, code in doc_blocks(page):
             if found == language:
-                yield page.name, lines
+                yield page.name, code
 
 
 def test_every_documented_python_block_compiles():
-    import textwrap
-
     blocks = list(_documented("python"))
     assert len(blocks) >= 15
-    for name, lines in blocks:
-        compile(textwrap.dedent("\n".join(lines)), name, "exec")
+    for name, code in blocks:
+        compile(code, name, "exec")
 
 
 def test_every_documented_command_line_parses():
@@ -88,7 +68,7 @@ def test_every_documented_command_line_parses():
     command = typer.main.get_command(app)
     lines = []
     for _, block in _documented("sh"):
-        joined = "\n".join(line.strip() for line in block).replace("\\\n", " ")
+        joined = "\n".join(line.strip() for line in block.splitlines()).replace("\\\n", " ")
         lines += [line for line in joined.splitlines() if line.startswith("bulkembed ")]
     assert len(lines) >= 15
     for line in lines:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from helpers import ROOT, sample_texts, write_jsonl
+from helpers import DOC_PAGES, ROOT, doc_blocks, sample_texts, write_jsonl
 
 pytestmark = pytest.mark.slow
 
@@ -44,14 +44,7 @@ NOT_RUN = {
 QDRANT = 'QdrantClient("localhost")'
 POSTGRES = 'psycopg.connect("dbname=search")'
 CORPUS_DOCS = 40
-PAGES = ["README.md", *sorted(p.name for p in (ROOT / "docs").glob("*.md"))]
-
-
-def _blocks(page: str) -> Iterator[tuple[int, str, str]]:
-    """(line, language, code) of each fenced block of `page`."""
-    text = (ROOT / page if page == "README.md" else ROOT / "docs" / page).read_text()
-    for found in re.finditer(r"^```(\w*)\n(.*?)^```$", text, re.S | re.M):
-        yield text[: found.start()].count("\n") + 1, found.group(1), found.group(2)
+PAGES = {page.name: page for page in DOC_PAGES}
 
 
 def _shell(code: str) -> str:
@@ -71,7 +64,7 @@ def _steps(page: str, postgres: str, edit: str) -> list[dict[str, str]]:
     first line (`# my_loader.py: ...`) is written to that file first, for the shell blocks
     that run it. `edit` runs where a shell block says the documents change."""
     files, steps = [], []
-    for line, language, code in _blocks(page):
+    for line, language, code in doc_blocks(PAGES[page]):
         name = f"{page}:{line}"
         code = code.replace(QDRANT, f'QdrantClient(path="qdrant-{line}")')
         code = code.replace(POSTGRES, f"psycopg.connect({postgres!r})")
@@ -269,7 +262,7 @@ CHECKS: dict[str, Callable[..., None]] = {
 def test_every_block_becomes_a_step_unless_each_of_its_lines_is_named_as_not_run():
     for page in PAGES:
         steps = _steps(page, "postgresql://", EDIT)
-        runnable = [b for b in _blocks(page) if b[1] in ("sh", "python", "sql")]
+        runnable = [b for b in doc_blocks(PAGES[page]) if b[1] in ("sh", "python", "sql")]
         for line, language, code in runnable:
             name = f"{page}:{line}"
             ran = [s for s in steps if s["name"] == name and s["code"].strip()]
@@ -277,7 +270,7 @@ def test_every_block_becomes_a_step_unless_each_of_its_lines_is_named_as_not_run
             assert ran or written or not _shell(code).strip(), name
 
 
-@pytest.mark.parametrize("page", PAGES)
+@pytest.mark.parametrize("page", list(PAGES))
 def test_every_block_of_the_page_runs(page, base, environment, postgres, tmp_path):
     workspace = tmp_path / "workspace"
     shutil.copytree(base, workspace, symlinks=True)
