@@ -14,7 +14,7 @@ INFINITY_VENV ?= .venv-infinity
 INFINITY ?= 'infinity-emb[optimum]==0.0.78' 'optimum-onnx[onnxruntime]>=0.1' \
 	'transformers>=4.56,<4.58' 'huggingface-hub<1.0'
 
-.PHONY: install demo test test-fast lint format bench gpu-check docs docs-serve clean
+.PHONY: install demo test test-fast lint format bench gpu-wheels gpu-check docs docs-serve clean
 
 install: $(VENV)/.installed
 
@@ -84,11 +84,42 @@ bench: install $(BENCH_VENV)/.installed $(INFINITY_VENV)/.installed
 	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/object_storage.py
 	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/incremental.py
 
-# On a machine with a GPU, first: five checks of the GPU path in a few minutes, offline,
-# then the GPU tests.
-gpu-check: install
-	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/gpu_check.py --json gpu-check.json; \
-		checked=$$?; HF_HUB_OFFLINE=1 $(BIN)/pytest -q -m gpu && exit $$checked
+# On a machine with a GPU, first: six checks of the GPU path in a few minutes, then the GPU
+# tests; offline. Where PyPI is reachable, `make gpu-wheels` downloads into $(WHEELHOUSE) the
+# wheels that bulkembed, its GPU tests and benchmarks/gpu_check.py need beyond what a CUDA
+# image of PyTorch holds (torch, transformers, tokenizers, pyarrow, pytest, ...), for the
+# Python of the GPU machine. There, `make gpu-check` builds $(GPU_VENV) over $(GPU_PYTHON)'s
+# packages and installs those wheels and bulkembed with no index.
+WHEELHOUSE ?= wheelhouse
+GPU_PYTHON ?= python3
+GPU_PYTHON_VERSION ?= $(shell $(GPU_PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+GPU_VENV ?= .venv-gpu
+GPU_WHEELS ?= 'orjson>=3.10' 'datasets>=3,<5' 'dill<0.4.1' 'multiprocess<0.70.19' \
+	hatchling editables trove-classifiers tomlkit
+GPU_TESTS = $(shell grep -rl --include='test_*.py' 'mark.gpu' tests)
+GPU_CHECK_FLAGS ?=
+
+gpu-wheels: $(WHEELHOUSE)/.downloaded
+
+$(WHEELHOUSE)/.downloaded:
+	$(PYTHON) -m pip download --quiet --no-deps --only-binary=:all: --implementation cp \
+		--python-version $(GPU_PYTHON_VERSION) --dest $(WHEELHOUSE) $(GPU_WHEELS)
+	touch $@
+
+# A $(GPU_PYTHON) that is a virtual environment itself lends its packages through a .pth file
+# (`--system-site-packages` would lend those of the Python it was made from).
+$(GPU_VENV)/.installed: pyproject.toml $(WHEELHOUSE)/.downloaded
+	$(GPU_PYTHON) -m venv $(GPU_VENV)
+	$(GPU_PYTHON) -c 'import site; print(*site.getsitepackages(), sep="\n")' > \
+		"$$($(GPU_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/lent.pth"
+	PIP_NO_INDEX=1 $(GPU_VENV)/bin/python -m pip install --quiet --no-deps $(WHEELHOUSE)/*.whl
+	PIP_NO_INDEX=1 $(GPU_VENV)/bin/python -m pip install --quiet --no-deps --no-build-isolation -e .
+	touch $@
+
+gpu-check: $(GPU_VENV)/.installed
+	HF_HUB_OFFLINE=1 $(GPU_VENV)/bin/python benchmarks/gpu_check.py --json gpu-check.json \
+		$(GPU_CHECK_FLAGS); checked=$$?; \
+		HF_HUB_OFFLINE=1 $(GPU_VENV)/bin/python -m pytest -q -m gpu $(GPU_TESTS) && exit $$checked
 
 docs: install
 	$(BIN)/python scripts/cli_reference.py
@@ -98,4 +129,4 @@ docs-serve: install
 	$(BIN)/mkdocs serve
 
 clean:
-	rm -rf $(VENV) $(BENCH_VENV) $(INFINITY_VENV) $(DEMO_OUT) gpu-check.json .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(BENCH_VENV) $(INFINITY_VENV) $(GPU_VENV) $(WHEELHOUSE) $(DEMO_OUT) gpu-check.json .pytest_cache .ruff_cache

@@ -1,7 +1,7 @@
 """The GPU path checked in a few minutes on one GPU, offline: `make gpu-check`.
 
 It builds random-weight models of real shapes (`check_models`: BGE-M3's, an XLM-RoBERTa
-large, and all-MiniLM-L6-v2's), with tokenizers trained on the bundled sample, and runs five
+large, and all-MiniLM-L6-v2's), with tokenizers trained on the bundled sample, and runs six
 checks, each with a pass criterion:
 
 1. stream: 40 flat batches of 16,384 tokens through `Encoder.embed_stream` under
@@ -15,12 +15,16 @@ checks, each with a pass criterion:
    `BULKEMBED_FLAT_BUDGET`) against 16,384;
 2. varlen: a batch mixing a document past 2,000 tokens with typical, 2- and 1-token ones,
    flat (the varlen kernel) against padded: dense, sparse and multi-vector outputs agree;
-3. devices: `bulkembed run --devices cuda:0,cuda:0` against `--devices cuda:0`, `--dtype
+3. attention: each attention implementation (`attention_kernels`) on the sample's documents
+   cut into batches as a window cuts them, each batch twice (a new shape, then a known
+   one): seconds, TFLOP/s of attention and of one layer's matrix multiplies, and the
+   error of each against a float32 reference; the kernel the flat path runs must agree;
+4. devices: `bulkembed run --devices cuda:0,cuda:0` against `--devices cuda:0`, `--dtype
    auto`: the same ids and vectors; the dtype the run kept, GPU memory per process (NVML);
-4. memory: `--max-batch-tokens auto` at the model's real size, then an out-of-memory under
+5. memory: `--max-batch-tokens auto` at the model's real size, then an out-of-memory under
    a reduced memory fraction: the batch is halved, the limit remembered, and the next batch
    as large is halved before it runs;
-5. compile: the flat model compiled (`--compile`) against eager: vectors, graph breaks,
+6. compile: the flat model compiled (`--compile`) against eager: vectors, graph breaks,
    recompiles, seconds to compile.
 
 Prints one table and, with `--json FILE`, writes `{"checks": [{"name", "result",
@@ -53,6 +57,9 @@ from check_models import bge_m3_shaped, minilm_shaped, sample_texts
 BUSY_FRACTION = 0.9
 HALF_COSINE = 0.999
 FLOAT32_COSINE = 0.99999
+# ‖out − ref‖ / ‖ref‖ of attention against a float32 reference: bf16 operands land near 4e-3.
+ATTENTION_ERROR = 2e-2
+FLOAT32_ATTENTION_ERROR = 1e-5
 
 
 @dataclass(slots=True)
@@ -97,15 +104,21 @@ def _cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return (a * b).sum(axis=1) / np.maximum(norms, 1e-30)
 
 
-def _batches(setting: Setting, spec: Any, count: int) -> list[Any]:
-    """`count` batches of about `setting.batch_tokens` tokens of the sample, lengths
-    sorted as a window packs them."""
-    from bulkembed.contracts import TokenBatch
+def _documents(spec: Any) -> list[np.ndarray]:
+    """The token ids of each document of the sample, as `spec` tokenizes them."""
     from bulkembed.tokenize import TextTokenizer, TokenizerSettings
 
     settings = TokenizerSettings(spec.tokenizer_json, spec.max_length, spec.prompt)
     ids, lengths, _ = TextTokenizer(settings)(sample_texts())
-    documents = np.split(ids, np.cumsum(lengths)[:-1])
+    return np.split(ids, np.cumsum(lengths)[:-1])
+
+
+def _batches(setting: Setting, spec: Any, count: int) -> list[Any]:
+    """`count` batches of about `setting.batch_tokens` tokens of the sample, lengths
+    sorted as a window packs them."""
+    from bulkembed.contracts import TokenBatch
+
+    documents = _documents(spec)
     rng = np.random.default_rng(0)
     batches = []
     for _ in range(count):
@@ -345,6 +358,34 @@ def check_varlen(setting: Setting) -> Check:
     return Check("varlen", "pass" if passed else "fail", figures)
 
 
+def check_attention(setting: Setting) -> Check:
+    """Check 3: each attention kernel on the sample's documents cut as a window cuts them
+    (`attention_kernels`); passes when the kernel the flat path runs agrees with the
+    reference."""
+    from attention_kernels import measure
+    from transformers import AutoConfig
+
+    from bulkembed.encoders.varlen import kernel_runs
+
+    model = setting.folder / "bge-m3"
+    config = AutoConfig.from_pretrained(model)
+    spec = _spec(model, "bge-m3")
+    lengths = np.array([len(d) for d in _documents(spec)])
+    width, inner = config.hidden_size, config.intermediate_size
+    heads = config.num_attention_heads
+    shapes = [(width, 3 * width), (width, width), (width, inner), (inner, width)]
+    figures = measure(
+        lengths, heads, width // heads, setting.batch_tokens, setting.device, setting.dtype, shapes
+    )
+    used = "varlen_attn" if kernel_runs(setting.device, setting.dtype) else "reference"
+    if used == "varlen_attn" and "fa3" in figures:
+        used = "fa3"
+    tolerance = ATTENTION_ERROR if setting.cosine == HALF_COSINE else FLOAT32_ATTENTION_ERROR
+    figures["flat_path_runs"] = used
+    passed = figures[used]["runs"] and figures[used]["error"] <= tolerance
+    return Check("attention", "pass" if passed else "fail", figures)
+
+
 @contextlib.contextmanager
 def _gpu_memory_per_process(setting: Setting) -> Iterator[dict[int, int]]:
     """The most GPU memory (MB) each process held while the block ran, sampled by NVML
@@ -370,7 +411,7 @@ def _gpu_memory_per_process(setting: Setting) -> Iterator[dict[int, int]]:
 
 
 def check_devices(setting: Setting) -> Check:
-    """Check 3: two device processes on one device against one process, `--dtype auto`."""
+    """Check 4: two device processes on one device against one process, `--dtype auto`."""
     import pyarrow.parquet as pq
 
     from bulkembed import embed_corpus
@@ -434,7 +475,7 @@ class _SimulatedMemory:
 
 
 def check_memory(setting: Setting) -> Check:
-    """Check 4: the tuned budget, then a real out-of-memory, halved and remembered."""
+    """Check 5: the tuned budget, then a real out-of-memory, halved and remembered."""
     import torch
 
     from bulkembed.encoders import start_encoder
@@ -484,7 +525,7 @@ def check_memory(setting: Setting) -> Check:
 
 
 def check_compile(setting: Setting) -> Check:
-    """Check 5: the flat model compiled against eager."""
+    """Check 6: the flat model compiled against eager."""
     import torch._dynamo
 
     from bulkembed.encoders import build_encoder
@@ -522,7 +563,14 @@ def check_compile(setting: Setting) -> Check:
     return Check("compile", "pass" if passed else "fail", figures)
 
 
-CHECKS = (check_stream, check_varlen, check_devices, check_memory, check_compile)
+CHECKS = (
+    check_stream,
+    check_varlen,
+    check_attention,
+    check_devices,
+    check_memory,
+    check_compile,
+)
 
 
 def _setting(smoke: bool, folder: Path) -> Setting:

@@ -1,5 +1,5 @@
 """`benchmarks/gpu_check.py --smoke`: the GPU check's own code, run on the CPU with tiny
-shapes, passes its five checks and writes them as JSON."""
+shapes, passes its six checks and writes them as JSON."""
 
 import json
 import subprocess
@@ -10,7 +10,7 @@ from helpers import ROOT
 
 
 @pytest.mark.slow
-def test_the_gpu_check_runs_its_five_checks_on_the_cpu(tmp_path):
+def test_the_gpu_check_runs_its_six_checks_on_the_cpu(tmp_path):
     script = ROOT / "benchmarks" / "gpu_check.py"
     report = tmp_path / "check.json"
     result = subprocess.run(
@@ -23,11 +23,15 @@ def test_the_gpu_check_runs_its_five_checks_on_the_cpu(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     checks = json.loads(report.read_text())["checks"]
     assert [(c["name"], c["result"]) for c in checks] == [
-        (name, "pass") for name in ("stream", "varlen", "devices", "memory", "compile")
+        (name, "pass") for name in ("stream", "varlen", "attention", "devices", "memory", "compile")
     ]
     figures = {c["name"]: c["figures"] for c in checks}
     assert figures["stream"]["largest_difference_to_one_by_one"] == 0.0
     assert figures["varlen"]["layouts_ran"] == ["padded", "flat"]
     assert figures["memory"]["first_calls"][0] == figures["memory"]["batch_documents"]
     assert figures["compile"]["graph_breaks"] == 0
+    # On the CPU the reference and the padded call with a mask run, and agree exactly.
+    assert figures["attention"]["flat_path_runs"] == "reference"
+    assert figures["attention"]["padded_mask"]["error"] < 1e-6
+    assert figures["attention"]["tokens"] > 0
     assert "stream     pass" in result.stdout
