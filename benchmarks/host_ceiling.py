@@ -132,7 +132,7 @@ def tokenizer_rate(corpus: list[Path], model: Path, workers: int) -> dict:
     plan = plan_run(config, QuietReporter(), time.monotonic())
     started = time.perf_counter()
     tokens = 0
-    with TokenizerPool(plan.tokenizer_settings, plan.workers) as pool:
+    with TokenizerPool(plan.tokenizer_settings, plan.workers, plan.id_key) as pool:
         for tokenized in pool.map(plan.reader.read()):
             tokens += int(tokenized.lengths.sum())
     seconds = time.perf_counter() - started

@@ -14,6 +14,7 @@ when they are written.
 
 from __future__ import annotations
 
+import contextlib
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -22,9 +23,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
+from bulkembed.errors import InputError
 from bulkembed.schema import EMBEDDING_COLUMNS, ENCODER_KEY
 from bulkembed.sources import BadRecord
-from bulkembed.sources.filters import id_hashes
 from bulkembed.sources.records import (
     DUPLICATE_ID,
     PREVIOUS_ROW_KEPT,
@@ -45,6 +46,20 @@ if TYPE_CHECKING:
 
 # PREV's row groups held in memory at once.
 _CACHED_GROUPS = 4
+
+
+@contextlib.contextmanager
+def reading_previous(path: AnyPath) -> Iterator[None]:
+    """A read of PREV's part at `path`: a part that cannot be read (cut short, damaged,
+    gone) stops the run with one line that names it and says what to do."""
+    try:
+        yield
+    except (OSError, pa.ArrowException) as e:
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise InputError(
+            f"--since: cannot read {path}, a part of the previous output ({reason}): restore "
+            "it from a copy, or run without --since to embed every document again"
+        ) from e
 
 
 class CarryOver:
@@ -144,7 +159,8 @@ class CarryOver:
         if number not in self._sizes:
             path, size = self.parts[number], None
             if isinstance(path, Path):
-                file = parquet_file(path)
+                with reading_previous(path):
+                    file = parquet_file(path)
                 metadata = file.schema_arrow.metadata or {}
                 ours = metadata.get(b"bulkembed.version") == __version__.encode()
                 if ours and ENCODER_KEY.encode() in metadata:
@@ -166,8 +182,8 @@ class CarryOver:
                 record.previous = PREVIOUS_ROWS_KEPT
         if not named:
             return
-        keys = id_hashes(pa.array([str(r.id) for r in named], pa.string()))
-        for record, entry in zip(named, lookup.find(keys), strict=True):
+        found = lookup.find_ids(pa.array([str(r.id) for r in named], pa.string()))
+        for record, entry in zip(named, found, strict=True):
             if entry >= 0:
                 record.previous = PREVIOUS_ROW_KEPT
 
@@ -192,7 +208,8 @@ class CarryOver:
     def _file(self, number: int) -> tuple[pq.ParquetFile, np.ndarray]:
         """PREV's part `number`, and the first row of each of its row groups."""
         if number not in self._files:
-            file = parquet_file(self.parts[number])
+            with reading_previous(self.parts[number]):
+                file = parquet_file(self.parts[number])
             sizes = [file.metadata.row_group(g).num_rows for g in range(file.num_row_groups)]
             self._files = {number: (file, np.cumsum([0, *sizes[:-1]]))}
         return self._files[number]
@@ -204,7 +221,8 @@ class CarryOver:
         if table is None:
             file, _ = self._file(number)
             columns = [c for c in EMBEDDING_COLUMNS if c in file.schema_arrow.names]
-            table = file.read_row_group(group, columns=columns)
+            with reading_previous(self.parts[number]):
+                table = file.read_row_group(group, columns=columns)
             self._cache[key] = table
             if len(self._cache) > _CACHED_GROUPS:
                 self._cache.popitem(last=False)

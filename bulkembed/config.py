@@ -291,6 +291,9 @@ class RunConfig:
                 object.__setattr__(self, name, (value,))
             elif value is not None:
                 object.__setattr__(self, name, tuple(value))
+        if self.max_deletes == 0:
+            # `-0` is 0: no delete allowed, and said so without a sign.
+            object.__setattr__(self, "max_deletes", 0.0)
         shard: object = self.shard
         if isinstance(shard, str):
             object.__setattr__(self, "shard", ShardSpec.parse(shard))

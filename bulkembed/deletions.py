@@ -29,9 +29,9 @@ import pyarrow as pa
 
 from bulkembed.errors import OutputError
 from bulkembed.schema import CONTENT_HASH, EMBEDDING_COLUMNS
-from bulkembed.sources.filters import id_hashes, sorted_contains, sorted_unique
+from bulkembed.sources import IdKey, SeenIds
 from bulkembed.sources.records import DUPLICATE_ID, known_id
-from bulkembed.wording import counted
+from bulkembed.wording import counted, percent
 
 MAX_DELETES_OPTION = "--max-deletes"
 MAX_BAD_RECORDS_OPTION = "--max-bad-records"
@@ -59,14 +59,16 @@ class Unread:
     file, a directory) holds records whose ids could not be read (`anything`: then any id
     may be among them)."""
 
-    def __init__(self, ids: Iterable[int], anything: bool) -> None:
-        self.ids = sorted_unique(np.fromiter(ids, np.uint64))
+    def __init__(self, ids: SeenIds, anything: bool) -> None:
+        self.ids = ids
         self.anything = anything
 
     @classmethod
-    def of(cls, bad_records: Iterable[dict[str, Any]], unread_directories: bool) -> Unread:
+    def of(
+        cls, bad_records: Iterable[dict[str, Any]], unread_directories: bool, key: IdKey
+    ) -> Unread:
         """From the quarantine's lines (`BadRecord.fields`), and whether an input directory
-        could not be listed."""
+        could not be listed; ids are found by their hashes keyed by `key`."""
         ids: list[str] = []
         anything = unread_directories
         for fields in bad_records:
@@ -77,12 +79,14 @@ class Unread:
                 ids.append(str(fields["id"]))
             else:
                 anything = True
-        hashes = id_hashes(pa.array(ids, pa.string())) if ids else np.empty(0, np.uint64)
-        return cls(hashes, anything)
+        named = SeenIds(key)
+        named.add_all([pa.array(ids, pa.string())])
+        return cls(named, anything)
 
     def keeps(self, hashes: np.ndarray) -> np.ndarray:
-        """Which ids (64-bit hashes) of the previous output are unknown: not to delete."""
-        return np.isin(hashes, self.ids) | self.anything
+        """Which ids (their hashes, [ids, 2]) of the previous output are unknown: not to
+        delete."""
+        return self.ids.contains(hashes) | self.anything
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,10 +110,11 @@ class Deletions:
 
     def message(self, previous_rows: int, limit: float | None) -> str:
         """The one line of a sync that `--max-deletes` stopped."""
-        share = f"{self.withheld / previous_rows:.0%} of" if previous_rows else "of"
+        share = f"{percent(self.withheld, previous_rows)} of" if previous_rows else "of"
+        verb = "is" if self.withheld == 1 else "are"
         return (
             f"{counted(self.withheld, 'id')} of the previous output ({share} its "
-            f"{previous_rows} rows) are gone from the input, over {MAX_DELETES_OPTION} "
+            f"{previous_rows} rows) {verb} gone from the input, over {MAX_DELETES_OPTION} "
             f"{describe_limit(limit)}: nothing was deleted (new and changed documents were "
             f"written); run the same command with {MAX_DELETES_OPTION} {self.withheld} "
             "(or all) to delete them"
@@ -128,16 +133,17 @@ class Missing:
 
 
 def missing_ids(
-    previous: PreviousIds, output_ids: Iterable[pa.Array], unread: Unread
+    previous: PreviousIds, output_ids: Iterable[pa.Array], unread: Unread, key: IdKey
 ) -> Iterator[Missing]:
     """The previous output's ids that `output_ids` lacks, table by table, sorted into
-    gone and kept. Ids are compared by 64-bit hash: an id of the previous output whose hash
-    matches a kept id's (odds about n² / 2⁶⁵) counts as held."""
-    held = sorted_unique(np.concatenate([np.empty(0, np.uint64), *map(id_hashes, output_ids)]))
+    gone and kept. Ids are compared by their 128-bit hashes keyed by the run's `key`
+    (`SeenIds`): no id can be made to pass for another."""
+    held = SeenIds(key)
+    held.add_all(output_ids)
     for number, table in enumerate(previous.id_tables()):
         ids = table.column("id")
-        hashes = id_hashes(ids)
-        missing = ~sorted_contains(held, hashes)
+        hashes = key.hashes(ids)
+        missing = ~held.contains(hashes)
         kept = missing & unread.keeps(hashes)
         yield Missing(number, ids, missing & ~kept, kept)
 

@@ -45,7 +45,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from bulkembed.carry import CarryOver, TableCarryOver
+from bulkembed.carry import CarryOver, TableCarryOver, reading_previous
 from bulkembed.contracts import RowCounts
 from bulkembed.errors import OutputError, UsageError
 from bulkembed.lookup import PartRows, PreviousLookup
@@ -53,7 +53,7 @@ from bulkembed.run_dir import RunDirectory, describe_changes
 from bulkembed.schema import CONTENT_HASH, digests
 from bulkembed.sinks.parquet import ParquetSink
 from bulkembed.sinks.part_files import part_label
-from bulkembed.sources.filters import id_hashes
+from bulkembed.sources import IdKey
 from bulkembed.storage import AnyPath, ObjectPath, parquet_file, scratch_folder
 
 # Settings that may differ from PREV's: they change which documents there are or which
@@ -98,10 +98,11 @@ class PreviousOutput:
     """A finished Parquet output made with the same settings, to carry unchanged rows from.
 
     `rows` is its number of documents; `run` its run directory; `lookup` its documents
-    sorted by id hash, on disk (`bulkembed.lookup`), in a temporary folder removed by
-    `close`; `carrier` carries its unchanged rows over."""
+    sorted by id hash (keyed by the run's `id_key`), on disk (`bulkembed.lookup`), in a
+    temporary folder removed by `close`; `carrier` carries its unchanged rows over."""
 
-    def __init__(self, path: AnyPath, fingerprint: dict[str, Any]) -> None:
+    def __init__(self, path: AnyPath, fingerprint: dict[str, Any], id_key: IdKey) -> None:
+        self.id_key = id_key
         self.run = RunDirectory(path)
         check_previous(self.run, str(path), fingerprint)
         self.path: AnyPath | str = path
@@ -114,7 +115,7 @@ class PreviousOutput:
         self._folder = scratch_folder("previous")
         self.rows = 0  # counted as the lookup is built
         try:
-            self.lookup = PreviousLookup.build(self._part_rows(), self._folder)
+            self.lookup = PreviousLookup.build(self._part_rows(), self._folder, self.id_key)
         except BaseException:
             self.close()
             raise
@@ -133,7 +134,8 @@ class PreviousOutput:
         part): a run with the same settings writes vectors of these sizes."""
         if not self.parts:
             return None
-        schema = parquet_file(self.parts[0]).schema_arrow
+        with reading_previous(self.parts[0]):
+            schema = parquet_file(self.parts[0]).schema_arrow
         dimension = (schema.metadata or {}).get(b"bulkembed.dimension")
         if dimension is None:
             return None
@@ -153,14 +155,17 @@ class PreviousOutput:
     ) -> Iterator[tuple[pa.Table, dict[str, Any] | None]]:
         """Each part's `columns` (of its ids and content hashes), and its label."""
         for path in self.parts:
-            file = parquet_file(path)
+            with reading_previous(path):
+                file = parquet_file(path)
             if CONTENT_HASH not in file.schema_arrow.names:
                 raise UsageError(
                     f"--since: {path} has no {CONTENT_HASH} column (written by an older "
                     "bulkembed); run without --since once"
                 )
             label = part_label(file.metadata)
-            yield file.read(columns=columns), label
+            with reading_previous(path):
+                table = file.read(columns=columns)
+            yield table, label
 
     def _part_rows(self) -> Iterator[PartRows]:
         """Each part's ids and content hashes, and its rows' counts where its label has
@@ -168,7 +173,7 @@ class PreviousOutput:
         for table, label in self._labelled_tables(["id", CONTENT_HASH]):
             count = table.num_rows
             self.rows += count
-            keys = id_hashes(table.column("id"))
+            keys = self.id_key.hashes(table.column("id"))
             counts = RowCounts.decode(label.get("counts"), count) if label else None
             try:
                 hashes = digests(table.column(CONTENT_HASH))
@@ -178,7 +183,9 @@ class PreviousOutput:
 
     def rows_at(self, number: int, positions: np.ndarray) -> pa.Table:
         """Every column of the rows at `positions` of PREV's part `number`."""
-        return parquet_file(self.parts[number]).read().take(pa.array(positions, pa.int64()))
+        with reading_previous(self.parts[number]):
+            table = parquet_file(self.parts[number]).read()
+        return table.take(pa.array(positions, pa.int64()))
 
 
 class ChangeSet:
@@ -240,8 +247,14 @@ class PreviousTable(PreviousOutput):
     changed it), to carry unchanged rows from; `run` is the table's run directory."""
 
     def __init__(
-        self, run: RunDirectory, dataset: Any, fingerprint: dict[str, Any], label: str
+        self,
+        run: RunDirectory,
+        dataset: Any,
+        fingerprint: dict[str, Any],
+        label: str,
+        id_key: IdKey,
     ) -> None:
+        self.id_key = id_key
         self.run = run
         check_previous(run, label, fingerprint)
         self.path = label

@@ -3,7 +3,7 @@
 Each worker rebuilds the fast tokenizer from its JSON once, then turns a chunk's texts into
 flat arrays of token ids plus lengths (truncated, no padding), which pickle cheaply. It also
 computes what is computed once per document: the content hash of each text (as the model
-reads it) and the 64-bit hash of each id, so that the run's own process does no work per
+reads it) and the keyed hash of each id (`IdKey`), so that the run's own process does no work per
 document but on arrays. The workers are a `bulkembed.workers.WorkerPool`: at most
 `max_in_flight` chunks are queued, results come back in submission order, and a worker that
 dies or is stuck on a chunk raises `WorkerError` instead of hanging the run (a chunk is
@@ -23,7 +23,7 @@ import pyarrow as pa
 
 from bulkembed.contracts import RowCounts, ragged_positions
 from bulkembed.lookup import PreviousLookup
-from bulkembed.sources import Chunk, id_hashes
+from bulkembed.sources import Chunk, IdKey
 from bulkembed.workers import WorkerPool
 
 # A chunk takes milliseconds to tokenize; a worker this late is stuck, not slow.
@@ -105,21 +105,28 @@ class TokenizedChunk:
 
 
 # What a worker returns for a chunk: token ids, lengths, whether each text was truncated,
-# seconds, the content hashes (16-byte digests), the ids' 64-bit hashes, and which texts
+# seconds, the content hashes (16-byte digests), the ids' hashes ([ids, 2]), and which texts
 # were left untokenized (None: none).
 Tokens = tuple[np.ndarray, np.ndarray, np.ndarray, float, np.ndarray, np.ndarray, np.ndarray | None]
 
 
 class TextTokenizer:
-    """The model's fast tokenizer with truncation on and padding off; with `previous`, the
-    lookup of a previous output (`bulkembed.lookup`), `timed` leaves alone the texts that
-    output holds unchanged with their counts."""
+    """The model's fast tokenizer with truncation on and padding off. `timed`, for a run's
+    chunks, also hashes their ids with the run's `id_key`; with `previous`, the lookup of a
+    previous output (`bulkembed.lookup`), it leaves alone the texts that output holds
+    unchanged with their counts."""
 
-    def __init__(self, settings: TokenizerSettings, previous: PreviousLookup | None = None) -> None:
+    def __init__(
+        self,
+        settings: TokenizerSettings,
+        previous: PreviousLookup | None = None,
+        id_key: IdKey | None = None,
+    ) -> None:
         from tokenizers import Tokenizer
 
         self.settings = settings
         self.previous = previous
+        self.id_key = id_key
         self.tokenizer = Tokenizer.from_str(settings.tokenizer_json)
         self.tokenizer.no_padding()
         # A ColBERT document marker goes in after the first token and counts toward the limit.
@@ -148,9 +155,10 @@ class TextTokenizer:
         """For a chunk's texts and ids: their tokens, the seconds the tokenizer took, and
         the hashes of the texts (as the model reads them) and of the ids."""
         texts, ids = texts_and_ids
+        assert self.id_key is not None, "a run's tokenizer hashes ids with the run's key"
         inputs = [self.settings.model_text(t) for t in texts.to_pylist()]
         digests = np.array([content_digest(t) for t in inputs], dtype="S16")
-        keys = id_hashes(ids)
+        keys = self.id_key.hashes(ids)
         skipped = None if self.previous is None else self.previous.counted(keys, digests)
         started = time.perf_counter()
         if skipped is None or not skipped.any():
@@ -182,14 +190,14 @@ def tokenizer_threads(workers: int) -> int:
 
 
 def _start_tokenizer(
-    setting: tuple[TokenizerSettings, int, PreviousLookup | None],
+    setting: tuple[TokenizerSettings, int, PreviousLookup | None, IdKey],
 ) -> tuple[Callable[[tuple[pa.Array, pa.Array]], Tokens], None]:
     """A worker's tokenizer (`bulkembed.workers`): rebuilt once, from its JSON, and timed,
     with its batch encoding spread over `threads` (the tokenizers library's thread pool
     reads this variable when it first starts, in this new process)."""
-    settings, threads, previous = setting
+    settings, threads, previous, id_key = setting
     os.environ["RAYON_NUM_THREADS"] = str(threads)
-    return TextTokenizer(settings, previous).timed, None
+    return TextTokenizer(settings, previous, id_key).timed, None
 
 
 def _texts(chunk: Chunk) -> tuple[pa.Array, pa.Array]:
@@ -208,14 +216,15 @@ def _tokenized(chunk: Chunk, result: Tokens) -> TokenizedChunk:
 
 
 class TokenizerPool:
-    """Tokenize chunks on `workers` processes (0: in this process), in order, bounded; with
-    `previous` (a previous output's lookup), texts it holds unchanged are left untokenized
-    (`TextTokenizer`)."""
+    """Tokenize chunks on `workers` processes (0: in this process), in order, bounded, their
+    ids hashed with the run's `id_key`; with `previous` (a previous output's lookup), texts
+    it holds unchanged are left untokenized (`TextTokenizer`)."""
 
     def __init__(
         self,
         settings: TokenizerSettings,
         workers: int,
+        id_key: IdKey,
         max_in_flight: int = 0,
         previous: PreviousLookup | None = None,
     ) -> None:
@@ -225,11 +234,11 @@ class TokenizerPool:
         self._local: TextTokenizer | None = None
         self._pool: WorkerPool[tuple[pa.Array, pa.Array], Tokens] | None = None
         if workers == 0:
-            self._local = TextTokenizer(settings, previous)
+            self._local = TextTokenizer(settings, previous, id_key)
         else:
             self._pool = WorkerPool(
                 _start_tokenizer,
-                [(settings, tokenizer_threads(workers), previous)] * workers,
+                [(settings, tokenizer_threads(workers), previous, id_key)] * workers,
                 "tokenizer",
                 [f"process {n}" for n in range(workers)],
                 START_TIMEOUT_SECONDS,

@@ -7,15 +7,17 @@ from helpers import write_jsonl, write_parquet
 
 from bulkembed.admission import drop_duplicate_ids, fail_on_bad_records, leave_id_hashes, take
 from bulkembed.errors import InputError
-from bulkembed.sources import RecordReader, SeenIds, id_hash, list_inputs
+from bulkembed.sources import IdKey, RecordReader, SeenIds, list_inputs
 from bulkembed.tokenize import TokenizedChunk
+
+KEY = IdKey.fresh()
 
 
 def _tokenized(chunks):
     """Each record tokenized as (its position, its position + 1000), the second truncated
     when the position is odd; ids hashed as the tokenizer processes hash them."""
     for chunk in chunks:
-        chunk.id_hashes = np.array([id_hash(i) for i in chunk.ids.to_pylist()], np.uint64)
+        chunk.id_hashes = KEY.hashes(chunk.ids)
         positions = np.asarray(chunk.positions, np.int32)
         tokens = np.stack([positions, positions + 1000], axis=1).reshape(-1)
         lengths = np.full(len(chunk), 2, np.int32)
@@ -46,7 +48,7 @@ def test_later_records_of_an_id_are_bad_records_and_their_tokens_go(tmp_path):
     ids = ["a", "b", "a", "c", "b", "d"]
     path = write_parquet(tmp_path / "c.parquet", _records(ids))
     reader = RecordReader(list_inputs([str(path)]), chunk_size=4)
-    seen = SeenIds()
+    seen = SeenIds(KEY)
     seen.add("d")  # as a done unit's id is
     kept = list(drop_duplicate_ids(_tokenized(reader.read()), seen, reader.files))
     assert [t.chunk.ids.to_pylist() for t in kept] == [["a", "b", "c"], []]
@@ -58,17 +60,35 @@ def test_later_records_of_an_id_are_bad_records_and_their_tokens_go(tmp_path):
     assert all(reason.startswith("duplicate id") for _, _, reason in bad)
 
 
+def _hashes(*pairs):
+    return np.array(pairs, np.uint64).reshape(-1, 2)
+
+
 def test_seen_ids_find_repeats_within_one_array_and_across_calls():
-    seen = SeenIds()
-    first = seen.add_hashes(np.array([5, 3, 5, 9, 3], np.uint64))
+    seen = SeenIds(KEY)
+    first = seen.add_hashes(_hashes((5, 0), (3, 0), (5, 0), (9, 0), (3, 0)))
     assert first.tolist() == [True, True, False, True, False]
-    assert seen.add_hashes(np.array([9, 4, 4], np.uint64)).tolist() == [False, True, False]
+    assert seen.add_hashes(_hashes((9, 0), (4, 0), (4, 0))).tolist() == [False, True, False]
+
+
+def test_seen_ids_tell_apart_hashes_of_one_first_word():
+    # Ids whose first words tie (by chance) are told apart by the second, within one array,
+    # across calls and across the merges of their sorted levels.
+    seen = SeenIds(KEY)
+    first = seen.add_hashes(_hashes((7, 1), (7, 2), (7, 1), (2, 2)))
+    assert first.tolist() == [True, True, False, True]
+    assert seen.add_hashes(_hashes((7, 3), (7, 2), (2, 1))).tolist() == [True, False, True]
+    seen.add_hashes(_hashes(*((n, 0) for n in range(100, 200))))
+    held = seen.contains(
+        _hashes((7, 1), (7, 2), (7, 3), (7, 4), (2, 1), (2, 2), (150, 0), (150, 1))
+    )
+    assert held.tolist() == [True, True, True, False, True, True, True, False]
 
 
 def test_fail_on_bad_records_names_the_first_one(tmp_path):
     path = write_jsonl(tmp_path / "a.jsonl", _records(["a", "a"]))
     reader = RecordReader(list_inputs([str(path)]))
-    chunks = drop_duplicate_ids(_tokenized(reader.read()), SeenIds(), reader.files)
+    chunks = drop_duplicate_ids(_tokenized(reader.read()), SeenIds(KEY), reader.files)
     with pytest.raises(InputError, match=r"a.jsonl line 2: duplicate id"):
         list(fail_on_bad_records(chunks))
 

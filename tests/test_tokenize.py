@@ -9,7 +9,7 @@ import pytest
 from helpers import sample_texts
 
 from bulkembed.errors import WorkerError
-from bulkembed.sources import Chunk
+from bulkembed.sources import Chunk, IdKey
 from bulkembed.tokenize import TextTokenizer, TokenizerPool, TokenizerSettings
 
 
@@ -55,7 +55,8 @@ def test_pool_returns_chunks_in_order(tiny_bert, workers):
     texts = sample_texts(300)
     settings = _settings(tiny_bert)
     expected = TextTokenizer(settings)(texts)
-    with TokenizerPool(settings, workers, max_in_flight=3) as pool:
+    key = IdKey.fresh()
+    with TokenizerPool(settings, workers, key, max_in_flight=3) as pool:
         results = list(pool.map(_chunks(texts, 7)))
     assert [r.chunk.ids[0].as_py() for r in results] == [str(i) for i in range(0, 300, 7)]
     np.testing.assert_array_equal(np.concatenate([r.token_ids for r in results]), expected[0])
@@ -63,15 +64,13 @@ def test_pool_returns_chunks_in_order(tiny_bert, workers):
     # Each text's content hash and each id's hash come back with the tokens.
     from helpers import content_hash
 
-    from bulkembed.sources import id_hash
-
     hashes = np.concatenate([r.chunk.hashes for r in results])
     # (as bytes, not items: an item of an S16 array loses its trailing zero bytes)
     assert [bytes(h).hex() for h in hashes.view(np.uint8).reshape(-1, 16)] == [
         content_hash(t) for t in texts
     ]
     ids = np.concatenate([r.chunk.id_hashes for r in results])
-    assert ids.tolist() == [id_hash(str(i)) for i in range(300)]
+    assert ids.tolist() == key.hashes(pa.array([str(i) for i in range(300)])).tolist()
 
 
 def test_a_tokenized_chunk_leaves_its_texts_behind(tiny_bert):
@@ -81,7 +80,7 @@ def test_a_tokenized_chunk_leaves_its_texts_behind(tiny_bert):
     # The chunk's texts a slice of a larger array, as a row group's are.
     whole = pa.array(texts * 4, pa.string())
     chunk = Chunk(0, 0, pa.array([str(i) for i in range(200)]), whole.slice(200, 200), False)
-    with TokenizerPool(_settings(tiny_bert), 0) as pool:
+    with TokenizerPool(_settings(tiny_bert), 0, IdKey.fresh()) as pool:
         (tokenized,) = pool.map([chunk])
     assert len(tokenized.chunk.texts) == 0
     # What a device process is sent holds no byte of the texts.
@@ -90,7 +89,7 @@ def test_a_tokenized_chunk_leaves_its_texts_behind(tiny_bert):
 
 def test_dead_worker_is_an_error_not_a_hang(tiny_bert):
     texts = sample_texts(50)
-    with TokenizerPool(_settings(tiny_bert), 1, max_in_flight=2) as pool:
+    with TokenizerPool(_settings(tiny_bert), 1, IdKey.fresh(), max_in_flight=2) as pool:
         results = pool.map(_chunks(texts * 200, 5))
         next(results)
         for child in multiprocessing.active_children():
@@ -106,7 +105,7 @@ def test_a_stuck_worker_times_out_and_is_killed(tiny_bert, monkeypatch):
     started = time.monotonic()
     late = "tokenizer on process 0 took more than 2 s for one chunk"
     with pytest.raises(WorkerError, match=late):  # noqa: SIM117
-        with TokenizerPool(_settings(tiny_bert), 1, max_in_flight=2) as pool:
+        with TokenizerPool(_settings(tiny_bert), 1, IdKey.fresh(), max_in_flight=2) as pool:
             results = pool.map(_chunks(texts * 200, 5))
             next(results)
             for child in multiprocessing.active_children():
@@ -123,7 +122,7 @@ def test_workers_left_with_unread_results_are_stopped_at_once(tiny_bert, monkeyp
     # are not waited for, which would last until the stop timeout.
     monkeypatch.setattr("bulkembed.workers.STOP_SECONDS", 120.0)
     texts = sample_texts(50)
-    with TokenizerPool(_settings(tiny_bert), 1, max_in_flight=8) as pool:
+    with TokenizerPool(_settings(tiny_bert), 1, IdKey.fresh(), max_in_flight=8) as pool:
         results = pool.map(_chunks(texts * 400, 500))
         next(results)
         workers = multiprocessing.active_children()
@@ -135,7 +134,7 @@ def test_workers_left_with_unread_results_are_stopped_at_once(tiny_bert, monkeyp
 
 
 def test_workers_that_handed_over_every_result_stop_on_their_own(tiny_bert):
-    with TokenizerPool(_settings(tiny_bert), 1, max_in_flight=2) as pool:
+    with TokenizerPool(_settings(tiny_bert), 1, IdKey.fresh(), max_in_flight=2) as pool:
         assert sum(len(t.lengths) for t in pool.map(_chunks(sample_texts(50), 5))) == 50
         workers = multiprocessing.active_children()
     assert [w.exitcode for w in workers] == [0] * len(workers)

@@ -130,7 +130,7 @@ def _delete_limit(text: str) -> float | None:
             f"--max-deletes {text}: give a count (500), a fraction of the previous output's "
             "rows below 1 (0.25), or all"
         )
-    return value
+    return abs(value)  # `-0` is 0
 
 
 EXIT_STATUS_HELP = """Exit status: 0 done; 1 the run failed (model, output, a worker, an

@@ -56,7 +56,7 @@ def _admitted(
     as seen), up to the limit; `carrier` (the mode's) carries over those it can. They are
     counted as read into `stats`."""
     config = plan.config
-    seen = SeenIds()
+    seen = SeenIds(plan.id_key)
     mine = {k: v for k, v in done.items() if plan.my_units is None or k in plan.my_units}
     seen.add_all(sink.committed_ids(mine))
     chunks = drop_duplicate_ids(tokenized, seen, list(plan.files))
@@ -100,7 +100,8 @@ def embed_locally(
     if mode.sizes() is None:
         # A model will be needed (one that may not be carries over what it can first).
         load_ahead("cpu" in devices and plan.spec.backend != "torch")
-    with TokenizerPool(plan.tokenizer_settings, plan.workers, previous=carrier.lookup) as pool:
+    settings = plan.tokenizer_settings
+    with TokenizerPool(settings, plan.workers, plan.id_key, previous=carrier.lookup) as pool:
         admitted = _admitted(plan, sink, done, carrier, pool.map(chunks), stats)
         with ReadAhead(admitted, lambda c: share_of_window(c, budget)) as tokenized:
             # int8/uint8 ranges not calibrated yet are calibrated on the first window, here.

@@ -6,7 +6,7 @@ back.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from bulkembed.config import Engine, RunConfig, default_tokenize_workers
@@ -15,7 +15,7 @@ from bulkembed.outputs import OutputFormat
 from bulkembed.run_dir.files import CONFIG_FILE
 from bulkembed.script_guard import MAIN_GUARD_ADVICE, script_reruns
 from bulkembed.sinks import OutputTarget, parse_output
-from bulkembed.sources import InputFile, RecordReader, list_inputs
+from bulkembed.sources import IdKey, InputFile, RecordReader, list_inputs
 from bulkembed.sources.files import STDIN
 from bulkembed.sources.reader import SHORT_CHUNK_SIZE
 from bulkembed.storage import ObjectPath, StorageOptions, location
@@ -39,7 +39,9 @@ class RunPlan:
     far as this process can tell. `all_units` is every unit of the inputs, counted up front
     for `--shard` and `--engine ray`; `my_units` the share of `--shard`. `started` is when
     the command started, on the monotonic clock (see `RunStats`). `unread_directories`
-    are input directories that could not be listed (their files are left out)."""
+    are input directories that could not be listed (their files are left out). `id_key`
+    keys the hashes that every process of the run finds ids by (`IdKey`), drawn anew for
+    each run."""
 
     config: RunConfig
     spec: ModelSpec
@@ -55,6 +57,7 @@ class RunPlan:
     storage_options: StorageOptions = StorageOptions()
     started: float = 0.0
     unread_directories: tuple[str, ...] = ()
+    id_key: IdKey = field(default_factory=IdKey.fresh)
 
     @property
     def tokenizer_settings(self) -> TokenizerSettings:

@@ -47,7 +47,7 @@ from bulkembed.outputs import OutputFormat
 from bulkembed.precision import PrecisionCheck
 from bulkembed.progress import QuietReporter, Reporter, RunStats
 from bulkembed.run_dir import RunDirectory
-from bulkembed.sources import RecordReader, SeenIds
+from bulkembed.sources import IdKey, RecordReader, SeenIds
 from bulkembed.storage import AnyPath
 from bulkembed.tokenize import TokenizedChunk, TokenizerPool, TokenizerSettings
 from bulkembed.wording import counted
@@ -85,6 +85,7 @@ class _Work:
 
     reader: RecordReader
     settings: TokenizerSettings
+    id_key: IdKey
     carrier: CarryOver
     fail_on_bad_records: bool
     spec: ModelSpec
@@ -105,9 +106,10 @@ def _tokenize_unit(part: str, offset: int, work: _Work) -> list[TokenizedChunk]:
     """Read one unit (from byte `offset`, when not negative, where its format can seek) and
     tokenize it in this process."""
     chunks = work.reader.read_unit(*part_unit(part), offset if offset >= 0 else None)
-    with TokenizerPool(work.settings, 0, previous=work.carrier.lookup) as pool:
+    with TokenizerPool(work.settings, 0, work.id_key, previous=work.carrier.lookup) as pool:
         # Repeated ids are found within the unit: the units of a cluster run side by side.
-        tokenized = drop_duplicate_ids(pool.map(chunks), SeenIds(), work.reader.files)
+        seen = SeenIds(work.id_key)
+        tokenized = drop_duplicate_ids(pool.map(chunks), seen, work.reader.files)
         if work.fail_on_bad_records:
             tokenized = fail_on_bad_records(tokenized)
         return list(leave_id_hashes(work.carrier.carry(tokenized)))
@@ -240,6 +242,7 @@ def embed_on_ray(
             work = _Work(
                 reader=plan.reader,
                 settings=plan.tokenizer_settings,
+                id_key=plan.id_key,
                 carrier=_shared(mode.carrier()),
                 fail_on_bad_records=plan.config.on_bad_record is OnBadRecord.FAIL,
                 spec=plan.spec,
@@ -271,14 +274,15 @@ def _shared(carrier: CarryOver) -> CarryOver:
     import ray
 
     refs = {name: ray.put(np.asarray(array)) for name, array in carrier.lookup.arrays().items()}
-    return carrier.sharing(carrier.lookup.reopened_by(_lookup_in_store, refs))
+    key = carrier.lookup.key
+    return carrier.sharing(carrier.lookup.reopened_by(_lookup_in_store, refs, key))
 
 
-def _lookup_in_store(refs: dict[str, Any]) -> PreviousLookup:
+def _lookup_in_store(refs: dict[str, Any], key: IdKey) -> PreviousLookup:
     """A previous output's lookup, from its arrays in Ray's object store (`_shared`)."""
     import ray
 
-    return PreviousLookup({name: ray.get(ref) for name, ref in refs.items()})
+    return PreviousLookup({name: ray.get(ref) for name, ref in refs.items()}, key)
 
 
 @contextlib.contextmanager

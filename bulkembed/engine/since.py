@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from bulkembed.carry import CarryOver
+from bulkembed.carry import CarryOver, reading_previous
 from bulkembed.contracts import UnitRecord
 from bulkembed.deletions import Deletions, Missing, Unread, decide, kept_rows, missing_ids
 from bulkembed.deletions import allowed_deletes as allowed
@@ -156,13 +156,13 @@ class Incremental:
             self._upserts = self.sync.upserts()
             if complete or self.ended:
                 return
-            self.previous = self.sync.previous()
+            self.previous = self.sync.previous(self.plan.id_key)
             self.previous.carrier.keeps_unread = True
         elif complete:
             return
         else:
             since = location(config.since or "", self.plan.storage_options)
-            self.previous = PreviousOutput(since, self.settings)
+            self.previous = PreviousOutput(since, self.settings, self.plan.id_key)
             if self.plan.target.capabilities.change_set:
                 self.change_set = ChangeSet(self.run.meta)
                 self.change_set.open(self.plan.my_units)
@@ -214,7 +214,7 @@ class Incremental:
             self.run.ledger.forget(part)
         self.sink.discard(kept)
         bad_records = self.run.bad_records(inputs)
-        unread = Unread.of(bad_records, bool(self.plan.unread_directories))
+        unread = Unread.of(bad_records, bool(self.plan.unread_directories), self.plan.id_key)
         bad = sum(r.bad_records for r in inputs.values())
         read = sum(r.rows for r in inputs.values()) + bad
         return inputs, unread, over_bad_record_limit(self.plan.config.max_bad_records, bad, read)
@@ -231,7 +231,7 @@ class Incremental:
         assert self.change_set is not None and self.previous is not None
         inputs, unread, over = self._start_end()
         ids = self.sink.committed_ids(inputs)
-        missing = list(missing_ids(self.previous, ids, unread))
+        missing = list(missing_ids(self.previous, ids, unread, self.plan.id_key))
         deletions = self._decide(missing, over)
         self._note(deletions)
         if deletions.kept or deletions.withheld:
@@ -249,7 +249,8 @@ class Incremental:
         assert self.sync is not None
         inputs, unread, over = self._start_end()
         current = self.sync.current()
-        missing = list(missing_ids(current, self.sink.committed_ids(inputs), unread))
+        held = self.sink.committed_ids(inputs)
+        missing = list(missing_ids(current, held, unread, self.plan.id_key))
         deletions = self.deletions
         if deletions is None or not deletions.deleted:
             # Deletes once begun are finished with the decision that began them.
@@ -292,7 +293,8 @@ class Incremental:
             schema = self.sink.part_schema(part) if record.rows else None
             if schema is not None:
                 return schema
-        first = parquet_file(self.previous.parts[0]).schema_arrow
+        with reading_previous(self.previous.parts[0]):
+            first = parquet_file(self.previous.parts[0]).schema_arrow
         fields = [f for f in first if f.name in ("id", *EMBEDDING_COLUMNS, CONTENT_HASH)]
         types = self.plan.reader.column_types
         fields += [pa.field(name, kind) for name, kind in types.items()]

@@ -46,6 +46,7 @@ from bulkembed.sinks import (
     parse_output,
     sink_of,
 )
+from bulkembed.sources import IdKey
 
 # The sync's run directory, below the table's.
 SYNC_DIRECTORY = "sync"
@@ -182,13 +183,14 @@ class TableSync:
     def unlock(self) -> None:
         self.table_run.release_lock()
 
-    def previous(self) -> PreviousTable:
-        """The table as it was when the sync began."""
+    def previous(self, id_key: IdKey) -> PreviousTable:
+        """The table as it was when the sync began (its ids hashed with `id_key`)."""
         if self.run.config_path.exists():
             self.version = self.run.read_config().get("previous_version")
         self.version = self.version or self.table.version()
         found = self.table.dataset(self.version)
-        return PreviousTable(self.table_run, found, self.settings, self.table_run.label)
+        label = self.table_run.label
+        return PreviousTable(self.table_run, found, self.settings, label, id_key)
 
     def upserts(self) -> Callable[[], Sink]:
         """What makes a sink that merges units' rows into the table (one per process)."""

@@ -6,8 +6,9 @@ it is the granularity of output parts and of resume.
 """
 
 from bulkembed.sources.files import list_inputs
-from bulkembed.sources.filters import SeenIds, id_hash, id_hashes
+from bulkembed.sources.filters import SeenIds
 from bulkembed.sources.formats import count_records, format_of, unit_names
+from bulkembed.sources.id_keys import IdKey
 from bulkembed.sources.opening import unit_offsets
 from bulkembed.sources.reader import RecordReader
 from bulkembed.sources.records import BadRecord, Chunk, InputFile
@@ -15,13 +16,12 @@ from bulkembed.sources.records import BadRecord, Chunk, InputFile
 __all__ = [
     "BadRecord",
     "Chunk",
+    "IdKey",
     "RecordReader",
     "SeenIds",
     "InputFile",
     "count_records",
     "format_of",
-    "id_hash",
-    "id_hashes",
     "list_inputs",
     "unit_names",
     "unit_offsets",

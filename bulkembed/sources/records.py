@@ -98,10 +98,10 @@ class Chunk:
     lines); the last chunk of each unit has `last_in_unit` set, even when it holds no row.
     `ids`, `texts` (Arrow arrays), `positions` (int64: row or line number from 0),
     `columns` (passthrough values, `--keep-columns`), `hashes` (the content hashes, 16-byte
-    BLAKE2b digests) and `id_hashes` (64-bit hashes of the ids, `id_hash`) run in parallel,
-    one entry per record; the hashes are computed where the texts are tokenized, and the
-    texts dropped there. `carried` holds the records whose embeddings come from a previous
-    output instead; `changed` counts the records here whose text differs from that
+    BLAKE2b digests) and `id_hashes` (the ids' keyed hashes, [records, 2], `IdKey`) run in
+    parallel, one entry per record; the hashes are computed where the texts are tokenized,
+    and the texts dropped there. `carried` holds the records whose embeddings come from a
+    previous output instead; `changed` counts the records here whose text differs from that
     output's."""
 
     file: int

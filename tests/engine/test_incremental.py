@@ -74,6 +74,31 @@ def test_content_hash_covers_the_prompt(tmp_path, tiny_st):
     assert content_hash("query: some text") != content_hash("some text")
 
 
+@pytest.mark.parametrize("damage", ["cut", "gone"])
+def test_a_damaged_previous_output_stops_since_naming_the_part(tmp_path, tiny_st, damage):
+    records = [{"id": f"d{i}", "text": t} for i, t in enumerate(sample_texts(30))]
+    corpus = write_jsonl(tmp_path / "c.jsonl", records)
+    model = tiny_st("mean")
+    units = ("--records-per-unit", "10")
+    assert run_cli(corpus, model, tmp_path / "prev", *FLOAT32, *units).exit_code == 0
+    part = sorted((tmp_path / "prev").glob("*.parquet"))[1]
+    if damage == "cut":
+        part.write_bytes(part.read_bytes()[:300])
+    else:
+        part.unlink()
+    since = ("--since", tmp_path / "prev")
+    result = run_cli(corpus, model, tmp_path / "new", *FLOAT32, *units, *since)
+    assert result.exit_code == 1
+    message = result.output.strip()
+    assert "\n" not in message and "Traceback" not in message
+    assert message.startswith(
+        f"error: --since: cannot read {part}, a part of the previous output ("
+    )
+    assert message.endswith(
+        "): restore it from a copy, or run without --since to embed every document again"
+    )
+
+
 def test_since_refuses_an_output_made_with_other_settings(tmp_path, tiny_st):
     records = [{"id": f"d{i}", "text": t} for i, t in enumerate(sample_texts(20))]
     write_jsonl(tmp_path / "c.jsonl", records)

@@ -47,7 +47,7 @@ def _tokenized(plan, ids, texts, lookup=None):
 
     chunk = Chunk(0, 0, pa.array(ids), pa.array(texts), True)
     chunk.positions = np.arange(len(ids), dtype=np.int64)
-    tokenizer = TextTokenizer(plan.tokenizer_settings, lookup)
+    tokenizer = TextTokenizer(plan.tokenizer_settings, lookup, plan.id_key)
     return _tokenized(chunk, tokenizer.timed((chunk.texts, chunk.ids)))
 
 

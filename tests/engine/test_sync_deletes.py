@@ -210,6 +210,23 @@ def _over_the_limit_message(withheld: int, share: str, limit: str) -> str:
     )
 
 
+def test_a_few_deletes_over_the_limit_are_shown_as_a_share_that_is_not_none():
+    from bulkembed.cli import _delete_limit
+    from bulkembed.config import RunConfig
+    from bulkembed.deletions import Deletions
+
+    # `-0` is 0, from the command line and from Python.
+    limit = _delete_limit("-0")
+    assert f"{limit:g}" == "0"
+    config = RunConfig(inputs=("c",), output="o", model="m", max_deletes=-0.0)
+    assert f"{config.max_deletes:g}" == "0"
+    assert Deletions(0, 0, 1, "--max-deletes").message(300, limit) == (
+        "1 id of the previous output (0.3% of its 300 rows) is gone from the input, over "
+        "--max-deletes 0: nothing was deleted (new and changed documents were written); run "
+        "the same command with --max-deletes 1 (or all) to delete them"
+    )
+
+
 def test_max_deletes_stops_a_mass_delete_of_a_table_until_allowed(previous, tmp_path):
     model, corpus, prev, db = _copies(previous, tmp_path, "jsonl")
     _edit(corpus, removed=(3, 4))

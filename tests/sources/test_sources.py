@@ -1,6 +1,10 @@
 import gzip
 import json
+import os
+import subprocess
+import sys
 
+import numpy as np
 import pyarrow as pa
 import pytest
 from helpers import write_jsonl, write_parquet
@@ -225,9 +229,9 @@ def test_unit_names_cover_every_unit(tmp_path):
 
 
 def test_seen_ids_survive_the_merges_of_their_sorted_arrays():
-    from bulkembed.sources import SeenIds
+    from bulkembed.sources import IdKey, SeenIds
 
-    seen = SeenIds()
+    seen = SeenIds(IdKey.fresh())
     assert all(seen.add(f"id-{i}") for i in range(50))
     assert not any(seen.add(f"id-{i}") for i in range(50))
     assert seen.add(7) and not seen.add("7")
@@ -237,30 +241,108 @@ def test_seen_ids_survive_the_merges_of_their_sorted_arrays():
     assert not seen.add("10") and not seen.add(11) and seen.add(12)
 
 
-def test_id_hashes_depend_on_every_byte_and_the_length_only():
-    from bulkembed.sources import id_hash, id_hashes
+def _siphash(message: bytes, key: bytes, rounds: tuple[int, int], wide: bool) -> bytes:
+    """SipHash-c-d of `message`, one message at a time, as its specification writes it: the
+    reference the vectorized one is checked against."""
+    mask = (1 << 64) - 1
 
-    ids = ["a", "a\0", "", "abcdefgh", "abcdefgh\0", "abcdefghi", "ünïcödé ✓", "None", "b" * 70]
-    hashes = id_hashes(pa.array(ids)).tolist()
-    assert len(set(hashes)) == len(ids)
-    assert hashes == [id_hash(i) for i in ids]
-    # The same ids in other layouts: a slice, chunks, large strings, a missing id as "None".
-    assert id_hashes(pa.array(["x", *ids]).slice(1)).tolist() == hashes
-    chunked = pa.chunked_array([pa.array(ids[:4]), pa.array(ids[4:])])
-    assert id_hashes(chunked).tolist() == hashes
-    assert id_hashes(pa.array(ids, pa.large_string())).tolist() == hashes
-    assert id_hashes(pa.array([None, "None"])).tolist() == [hashes[7]] * 2
-    assert id_hashes(pa.array([-5, 2**40], pa.int64())).tolist() == [id_hash("-5"), id_hash(2**40)]
-    # The hash is fixed: these values are the function's, not a run's.
-    assert [hex(h) for h in id_hashes(pa.array(["doc-1", "a"])).tolist()] == [
-        "0x55a4ea62ba4a977d",
-        "0x3b0bdbfa8b94d021",
+    def rotate(x, bits):
+        return ((x << bits) | (x >> (64 - bits))) & mask
+
+    def sip_round(v):
+        v[0] = (v[0] + v[1]) & mask
+        v[1] = rotate(v[1], 13) ^ v[0]
+        v[0] = rotate(v[0], 32)
+        v[2] = (v[2] + v[3]) & mask
+        v[3] = rotate(v[3], 16) ^ v[2]
+        v[0] = (v[0] + v[3]) & mask
+        v[3] = rotate(v[3], 21) ^ v[0]
+        v[2] = (v[2] + v[1]) & mask
+        v[1] = rotate(v[1], 17) ^ v[2]
+        v[2] = rotate(v[2], 32)
+
+    k0, k1 = int.from_bytes(key[:8], "little"), int.from_bytes(key[8:], "little")
+    v = [k0 ^ 0x736F6D6570736575, k1 ^ 0x646F72616E646F6D]
+    v += [k0 ^ 0x6C7967656E657261, k1 ^ 0x7465646279746573]
+    v[1] ^= 0xEE if wide else 0
+    tail = len(message) - len(message) % 8
+    blocks = [message[i : i + 8] for i in range(0, tail, 8)]
+    blocks.append(message[tail:] + bytes(7 - len(message) % 8) + bytes([len(message) & 0xFF]))
+    for block in blocks:
+        m = int.from_bytes(block, "little")
+        v[3] ^= m
+        for _ in range(rounds[0]):
+            sip_round(v)
+        v[0] ^= m
+    v[2] ^= 0xEE if wide else 0xFF
+    out = b""
+    for mark in (0, 0xDD) if wide else (0,):
+        v[1] ^= mark
+        for _ in range(rounds[1]):
+            sip_round(v)
+        out += (v[0] ^ v[1] ^ v[2] ^ v[3]).to_bytes(8, "little")
+    return out
+
+
+def test_the_reference_siphash_gives_the_published_values():
+    # SipHash-2-4-128 of the empty message and of bytes 0..14, key bytes 0..15: the first
+    # values of the specification's test vectors.
+    key = bytes(range(16))
+    assert _siphash(b"", key, (2, 4), True).hex() == "a3817f04ba25a8e66df67214c7550293"
+    assert _siphash(bytes(range(15)), key, (2, 4), True).hex() == (
+        "5493e99933b0a8117e08ec0f97cfc3d9"
+    )
+    # SipHash-1-3 (64-bit) keyed with zeros is Python's own hash of bytes (but b"", whose
+    # hash is 0) with hashing unseeded (PYTHONHASHSEED=0), where Python's hash is SipHash-1-3.
+    script = (
+        "import sys; print(sys.hash_info.algorithm, [hash(bytes(range(n))) for n in (1, 7, 8, 21)])"
+    )
+    found = subprocess.run(
+        [sys.executable, "-c", script],
+        env={**os.environ, "PYTHONHASHSEED": "0"},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split(" ", 1)
+    if found[0] != "siphash13":
+        pytest.skip(f"this Python hashes with {found[0]}")
+    expected = [
+        int.from_bytes(_siphash(bytes(range(n)), bytes(16), (1, 3), False), "little", signed=True)
+        for n in (1, 7, 8, 21)
     ]
-    # One flipped bit anywhere in a long id changes its hash.
-    long = "z" * 37
-    flipped = [long[:i] + chr(ord(long[i]) ^ 1) + long[i + 1 :] for i in range(len(long))]
-    assert id_hash(long) not in {id_hash(f) for f in flipped}
-    assert len({id_hash(f) for f in flipped}) == len(flipped)
+    assert found[1].strip() == str([-2 if h == -1 else h for h in expected])
+
+
+def test_id_hashes_are_keyed_siphash_of_the_ids_bytes():
+    from bulkembed.sources import IdKey
+
+    key = IdKey(bytes(range(16)))
+    ids = ["a", "a\0", "", "abcdefgh", "abcdefgh\0", "abcdefghi", "ünïcödé ✓", "None", "b" * 70]
+    hashes = key.hashes(pa.array(ids))
+    assert hashes.shape == (len(ids), 2) and hashes.dtype == np.uint64
+    assert [h.astype("<u8").tobytes() for h in hashes] == [
+        _siphash(i.encode(), key.secret, (1, 3), True) for i in ids
+    ]
+    # The same ids in other layouts: a slice, chunks, large strings, a missing id as "None".
+    same = hashes.tolist()
+    assert key.hashes(pa.array(["x", *ids]).slice(1)).tolist() == same
+    chunked = pa.chunked_array([pa.array(ids[:4]), pa.array(ids[4:])])
+    assert key.hashes(chunked).tolist() == same
+    assert key.hashes(pa.array(ids, pa.large_string())).tolist() == same
+    assert key.hashes(pa.array([None, "None"])).tolist() == [same[7]] * 2
+    integers = key.hashes(pa.array([-5, 2**40], pa.int64())).tolist()
+    assert integers == [key.hash("-5").tolist(), key.hash(2**40).tolist()]
+    # Another key, other hashes; the key is not shown.
+    assert not (IdKey(bytes(16)).hashes(pa.array(ids)) == hashes).any()
+    assert repr(key) == "IdKey(…)"
+
+
+def test_ids_built_to_collide_without_a_key_do_not_collide_with_one():
+    from bulkembed.sources import IdKey
+
+    # These two share the 64-bit hash of an unkeyed MurmurHash3-style mixer.
+    first, second = IdKey.fresh().hashes(pa.array(["doc-w1cgoiy0bawv", "doc-cml4yWW]em9["]))
+    assert (first != second).all()
 
 
 def _chunk_records(chunks):
