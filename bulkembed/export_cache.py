@@ -32,6 +32,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
+from bulkembed.file_digests import cache_root
 from bulkembed.storage import process_alive
 
 MANIFEST = "manifest.json"
@@ -53,16 +54,6 @@ _UNWRITABLE = frozenset(
         errno.EISDIR,
     }
 )
-
-
-def cache_root() -> Path:
-    """Where bulkembed caches what it converts: `BULKEMBED_CACHE_DIR`, else
-    `$XDG_CACHE_HOME/bulkembed`, else `~/.cache/bulkembed`."""
-    configured = os.environ.get("BULKEMBED_CACHE_DIR")
-    if configured:
-        return Path(configured)
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "bulkembed"
 
 
 def installed_version(package: str) -> str | None:

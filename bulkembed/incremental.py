@@ -65,9 +65,17 @@ UPSERTS = "upserts"
 DELETES = "deletes.parquet"
 
 
-def check_previous(run: RunDirectory, label: str, fingerprint: dict[str, Any]) -> None:
+# The setting of the model's weights: a `--since` output made with other weights is taken,
+# where `PreviousOutput.other_weights` says so, with none of its vectors reused.
+_WEIGHTS = "model_version"
+
+
+def check_previous(
+    run: RunDirectory, label: str, fingerprint: dict[str, Any], other_weights: bool = False
+) -> bool:
     """Refuse a `--since` output that is not a finished bulkembed output made with the same
-    settings as `fingerprint` (but for the free ones)."""
+    settings as `fingerprint` (but for the free ones, and, where `other_weights` allows it,
+    the model's weights). Whether its weights are other ones."""
     if not run.config_path.exists():
         raise UsageError(f"--since {label}: not a bulkembed output directory")
     if not run.is_complete():
@@ -75,15 +83,17 @@ def check_previous(run: RunDirectory, label: str, fingerprint: dict[str, Any]) -
             f"--since {label}: that run is unfinished; run its command again to finish it"
         )
     before = run.read_config().get("fingerprint", {})
+    free = (*_FREE_SETTINGS, _WEIGHTS) if other_weights else _FREE_SETTINGS
     changes = describe_changes(
-        {k: v for k, v in before.items() if k not in _FREE_SETTINGS},
-        {k: v for k, v in fingerprint.items() if k not in _FREE_SETTINGS},
+        {k: v for k, v in before.items() if k not in free},
+        {k: v for k, v in fingerprint.items() if k not in free},
     )
     if changes:
         raise UsageError(
             f"--since {label} was made with other settings ({'; '.join(changes)}): "
             "its vectors cannot be reused; run without --since"
         )
+    return before.get(_WEIGHTS) != fingerprint.get(_WEIGHTS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,12 +109,16 @@ class PreviousOutput:
 
     `rows` is its number of documents; `run` its run directory; `lookup` its documents
     sorted by id hash (keyed by the run's `id_key`), on disk (`bulkembed.lookup`), in a
-    temporary folder removed by `close`; `carrier` carries its unchanged rows over."""
+    temporary folder removed by `close`; `carrier` carries its unchanged rows over.
+
+    An output made with other weights of the same model (a fine-tune, weights changed in
+    place: `other_weights`) is taken too, but none of its vectors is: every document is
+    embedded again, as changed, and its ids still decide what is deleted."""
 
     def __init__(self, path: AnyPath, fingerprint: dict[str, Any], id_key: IdKey) -> None:
         self.id_key = id_key
         self.run = RunDirectory(path)
-        check_previous(self.run, str(path), fingerprint)
+        self.other_weights = check_previous(self.run, str(path), fingerprint, other_weights=True)
         self.path: AnyPath | str = path
         parts = ParquetSink(path)
         done = self.run.done_units().values()
@@ -132,7 +146,7 @@ class PreviousOutput:
     def sizes(self) -> KnownSizes | None:
         """The sizes of PREV's vectors, as its parts' schema records them (None without a
         part): a run with the same settings writes vectors of these sizes."""
-        if not self.parts:
+        if not self.parts or self.other_weights:
             return None
         with reading_previous(self.parts[0]):
             schema = parquet_file(self.parts[0]).schema_arrow
@@ -179,6 +193,8 @@ class PreviousOutput:
                 hashes = digests(table.column(CONTENT_HASH))
             except ValueError:
                 hashes = np.zeros(count, "S16")  # matches no text: embedded again
+            if self.other_weights:
+                hashes = np.zeros(count, "S16")
             yield PartRows(keys, hashes, counts or RowCounts.unknown(count))
 
     def rows_at(self, number: int, positions: np.ndarray) -> pa.Table:
@@ -256,7 +272,7 @@ class PreviousTable(PreviousOutput):
     ) -> None:
         self.id_key = id_key
         self.run = run
-        check_previous(run, label, fingerprint)
+        self.other_weights = check_previous(run, label, fingerprint)
         self.path = label
         self.parts = []
         self._dataset = dataset

@@ -9,10 +9,12 @@ from pathlib import Path
 from typing import Any
 
 from bulkembed.errors import ModelError
+from bulkembed.file_digests import file_digests
 
 _COMMIT = re.compile(r"[0-9a-f]{40}")
 
-_DIGEST_SPAN = 1 << 20
+# A local folder's version: a digest of every byte of its files (`file_digests`).
+FOLDER_DIGEST = "sha256-whole:"
 # The weights of BGE-M3's sparse and ColBERT heads, beside the transformer's.
 BGE_M3_HEAD_FILES = ("sparse_linear.pt", "colbert_linear.pt")
 
@@ -48,33 +50,30 @@ def model_file(source: str, revision: str | None, filename: str) -> Path | None:
 
 
 def model_version(source: str, revision: str | None, config_file: Path) -> str:
-    """What identifies these exact weights: the hub commit, or a digest of the local folder.
+    """What identifies these exact weights: the hub commit (the hub names a commit's files
+    by their hashes), or a digest of the local folder.
 
-    The folder digest covers every file's name and size and, for each, the first and last
-    MiB of its content, so retrained weights of the same shape are told apart without
-    reading gigabytes at every start. Hidden files and READMEs do not count."""
+    The folder digest covers every file's name, and every byte of its content
+    (`file_digests`: remembered per file, so that an unchanged folder costs a stat per
+    file, not a reading). Hidden files and READMEs do not count. Versions recorded before
+    it (`sha256:` and 16 digits) digested the first and last MiB of each file only: they
+    equal no version now, so their outputs are taken as made with other weights."""
     if not is_local(source):
         if config_file.parent.parent.name == "snapshots":
             return config_file.parent.name
         return revision or "main"
-    digest = hashlib.sha256()
     folder = Path(source)
-    files = [
+    files = sorted(
         p
         for p in folder.rglob("*")
         if p.is_file()
         and not p.name.upper().startswith("README")
         and not any(part.startswith(".") for part in p.relative_to(folder).parts)
-    ]
-    for path in sorted(files):
-        size = path.stat().st_size
-        digest.update(f"{path.relative_to(folder)}\0{size}\0".encode())
-        with open(path, "rb") as f:
-            digest.update(f.read(_DIGEST_SPAN))
-            if size > _DIGEST_SPAN:
-                f.seek(max(_DIGEST_SPAN, size - _DIGEST_SPAN))
-                digest.update(f.read(_DIGEST_SPAN))
-    return f"sha256:{digest.hexdigest()[:16]}"
+    )
+    digest = hashlib.sha256()
+    for path, content in zip(files, file_digests(files), strict=True):
+        digest.update(f"{path.relative_to(folder).as_posix()}\0{content}\0".encode())
+    return f"{FOLDER_DIGEST}{digest.hexdigest()[:32]}"
 
 
 def read_json(path: Path | None) -> Any:

@@ -36,7 +36,8 @@ import numpy as np
 from bulkembed.batching import input_order, pack_batches
 from bulkembed.devices import device_identity, exact_float32
 from bulkembed.encoders import Embeddings, Encoder, TokenBatch
-from bulkembed.export_cache import cache_root, installed_version, key_digest
+from bulkembed.export_cache import installed_version, key_digest
+from bulkembed.file_digests import cache_root
 from bulkembed.model_files import exact_files
 from bulkembed.version import __version__
 from bulkembed.windows import EmbeddedHead

@@ -130,7 +130,9 @@ def test_a_moved_model_is_named_and_other_weights_are_refused(tmp_path, corpus, 
         bulkembed.load(out)
     with bulkembed.load(out, model=first) as made, bulkembed.load(first) as named:
         assert made.embed_query(QUERY) == named.embed_query(QUERY)
-    with pytest.raises(ModelError, match=r"made with the weights sha256:\w+ of .*, not these"):
+    with pytest.raises(
+        ModelError, match=r"made with the weights sha256-whole:\w+ of .*, not these"
+    ):
         bulkembed.load(out, model=other)
 
 

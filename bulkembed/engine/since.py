@@ -233,6 +233,14 @@ class Incremental:
         ids = self.sink.committed_ids(inputs)
         missing = list(missing_ids(self.previous, ids, unread, self.plan.id_key))
         deletions = self._decide(missing, over)
+        if self.previous.other_weights and (deletions.kept or deletions.withheld):
+            raise OutputError(
+                f"--since {self.previous.path} was made with other weights, and "
+                f"{counted(deletions.kept + deletions.withheld, 'row')} of it would stay in "
+                "this output as it is (a record that could not be read, or a delete "
+                "--max-deletes held), with a vector of those weights; read every input whole "
+                "and allow the deletes, then run again (or run without --since)"
+            )
         self._note(deletions)
         if deletions.kept or deletions.withheld:
             schema = self._part_schema(inputs)
@@ -306,6 +314,8 @@ def _share_quantization(plan: RunPlan, run: RunDirectory, previous: PreviousOutp
     quantize = plan.output_format.quantize
     if quantize not in ("int8", "uint8") or run.read_quantization_ranges() is not None:
         return
+    if previous.other_weights:
+        return  # nothing is carried over: the new vectors take a scale of their own
     assert quantize is not None
     previous_run = previous.run
     ranges = previous_run.read_quantization_ranges()
