@@ -7,11 +7,12 @@ top-k, `--dim`, `--dtype-out`, `--quantize`, maximum length) and the exact weigh
 (`version`) and its query prompt in its `config.json`, under `encoder`, and in the schema
 metadata of its parts and tables, under `bulkembed.encoder`. `load(OUTPUT)` reads them
 back, with the int8/uint8 ranges of the run, and refuses weights other than the recorded
-ones.
+ones, and a record in `config.json` that is not the one its rows were written with.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,14 +20,16 @@ from typing import TYPE_CHECKING, Any
 
 from bulkembed.config import VECTOR_SETTINGS
 from bulkembed.contracts import RUN_DIRECTORY
-from bulkembed.errors import UsageError
+from bulkembed.errors import OutputError, UsageError
 from bulkembed.run_dir import RunDirectory
 from bulkembed.run_dir.files import CONFIG_FILE
-from bulkembed.sinks import parse_output
+from bulkembed.schema import ENCODER_KEY
+from bulkembed.sinks import parse_output, sink_of
 
 if TYPE_CHECKING:
     from bulkembed.model_spec import ModelSpec
     from bulkembed.outputs import OutputFormat
+    from bulkembed.sinks import OutputTarget
     from bulkembed.storage import StorageOptions
 
 # The settings of `load` a run records: the model, and what shapes its vectors.
@@ -91,6 +94,7 @@ def output_encoder(output: str, options: StorageOptions | None = None) -> Output
             f"{target.label} was written by an earlier bulkembed, which did not record its "
             "encoder: load the model by name with the settings of that run"
         )
+    _check_rows_record(target, run, found)
     quantized = found.get("quantize") in ("int8", "uint8")
     ranges = run.read_quantization_ranges() if quantized else None
     if quantized and ranges is None:
@@ -99,3 +103,25 @@ def output_encoder(output: str, options: StorageOptions | None = None) -> Output
             "is unknown: restore it"
         )
     return OutputEncoder(target.label, found, ranges)
+
+
+def _check_rows_record(target: OutputTarget, run: RunDirectory, found: dict[str, Any]) -> None:
+    """Refuse a `config.json` whose encoder record is not the one in the schema its rows
+    were written with (a done unit's part, the table), in one line that names the first
+    setting that differs: an edited record would rebuild an encoder its vectors do not
+    come from."""
+    done = [r.part for r in run.done_units().values() if r.rows]
+    schema = sink_of(target).part_schema(done[0]) if done else None
+    written = (schema.metadata or {}).get(ENCODER_KEY.encode()) if schema is not None else None
+    if written is None:
+        return
+    rows = json.loads(written)
+    differing = sorted(k for k in set(rows) | set(found) if rows.get(k) != found.get(k))
+    if differing:
+        key = differing[0]
+        raise OutputError(
+            f"{target.label}: {run.config_path} records the encoder's {key} as "
+            f"{found.get(key)!r}, its rows were written with {rows.get(key)!r}: the record "
+            f"was edited or damaged; restore {CONFIG_FILE} (its `encoder` is the "
+            f"{ENCODER_KEY} of the rows' schema), or embed the corpus again"
+        )

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 import bulkembed
 from bulkembed.cli import app
-from bulkembed.errors import ModelError, UsageError
+from bulkembed.errors import ModelError, OutputError, UsageError
 
 QUERY = "how do I sort a list?"
 
@@ -149,6 +149,32 @@ def test_what_is_not_an_output_of_this_version_is_a_one_line_error(tmp_path, cor
         bulkembed.load(f"lancedb://{tmp_path / 'none'}?table=t")
 
 
+@pytest.mark.parametrize("kind", ["parquet", "lancedb"])
+def test_an_edited_encoder_record_is_refused_naming_both_values(tmp_path, corpus, tiny_st, kind):
+    model = tiny_st("mean")
+    if kind == "parquet":
+        out = _run(corpus, model, tmp_path / "out")
+        config = out / "_bulkembed" / "config.json"
+    else:
+        out = _run(corpus, model, f"lancedb://{tmp_path / 'db'}?table=docs")
+        config = tmp_path / "db" / "_bulkembed" / "docs" / "config.json"
+    written = json.loads(config.read_text())
+    written["encoder"]["max_length"] = 16
+    written["encoder"]["prompt"] = "query: "
+    config.write_text(json.dumps(written))
+    line = (
+        f"{config} records the encoder's max_length as 16, its rows were written with 64: "
+        "the record was edited or damaged; restore config.json (its `encoder` is the "
+        "bulkembed.encoder of the rows' schema), or embed the corpus again"
+    )
+    with pytest.raises(OutputError) as refused:
+        bulkembed.load(out)
+    assert str(refused.value).endswith(line) and "\n" not in str(refused.value)
+    result = CliRunner().invoke(app, ["embed", "--like", str(out), QUERY])
+    assert result.exit_code == 1
+    assert result.output.strip().endswith(line) and "Traceback" not in result.output
+
+
 def test_embed_like_an_output(tmp_path, corpus, tiny_st):
     model = tiny_st("mean")
     out = _run(corpus, model, tmp_path / "out", "--dim", "16")
@@ -193,11 +219,16 @@ def test_documents_and_queries_take_the_prompts_the_output_was_made_with(tmp_pat
     with bulkembed.load(out) as made, bulkembed.load(model, prompt="passage: ") as named:
         assert made.document_prompt == "passage: " and named.document_prompt == ""
         assert made.embed_documents(["a text"]) == named.encode(["a text"]).dense.tolist()
-    # The query prompt the model had when the output was made, whatever it has now.
+    # The query prompt the model had when the output was made, whatever it has now: the
+    # record of the rows and of config.json, as a model with that query prompt wrote them.
     config = out / "_bulkembed" / "config.json"
     written = json.loads(config.read_text())
     written["encoder"]["query_prompt"] = "query: "
     config.write_text(json.dumps(written))
+    for part in out.glob("*.parquet"):
+        table = pq.read_table(part)
+        metadata = {**table.schema.metadata, b"bulkembed.encoder": json.dumps(written["encoder"])}
+        pq.write_table(table.replace_schema_metadata(metadata), part)
     with bulkembed.load(out) as made, bulkembed.load(model) as plain:
         assert made.query_prompt == "query: "
         assert made.embed_query("a text") == plain.encode("query: a text").dense[0].tolist()

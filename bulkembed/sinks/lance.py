@@ -151,14 +151,14 @@ class LanceSink(Sink):
         except ValueError:
             return None
 
-    def _dataset(self) -> Any:
-        """The table's latest version, as a Lance dataset."""
-        return self.dataset()
-
     def dataset(self, version: int | None = None) -> Any:
         """The table at `version` (the latest: None), as a Lance dataset."""
         _, lance = lance_modules()
         return lance.dataset(self._uri, version=version, storage_options=self._options)
+
+    def part_schema(self, part: str) -> pa.Schema:
+        """The table's schema: every part's."""
+        return self.dataset().schema
 
     def _remove_files(self, names: Collection[str]) -> None:
         """Delete data files that no table version refers to."""
@@ -197,7 +197,7 @@ class LanceSink(Sink):
             return recovered
         # The table first, then the intents: every file in this version was committed after
         # its intent was written, so a file that no intent names was not committed by a unit.
-        dataset = self._dataset()
+        dataset = self.dataset()
         fragments = table_files(dataset)
         present = frozenset().union(*fragments.values())
         intents = self.intents.all()
@@ -262,7 +262,7 @@ class LanceSink(Sink):
         _, lance = lance_modules()
         from lance.commit import CommitConflictError
 
-        dataset = self._dataset()
+        dataset = self.dataset()
         for _ in range(COMMIT_ATTEMPTS):
             try:
                 committed = lance.LanceDataset.commit(
@@ -277,7 +277,7 @@ class LanceSink(Sink):
                     raise OutputError(f"cannot commit to {self.description}: {e}") from e
             except OSError as e:
                 raise OutputError(f"cannot commit to {self.description}: {e}") from e
-            dataset = self._dataset()
+            dataset = self.dataset()
             if landed(dataset):
                 return int(dataset.version)
         raise OutputError(
@@ -300,7 +300,7 @@ class LanceSink(Sink):
         others = frozenset().union(
             *(i["files"] for p, i in self.intents.all().items() if p not in done)
         )
-        for fragment in self._dataset().get_fragments():
+        for fragment in self.dataset().get_fragments():
             if not fragment_files(fragment.metadata) & others:
                 for batch in fragment.to_batches(columns=["id"]):
                     yield batch.column("id")
@@ -360,7 +360,7 @@ class LanceSink(Sink):
         earlier = self.intents.read(part)
         if earlier is not None:
             # Another writer of this unit was lost: after its commit, or before.
-            dataset = self._dataset()
+            dataset = self.dataset()
             if frozenset(earlier["files"]) <= present_files(dataset):
                 self._remove_files(files)
                 return {"version": int(dataset.version)}
