@@ -36,7 +36,6 @@ from __future__ import annotations
 import io
 import os
 import secrets
-import shutil
 from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -54,7 +53,7 @@ from bulkembed.schema import CONTENT_HASH, digests
 from bulkembed.sinks.parquet import ParquetSink
 from bulkembed.sinks.part_files import part_label
 from bulkembed.sources import IdKey
-from bulkembed.storage import AnyPath, ObjectPath, parquet_file, scratch_folder
+from bulkembed.storage import AnyPath, ObjectPath, parquet_file, remove_scratch, scratch_folder
 
 # Settings that may differ from PREV's: they change which documents there are or which
 # input columns are copied, not what a document's vectors are.
@@ -141,7 +140,7 @@ class PreviousOutput:
 
     def close(self) -> None:
         """Remove the lookup's folder."""
-        shutil.rmtree(self._folder, ignore_errors=True)
+        remove_scratch(self._folder)
 
     def sizes(self) -> KnownSizes | None:
         """The sizes of PREV's vectors, as its parts' schema records them (None without a

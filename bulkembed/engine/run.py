@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import signal
 import sys
 import threading
@@ -34,6 +33,7 @@ from bulkembed.recorded import encoder_record
 from bulkembed.run_dir import LockedError, RunDirectory, fingerprint
 from bulkembed.run_dir.intents import Intents, finishing
 from bulkembed.sinks import Sink, SinkSettings, make_sink
+from bulkembed.storage import remove_scratch
 from bulkembed.summary import Summary, check_bad_records, check_deletes, summarize
 from bulkembed.version import __version__
 from bulkembed.wording import counted
@@ -104,7 +104,7 @@ def embed_corpus(config: RunConfig, reporter: Reporter | None = None) -> Summary
             finally:
                 if plan.target.run_directory is None and isinstance(run.meta, Path):
                     # A stream's bookkeeping: a temporary directory of its own.
-                    shutil.rmtree(run.meta, ignore_errors=True)
+                    remove_scratch(run.meta)
     reporter.finish(summary.as_dict())
     if precision is not None and not precision.passed:
         # Said again last: a run several times slower than it could be is worth a look.

@@ -342,10 +342,10 @@ class ParquetSink(Sink):
                 os.fsync(f.fileno())
             os.replace(temporary, final)
         except OSError as e:
-            temporary.unlink(missing_ok=True)
+            _drop(temporary, spool)
             raise OutputError(f"cannot commit {temporary}: {e}") from e
         except BaseException:
-            temporary.unlink(missing_ok=True)
+            _drop(temporary, spool)
             raise
 
     def close(self) -> None:
@@ -353,6 +353,18 @@ class ParquetSink(Sink):
         for part, writer in list(self._open.items()):
             with contextlib.suppress(OSError):
                 writer.close()
-            self._temporary(part).unlink(missing_ok=True)
+            spool = self._spools.pop(part, None)
+            _drop(spool.local if spool is not None else self._temporary(part), spool)
         self._open.clear()
+        for spool in self._spools.values():
+            spool.discard()
         self._spools.clear()
+
+
+def _drop(temporary: Path, spool: Spool | None) -> None:
+    """Remove a part's temporary file (its spool, which lets go of its lock, on object
+    storage)."""
+    if spool is not None:
+        spool.discard()
+    else:
+        temporary.unlink(missing_ok=True)

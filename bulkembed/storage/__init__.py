@@ -25,7 +25,6 @@ import contextlib
 import io
 import os
 import re
-import shutil
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -34,6 +33,7 @@ from typing import Any, BinaryIO
 
 from bulkembed.errors import UsageError
 from bulkembed.storage.objects import ABSENT, ObjectPath, PurePosix, stop_on_store_failure
+from bulkembed.storage.scratch import locked_file, remove_scratch, scratch_folder, unheld
 from bulkembed.storage.stores import (
     OPTION_KEYS,
     SCHEMES,
@@ -63,6 +63,8 @@ __all__ = [
     "parquet_file",
     "process_alive",
     "random_access",
+    "remove_scratch",
+    "scratch_folder",
     "stop_on_store_failure",
     "storage_error",
 ]
@@ -155,40 +157,36 @@ def process_alive(pid: int) -> bool:
     return True
 
 
-def scratch_folder(kind: str) -> Path:
-    """A new temporary folder of this process, `bulkembed-KIND-PID-...`, which its owner
-    removes; those of processes of this machine that are gone (killed before they could)
-    are removed first."""
-    for path in Path(tempfile.gettempdir()).glob(f"bulkembed-{kind}-*-*"):
-        pid = path.name.split("-")[2]
-        if pid.isdigit() and not process_alive(int(pid)):
-            shutil.rmtree(path, ignore_errors=True)
-    return Path(tempfile.mkdtemp(prefix=f"bulkembed-{kind}-{os.getpid()}-"))
-
-
 @dataclass(slots=True)
 class Spool:
     """A local file that becomes an object when complete: written locally, then uploaded
-    whole (`commit`), or dropped (`discard`)."""
+    whole (`commit`), or dropped (`discard`); locked by this process until then, so that
+    no other run's sweep takes it (`storage.scratch`)."""
 
     local: Path
     target: ObjectPath
+    lock: int
 
     @classmethod
     def for_target(cls, target: ObjectPath) -> Spool:
         prefix = f"bulkembed-spool-{os.getpid()}-"
-        handle, name = tempfile.mkstemp(prefix=prefix, suffix=f"-{target.name}")
+        handle, name = tempfile.mkstemp(prefix=f".{prefix}", suffix=f"-{target.name}")
         os.close(handle)
-        return cls(Path(name), target)
+        hidden = Path(name)
+        local = hidden.with_name(hidden.name[1:])
+        return cls(local, target, locked_file(hidden, local))
 
     def commit(self) -> None:
         try:
             self.target.upload(self.local)
         finally:
-            self.local.unlink(missing_ok=True)
+            self.discard()
 
     def discard(self) -> None:
         self.local.unlink(missing_ok=True)
+        if self.lock >= 0:
+            os.close(self.lock)
+            self.lock = -1
 
     @staticmethod
     def remove_left_by(pid: int) -> None:
@@ -198,9 +196,14 @@ class Spool:
 
     @staticmethod
     def remove_orphans() -> None:
-        """Delete the spool files of processes of this machine that are gone (a run killed
-        while it wrote parts)."""
+        """Delete the spool files of runs that are gone (killed while they wrote parts): of
+        processes not alive here whose lock no process holds (one of another PID namespace
+        or host holds it)."""
         for path in Path(tempfile.gettempdir()).glob("bulkembed-spool-*-*"):
             pid = path.name.split("-")[2]
-            if pid.isdigit() and not process_alive(int(pid)):
+            if not pid.isdigit() or process_alive(int(pid)):
+                continue
+            handle = unheld(path)
+            if handle is not None:
                 path.unlink(missing_ok=True)
+                os.close(handle)
