@@ -1,6 +1,7 @@
 """What of the tokenized records goes on to be embedded, in input order: the first record of
 each id (later ones become bad records), up to `--limit` documents, and with
-`--on-bad-record fail` nothing past a bad record.
+`--on-bad-record fail` nothing past a bad record. A text that the reader cut and whose
+kept tokens cannot be shown to be the whole text's is a bad record too (`long_texts`).
 
 These steps run after the tokenizer processes, on the arrays they return (the ids hashed
 there), so that the run's own process does no work per record but for the few it sets
@@ -14,9 +15,42 @@ from collections.abc import Iterable, Iterator
 import numpy as np
 
 from bulkembed.errors import InputError
-from bulkembed.sources import BadRecord, InputFile, SeenIds, format_of
+from bulkembed.sources import BadRecord, Chunk, InputFile, SeenIds, format_of
+from bulkembed.sources.long_texts import MARGIN
 from bulkembed.sources.records import DUPLICATE_ID
-from bulkembed.tokenize import TokenizedChunk
+from bulkembed.tokenize import NOT_CUT_EXACTLY, TokenizedChunk
+
+NOT_CUT_EXACTLY_REASON = (
+    "text too long to read whole, whose first tokens do not end {margin} characters "
+    "before where it was cut: it is not embedded from a start that may differ"
+).format(margin=f"{MARGIN:,}")
+
+
+def set_aside_uncut(
+    chunks: Iterable[TokenizedChunk], files: list[InputFile]
+) -> Iterator[TokenizedChunk]:
+    """Make bad records of the records whose text could not be cut exactly."""
+    for tokenized in chunks:
+        read = tokenized.read
+        if read is not None and (read == NOT_CUT_EXACTLY).any():
+            chunk = tokenized.chunk
+            uncut = read == NOT_CUT_EXACTLY
+            for index in np.flatnonzero(uncut).tolist():
+                chunk.bad.append(_bad(chunk, files, index, NOT_CUT_EXACTLY_REASON))
+            tokenized.keep(np.flatnonzero(~uncut))
+        yield tokenized
+
+
+def _bad(chunk: Chunk, files: list[InputFile], index: int, reason: str) -> BadRecord:
+    """A bad record for the record at `index` of `chunk`, placed at its line or row."""
+    file = files[chunk.file]
+    bad = BadRecord(str(file.path), reason, chunk.ids[index].as_py())
+    position = int(chunk.positions[index])
+    if format_of(file).lines:
+        bad.line = position + 1
+    else:
+        bad.row = position
+    return bad
 
 
 def drop_duplicate_ids(
@@ -28,16 +62,8 @@ def drop_duplicate_ids(
         assert chunk.id_hashes is not None, "ids are hashed where they are tokenized"
         first = seen.add_hashes(chunk.id_hashes)
         if not first.all():
-            file = files[chunk.file]
-            lines = format_of(file).lines
             for index in np.flatnonzero(~first).tolist():
-                position = int(chunk.positions[index])
-                bad = BadRecord(str(file.path), DUPLICATE_ID, chunk.ids[index].as_py())
-                if lines:
-                    bad.line = position + 1
-                else:
-                    bad.row = position
-                chunk.bad.append(bad)
+                chunk.bad.append(_bad(chunk, files, index, DUPLICATE_ID))
             tokenized.keep(np.flatnonzero(first))
         yield tokenized
 

@@ -37,7 +37,8 @@ class UnitRecord:
     where the sink found the unit (a LanceDB table version). A unit of `kept` rows holds
     rows of the previous output that an incremental run did not delete although its input
     did not hold them (their record or file could not be read, or the deletes were held
-    back): it has no input of its own."""
+    back): it has no input of its own. `cut` counts the texts cut before they were
+    tokenized (`long_texts`), their vectors those of the whole texts."""
 
     part: str
     rows: int
@@ -51,6 +52,7 @@ class UnitRecord:
     carried_truncated: int = 0
     version: int | None = field(default=None)
     kept: int = 0
+    cut: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -64,6 +64,11 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
             f"{counted(summary['truncated'], 'doc')} cut at {summary.get('max_length')} tokens "
             "(--max-length)"
         )
+    if summary.get("cut"):
+        lines.append(
+            f"{counted(summary['cut'], 'doc')} so long that only the start of its text was "
+            "tokenized (the tokens it kept are the whole text's)"
+        )
     whole = [f"done: {summary.get('docs', 0):,} docs in {output}"]
     closing = [f"full figures: bulkembed status {output} (and its summary.json)"]
     return whole + [_fit(line) for line in lines] + (closing if output != "stdout" else [])

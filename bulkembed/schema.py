@@ -31,8 +31,11 @@ CONTENT_HASH = "content_hash"
 # The schema metadata key of the settings of the encoder that made the vectors
 # (`bulkembed.recorded`).
 ENCODER_KEY = "bulkembed.encoder"
-# The name of bulkembed's embedding function in LanceDB's registry, which tables name.
-EMBEDDING_FUNCTION = "bulkembed"
+# The name of bulkembed's embedding function in LanceDB's registry, which tables name. A
+# process that has not registered it gets LanceDB's `KeyError` of this name: it says what to
+# do. Tables written before name it `bulkembed` (`EARLIER_EMBEDDING_FUNCTION`).
+EMBEDDING_FUNCTION = "bulkembed: import bulkembed.lancedb first"
+EARLIER_EMBEDDING_FUNCTION = "bulkembed"
 
 
 def output_schema(

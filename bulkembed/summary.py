@@ -68,6 +68,7 @@ class Summary:
     padding_efficiency: float
     bad_records: int
     truncated: int
+    cut: int
     units: int
     parts: int
     docs_this_run: int
@@ -137,6 +138,7 @@ def summarize(
         padding_efficiency=round(tokens / padded, 4) if padded else 1.0,
         bad_records=sum(r.bad_records for r in done.values()),
         truncated=sum(r.truncated + r.carried_truncated for r in done.values()),
+        cut=sum(r.cut for r in done.values()),
         units=len(done),
         parts=sum(1 for r in done.values() if r.rows),
         docs_this_run=stats.docs,

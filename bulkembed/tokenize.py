@@ -17,6 +17,7 @@ import os
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -24,6 +25,7 @@ import pyarrow as pa
 from bulkembed.contracts import RowCounts, ragged_positions
 from bulkembed.lookup import PreviousLookup
 from bulkembed.sources import Chunk, IdKey
+from bulkembed.sources.long_texts import MARGIN, tokenizer_bound
 from bulkembed.workers import WorkerPool
 
 # A chunk takes milliseconds to tokenize; a worker this late is stuck, not slow.
@@ -55,7 +57,8 @@ class TokenizedChunk:
     truncated texts of its records carried over from a previous output (counted, not
     kept: they left the chunk). `untokenized` marks the records whose text the previous
     output holds unchanged, with their counts: they were not tokenized (length 0 here),
-    since they are carried over."""
+    since they are carried over. `read` says how each text was read (`WHOLE`, `CUT`,
+    `NOT_CUT_EXACTLY`: see `long_texts`; None: every one whole)."""
 
     chunk: Chunk
     token_ids: np.ndarray
@@ -65,11 +68,17 @@ class TokenizedChunk:
     carried_tokens: int = 0
     carried_truncated: int = 0
     untokenized: np.ndarray | None = None
+    read: np.ndarray | None = None
 
     @property
     def truncated(self) -> int:
         """How many of the records were truncated at the max length."""
         return int(self.truncated_rows.sum())
+
+    @property
+    def cut(self) -> int:
+        """How many of the records' texts were cut before they were tokenized."""
+        return 0 if self.read is None else int((self.read == CUT).sum())
 
     def keep(self, rows: np.ndarray) -> None:
         """Keep only the records at `rows` (indices, in order), their tokens with them."""
@@ -79,6 +88,8 @@ class TokenizedChunk:
         self.lengths, self.truncated_rows = lengths, self.truncated_rows[rows]
         if self.untokenized is not None:
             self.untokenized = self.untokenized[rows]
+        if self.read is not None:
+            self.read = self.read[rows]
         self.chunk.keep(rows)
 
     def counts(self, rows: np.ndarray, looked_up: RowCounts) -> RowCounts:
@@ -105,9 +116,14 @@ class TokenizedChunk:
 
 
 # What a worker returns for a chunk: token ids, lengths, whether each text was truncated,
-# seconds, the content hashes (16-byte digests), the ids' hashes ([ids, 2]), and which texts
-# were left untokenized (None: none).
-Tokens = tuple[np.ndarray, np.ndarray, np.ndarray, float, np.ndarray, np.ndarray, np.ndarray | None]
+# seconds, the content hashes (16-byte digests), the ids' hashes ([ids, 2]), which texts
+# were left untokenized (None: none), and how each text was read (`WHOLE`, ...).
+Tokens = tuple[
+    np.ndarray, np.ndarray, np.ndarray, float, np.ndarray, np.ndarray, np.ndarray | None, np.ndarray
+]
+# How a text was read: whole; cut before tokenizing, its kept tokens the whole text's
+# (`long_texts`); cut by the reader, and not provably so: it is set aside.
+WHOLE, CUT, NOT_CUT_EXACTLY = 0, 1, 2
 
 
 class TextTokenizer:
@@ -136,10 +152,23 @@ class TextTokenizer:
     def __call__(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Flat token ids, their lengths per text, and whether each text was truncated."""
         inputs = [self.settings.model_text(t) for t in texts]
-        return self._encoded(inputs)
+        flat, lengths, truncated, _ = self._encoded(inputs)
+        return flat, lengths, truncated
 
-    def _encoded(self, inputs: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        encodings = self.tokenizer.encode_batch(inputs, add_special_tokens=True)
+    def _encoded(
+        self, inputs: list[str], cut_before: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Flat token ids, their lengths, whether each text was truncated and how it was
+        read (`WHOLE`, `CUT`, `NOT_CUT_EXACTLY`); `cut_before` marks the texts the reader
+        cut (`long_texts`)."""
+        bound = tokenizer_bound(self.settings.max_length) + len(self.settings.prompt)
+        long = [i for i, text in enumerate(inputs) if len(text) > bound]
+        batch = [text if len(text) <= bound else "" for text in inputs] if long else inputs
+        encodings = self.tokenizer.encode_batch(batch, add_special_tokens=True)
+        read = np.zeros(len(inputs), np.int8)
+        for i in long:
+            whole = cut_before is None or not cut_before[i]
+            encodings[i], read[i] = self._long_encoding(inputs[i], bound, whole)
         marker = self.settings.marker_id
         sequences = [
             e.ids if marker is None else [*e.ids[:1], marker, *e.ids[1:]] for e in encodings
@@ -149,29 +178,65 @@ class TextTokenizer:
             (i for s in sequences for i in s), dtype=np.int32, count=int(lengths.sum())
         )
         truncated = np.fromiter((bool(e.overflowing) for e in encodings), bool, len(inputs))
-        return flat, lengths, truncated
+        return flat, lengths, truncated, read
 
-    def timed(self, texts_and_ids: tuple[pa.Array, pa.Array]) -> Tokens:
-        """For a chunk's texts and ids: their tokens, the seconds the tokenizer took, and
+    def _long_encoding(self, text: str, bound: int, whole: bool) -> tuple[Any, int]:
+        """The encoding of a text longer than `bound`, and how it was read: from its first
+        `bound` characters, 4 times as many, and so on, once the kept tokens end `MARGIN`
+        characters before the cut (`long_texts`); else from all of it, which is the whole
+        text unless the reader cut it (`whole`)."""
+        size = bound
+        while size < len(text):
+            encoding = self.tokenizer.encode(text[:size], add_special_tokens=True)
+            if _kept_before(encoding, size - MARGIN):
+                return encoding, CUT
+            size *= 4
+        encoding = self.tokenizer.encode(text, add_special_tokens=True)
+        if whole:
+            return encoding, WHOLE
+        return encoding, CUT if _kept_before(encoding, len(text) - MARGIN) else NOT_CUT_EXACTLY
+
+    def timed(self, inputs_of_chunk: tuple[pa.Array, pa.Array, np.ndarray]) -> Tokens:
+        """For a chunk's texts, ids and the content hashes the reader took (of the texts
+        it cut; zero for the others): their tokens, the seconds the tokenizer took, and
         the hashes of the texts (as the model reads them) and of the ids."""
-        texts, ids = texts_and_ids
+        texts, ids, known = inputs_of_chunk
         assert self.id_key is not None, "a run's tokenizer hashes ids with the run's key"
         inputs = [self.settings.model_text(t) for t in texts.to_pylist()]
         digests = np.array([content_digest(t) for t in inputs], dtype="S16")
+        cut_before = None
+        if len(known):
+            cut_before = known != b""
+            digests[cut_before] = known[cut_before]
         keys = self.id_key.hashes(ids)
         skipped = None if self.previous is None else self.previous.counted(keys, digests)
         started = time.perf_counter()
         if skipped is None or not skipped.any():
-            flat, lengths, truncated = self._encoded(inputs)
+            flat, lengths, truncated, read = self._encoded(inputs, cut_before)
         else:
             others = np.flatnonzero(~skipped)
-            flat, some, some_truncated = self._encoded([inputs[i] for i in others])
+            some_cut = None if cut_before is None else cut_before[others]
+            flat, some, some_truncated, some_read = self._encoded(
+                [inputs[i] for i in others], some_cut
+            )
             lengths = np.zeros(len(inputs), np.int32)
             lengths[others] = some
             truncated = np.zeros(len(inputs), bool)
             truncated[others] = some_truncated
+            read = np.zeros(len(inputs), np.int8)
+            read[others] = some_read
         seconds = time.perf_counter() - started
-        return flat, lengths, truncated, seconds, digests, keys, skipped
+        return flat, lengths, truncated, seconds, digests, keys, skipped, read
+
+
+def _kept_before(encoding: Any, end: int) -> bool:
+    """Whether `encoding` was truncated and the last token it kept (but special ones) ends
+    by character `end` of its text."""
+    if not encoding.overflowing:
+        return False
+    offsets, specials = encoding.offsets, encoding.special_tokens_mask
+    ends = [e for (_, e), special in zip(offsets, specials, strict=True) if not special]
+    return bool(ends) and ends[-1] <= end
 
 
 def content_digest(text: str) -> bytes:
@@ -191,7 +256,7 @@ def tokenizer_threads(workers: int) -> int:
 
 def _start_tokenizer(
     setting: tuple[TokenizerSettings, int, PreviousLookup | None, IdKey],
-) -> tuple[Callable[[tuple[pa.Array, pa.Array]], Tokens], None]:
+) -> tuple[Callable[[tuple[pa.Array, pa.Array, np.ndarray]], Tokens], None]:
     """A worker's tokenizer (`bulkembed.workers`): rebuilt once, from its JSON, and timed,
     with its batch encoding spread over `threads` (the tokenizers library's thread pool
     reads this variable when it first starts, in this new process)."""
@@ -200,19 +265,20 @@ def _start_tokenizer(
     return TextTokenizer(settings, previous, id_key).timed, None
 
 
-def _texts(chunk: Chunk) -> tuple[pa.Array, pa.Array]:
-    """What a worker reads of a chunk: its texts and ids."""
-    return chunk.texts, chunk.ids
+def _texts(chunk: Chunk) -> tuple[pa.Array, pa.Array, np.ndarray]:
+    """What a worker reads of a chunk: its texts and ids, and the content hashes the reader
+    took of the texts it cut (`long_texts`)."""
+    return chunk.texts, chunk.ids, chunk.hashes
 
 
 def _tokenized(chunk: Chunk, result: Tokens) -> TokenizedChunk:
     """The chunk with its tokens and hashes; its texts are dropped, since a window must not
     hold megabytes of them once they are tokenized."""
-    flat, lengths, truncated, seconds, digests, ids, skipped = result
+    flat, lengths, truncated, seconds, digests, ids, skipped, read = result
     chunk.hashes, chunk.id_hashes = digests, ids
     # A new empty array: a slice of the texts would still pickle their whole buffer.
     chunk.texts = pa.nulls(0, chunk.texts.type)
-    return TokenizedChunk(chunk, flat, lengths, truncated, seconds, untokenized=skipped)
+    return TokenizedChunk(chunk, flat, lengths, truncated, seconds, untokenized=skipped, read=read)
 
 
 class TokenizerPool:
@@ -232,7 +298,7 @@ class TokenizerPool:
         # Whether `map` was left with results it did not read.
         self._unread = False
         self._local: TextTokenizer | None = None
-        self._pool: WorkerPool[tuple[pa.Array, pa.Array], Tokens] | None = None
+        self._pool: WorkerPool[tuple[pa.Array, pa.Array, np.ndarray], Tokens] | None = None
         if workers == 0:
             self._local = TextTokenizer(settings, previous, id_key)
         else:

@@ -82,7 +82,10 @@ def split_chunk(tokenized: TokenizedChunk, max_tokens: int) -> list[TokenizedChu
             part.carried, carried = (carried, None) if last else carried.before(chunk.positions[b])
         token_start = int(ends[a - 1]) if a else 0
         token_ids = tokenized.token_ids[token_start : int(ends[b - 1])]
-        piece = TokenizedChunk(part, token_ids, lengths[a:b], tokenized.truncated_rows[a:b])
+        read = None if tokenized.read is None else tokenized.read[a:b]
+        piece = TokenizedChunk(
+            part, token_ids, lengths[a:b], tokenized.truncated_rows[a:b], read=read
+        )
         if first:
             piece.carried_tokens = tokenized.carried_tokens
             piece.carried_truncated = tokenized.carried_truncated

@@ -50,6 +50,7 @@ class _Tally:
     changed: int = 0
     carried_tokens: int = 0
     carried_truncated: int = 0
+    cut: int = 0
 
 
 def _carried_batch(carried: Carried, schema: pa.Schema) -> pa.RecordBatch:
@@ -151,6 +152,7 @@ class PartWriter:
         tally.padded_tokens += int(padded.sum())
         tally.carried_tokens += tokenized.carried_tokens
         tally.carried_truncated += tokenized.carried_truncated
+        tally.cut += tokenized.cut
         if chunk.last_in_unit:
             record = UnitRecord(chunk.part, **asdict(self.tallies.pop(chunk.part)))
             rows = RowCounts.joined(self.counts.pop(chunk.part, []))

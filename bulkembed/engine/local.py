@@ -17,7 +17,13 @@ from dataclasses import replace
 from itertools import chain
 from typing import TYPE_CHECKING
 
-from bulkembed.admission import drop_duplicate_ids, fail_on_bad_records, leave_id_hashes, take
+from bulkembed.admission import (
+    drop_duplicate_ids,
+    fail_on_bad_records,
+    leave_id_hashes,
+    set_aside_uncut,
+    take,
+)
 from bulkembed.config import Attention, OnBadRecord
 from bulkembed.devices import cpu_threads_per_worker
 from bulkembed.engine.ahead import ReadAhead
@@ -59,7 +65,8 @@ def _admitted(
     seen = SeenIds(plan.id_key)
     mine = {k: v for k, v in done.items() if plan.my_units is None or k in plan.my_units}
     seen.add_all(sink.committed_ids(mine))
-    chunks = drop_duplicate_ids(tokenized, seen, list(plan.files))
+    files = list(plan.files)
+    chunks = drop_duplicate_ids(set_aside_uncut(tokenized, files), seen, files)
     if config.limit is not None:
         chunks = take(chunks, config.limit - sum(r.rows for r in done.values()))
     if config.on_bad_record is OnBadRecord.FAIL:

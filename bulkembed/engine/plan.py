@@ -17,6 +17,7 @@ from bulkembed.script_guard import MAIN_GUARD_ADVICE, script_reruns
 from bulkembed.sinks import OutputTarget, parse_output
 from bulkembed.sources import IdKey, InputFile, RecordReader, list_inputs
 from bulkembed.sources.files import STDIN
+from bulkembed.sources.long_texts import TextCut, reader_bound
 from bulkembed.sources.reader import SHORT_CHUNK_SIZE
 from bulkembed.storage import ObjectPath, StorageOptions, location
 from bulkembed.tokenize import TokenizerSettings
@@ -209,6 +210,7 @@ def plan_run(config: RunConfig, reporter: Reporter, started: float) -> RunPlan:
     )
     reader.check()
     spec = resolve_model(config)
+    reader.text_cut = TextCut(reader_bound(spec.max_length), spec.prompt, spec.lowercase)
     if config.engine is Engine.RAY:
         # The cluster's devices, not this machine's: the Ray engine resolves both there.
         devices, dtype = [config.devices], "float32"

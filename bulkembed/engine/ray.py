@@ -26,7 +26,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from bulkembed.admission import drop_duplicate_ids, fail_on_bad_records, leave_id_hashes
+from bulkembed.admission import (
+    drop_duplicate_ids,
+    fail_on_bad_records,
+    leave_id_hashes,
+    set_aside_uncut,
+)
 from bulkembed.carry import CarryOver
 from bulkembed.config import DType, OnBadRecord, ShardSpec
 from bulkembed.contracts import UnitRecord, part_unit
@@ -109,7 +114,8 @@ def _tokenize_unit(part: str, offset: int, work: _Work) -> list[TokenizedChunk]:
     with TokenizerPool(work.settings, 0, work.id_key, previous=work.carrier.lookup) as pool:
         # Repeated ids are found within the unit: the units of a cluster run side by side.
         seen = SeenIds(work.id_key)
-        tokenized = drop_duplicate_ids(pool.map(chunks), seen, work.reader.files)
+        files = work.reader.files
+        tokenized = drop_duplicate_ids(set_aside_uncut(pool.map(chunks), files), seen, files)
         if work.fail_on_bad_records:
             tokenized = fail_on_bad_records(tokenized)
         return list(leave_id_hashes(work.carrier.carry(tokenized)))

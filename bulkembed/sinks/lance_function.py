@@ -1,11 +1,13 @@
-"""bulkembed's entry in LanceDB's registry of embedding functions, `bulkembed`.
+"""bulkembed's entry in LanceDB's registry of embedding functions (`schema.EMBEDDING_FUNCTION`).
 
 A table that `bulkembed run` writes names this function in its schema for its `vector`
 column, with the settings its vectors were made with (`bulkembed.recorded`) as its fields.
 LanceDB reads that entry whenever it writes to the table or embeds text for it, and fails on
 a name it does not know: so every process of bulkembed that opens a database registers it
 (`lance_index.lance_modules`), and so does `import bulkembed.lancedb`, which also gives the
-function its model (`loader`): only then does it embed text.
+function its model (`loader`): only then does it embed text. LanceDB has no way to find a
+function on its own (0.40: no entry points); in a process that has not registered it, the
+name LanceDB fails on, `bulkembed: import bulkembed.lancedb first`, says what to do.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any, Protocol
 from lancedb.embeddings import TextEmbeddingFunction, get_registry
 
 from bulkembed.errors import UsageError
-from bulkembed.schema import EMBEDDING_FUNCTION
+from bulkembed.schema import EARLIER_EMBEDDING_FUNCTION, EMBEDDING_FUNCTION
 
 
 class TextEncoderLike(Protocol):
@@ -89,9 +91,11 @@ class BulkembedFunction(TextEmbeddingFunction):
 
 
 def register() -> None:
-    """Put the function in LanceDB's registry, once."""
+    """Put the function in LanceDB's registry, once, under its name and the name tables
+    written before gave it (the last registered is what LanceDB records of it)."""
     registry = get_registry()
     try:
         registry.get(EMBEDDING_FUNCTION)
     except KeyError:
+        registry.register(EARLIER_EMBEDDING_FUNCTION)(BulkembedFunction)
         registry.register(EMBEDDING_FUNCTION)(BulkembedFunction)

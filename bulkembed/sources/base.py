@@ -19,6 +19,7 @@ import pyarrow.compute as pc
 
 from bulkembed.contracts import part_name
 from bulkembed.sources.columns import cast_misfits, misfit
+from bulkembed.sources.long_texts import TextCut
 from bulkembed.sources.records import BadRecord, Chunk, InputFile, Rows
 from bulkembed.sources.validate import bad_record, decoded, problem
 from bulkembed.storage import stop_on_store_failure
@@ -43,6 +44,8 @@ class ReadSettings:
     chunk_size: int
     records_per_unit: int
     short_chunk_size: int
+    # How long texts are cut (None: not at all); a longer JSON line is read alone.
+    text_cut: TextCut | None = None
 
     def chunk_rows(self, text_bytes: int, records: int) -> int:
         """The records of a chunk, for texts that hold `text_bytes` over `records`.

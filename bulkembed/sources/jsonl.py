@@ -5,7 +5,15 @@ Lines are parsed a chunk at a time by Arrow's JSON reader (`_arrow_block`) where
 of the chunk is one object on its own and every record is valid; a chunk that is not
 (a malformed line, a blank one, a null text, a type that differs) is parsed again one line
 at a time (`RecordFormat.units_of`), which says which records are bad and why; so is a
-chunk of 1 GiB or more, or one with a `--keep-columns` column of floating-point numbers."""
+chunk of 1 GiB or more, one that is not valid UTF-8 all through (the line path sets aside a
+line with invalid UTF-8 in any field), or one with a `--keep-columns` column of
+floating-point numbers.
+
+A line longer than the reader's bound on texts (`long_texts.TextCut`) is read into a
+buffer of its own, without a second copy, and parsed alone by Arrow straight from it
+(`_long_line`): its record costs about twice its size while it is parsed, and its text
+is cut as soon as its chunk is read. Its nesting is not limited as a chunk's lines' are
+(Arrow parses any depth); what it holds decides alone how it is read."""
 
 from __future__ import annotations
 
@@ -20,6 +28,7 @@ import pyarrow.json as pa_json
 from bulkembed.contracts import part_name
 from bulkembed.sources.base import ReadSettings, RecordFormat, all_valid
 from bulkembed.sources.columns import TYPE_SAMPLE_LINES
+from bulkembed.sources.long_lines import scan
 from bulkembed.sources.opening import READ_ERRORS, count_lines, open_lines, unit_offsets
 from bulkembed.sources.records import BadRecord, Chunk, InputFile
 from bulkembed.sources.validate import parse_json_line
@@ -77,9 +86,9 @@ class JsonLinesFormat(RecordFormat):
     def read(
         self, index: int, file: InputFile, settings: ReadSettings, skip: Container[str]
     ) -> Iterator[Chunk]:
-        def lines() -> Iterator[bytes]:
+        def lines() -> Iterator[bytes | bytearray]:
             with open_lines(file.path) as f:
-                yield from f
+                yield from _bounded_lines(f, settings)
 
         return self._blocks(index, file, settings, skip, lines())
 
@@ -95,11 +104,30 @@ class JsonLinesFormat(RecordFormat):
         if offset is None or _compressed(file):
             return self.read(index, file, settings, skip)
 
-        def lines() -> Iterator[bytes]:
+        def lines() -> Iterator[bytes | bytearray]:
             with open_binary_at(file.path, offset) as f:
-                yield from f
+                yield from _bounded_lines(f, settings)
 
         return self._blocks(index, file, settings, skip, lines(), unit * settings.records_per_unit)
+
+    def _scanned(
+        self, index: int, file: InputFile, settings: ReadSettings, line: bytearray, start: int
+    ) -> Chunk | None:
+        """The chunk of one long line read in place (`long_lines.scan`), its text cut and
+        its content hash taken; its buffer is emptied then. None where it was not."""
+        cut = settings.text_cut
+        assert cut is not None
+        scanned = scan(line, settings.text_column, cut.chars, cut.content_hash())
+        if scanned is None:
+            return None
+        line.clear()
+        record = scanned.record
+        (chunk,) = self.units_of(
+            index, file, settings, (), [b"{}"], lambda _: (record, None), (), start
+        )
+        if len(chunk):
+            chunk.hashes = np.array([scanned.digest], "S16")
+        return chunk
 
     def _blocks(
         self,
@@ -107,22 +135,26 @@ class JsonLinesFormat(RecordFormat):
         file: InputFile,
         settings: ReadSettings,
         skip: Container[str],
-        lines: Iterable[bytes],
+        lines: Iterable[bytes | bytearray],
         first: int = 0,
     ) -> Iterator[Chunk]:
         """Chunks of `lines` (the first is number `first`), unit by unit: each chunk's
-        lines gathered, then parsed at once (`_parsed`). Lines of skipped units are not
-        parsed. A read error sets the rest of the file aside."""
+        lines gathered, then parsed at once (`_parsed`); a long line (a `bytearray`, see
+        `_bounded_lines`) is a chunk alone. Lines of skipped units are not parsed. A read
+        error sets the rest of the file aside."""
         per_unit = settings.records_per_unit
-        block: list[bytes] = []
+        block: list[bytes | bytearray] = []
         size = 0
         start = number = first
         try:
             for raw in lines:
+                alone = bool(block) and (
+                    isinstance(raw, bytearray) or isinstance(block[0], bytearray)
+                )
                 if number // per_unit != start // per_unit:
                     yield from self._parsed(index, file, settings, skip, block, start, True)
                     block, size, start = [], 0, number
-                elif settings.chunk_full(len(block), size):
+                elif alone or settings.chunk_full(len(block), size):
                     yield from self._parsed(index, file, settings, skip, block, start, False)
                     block, size, start = [], 0, number
                 block.append(raw)
@@ -145,7 +177,7 @@ class JsonLinesFormat(RecordFormat):
         file: InputFile,
         settings: ReadSettings,
         skip: Container[str],
-        block: list[bytes],
+        block: list[bytes | bytearray],
         start: int,
         last: bool,
     ) -> Iterator[Chunk]:
@@ -154,7 +186,12 @@ class JsonLinesFormat(RecordFormat):
         unit = start // settings.records_per_unit
         if part_name(index, unit) in skip:
             return
-        chunk = _arrow_block(index, unit, file, block, start, settings)
+        if len(block) == 1 and isinstance(block[0], bytearray):
+            chunk = self._scanned(index, file, settings, block[0], start)
+            if chunk is None:
+                chunk = _long_line(index, unit, file, block[0], start, settings)
+        else:
+            chunk = _arrow_block(index, unit, file, block, start, settings)
         if chunk is not None:
             chunk.last_in_unit = last
             yield chunk
@@ -171,6 +208,12 @@ _OPEN, _CLOSE, _RETURN, _NEWLINE, _ARRAY = (ord(c) for c in "{}\r\n[")
 _MOST_BRACKETS = 500
 # Arrow's JSON reader takes blocks of less than 2 GiB; larger chunks are read line by line.
 _LARGEST_BLOCK = 1 << 30
+# A long line is read this much at a time, and its nesting counted this much at a time.
+_LONG_LINE_PIECE = 16 << 20
+_DEPTH_WINDOW = 1 << 18
+_QUOTE, _BACKSLASH = ord('"'), ord("\\")
+_OPENING = np.array([ord("{"), ord("[")], np.uint8)
+_BRACKETS = np.array([ord(c) for c in "{}[]"], np.uint8)
 
 
 def _has_floats(kind: pa.DataType) -> bool:
@@ -203,8 +246,121 @@ def _one_object_a_line(data: bytes, lines: int) -> bool:
     return bool(np.diff(before_each_end, prepend=0).max() <= _MOST_BRACKETS)
 
 
+def _bounded_lines(f: Any, settings: ReadSettings) -> Iterator[bytes | bytearray]:
+    """The lines of the binary file `f`; one longer than the reader's bound on texts as a
+    `bytearray` (grown in place, with no copy of the whole line), the others as bytes."""
+    if settings.text_cut is None:
+        yield from f
+        return
+    longest = settings.text_cut.chars
+    while line := f.readline(longest + 1):
+        if len(line) <= longest or line.endswith(b"\n"):
+            yield line
+            continue
+        long = bytearray(line)
+        del line
+        while piece := f.readline(_LONG_LINE_PIECE):
+            long += piece
+            if piece.endswith(b"\n"):
+                break
+        yield long
+
+
+def _long_line(
+    index: int, unit: int, file: InputFile, line: bytearray, start: int, settings: ReadSettings
+) -> Chunk | None:
+    """The record of one long line, parsed by Arrow straight from its buffer, which is
+    emptied then (its text is in Arrow's arrays, to be cut: `long_texts`); None when it
+    is not one valid record (the line path then says why)."""
+    end = len(line) - (line.endswith(b"\n")) - (line.endswith(b"\r\n"))
+    if end < 2 or len(line) > _LARGEST_BLOCK or line[0] != _OPEN or line[end - 1] != _CLOSE:
+        return None
+    if any(_has_floats(kind) for kind in settings.column_types.values()):
+        return None
+    if line.count(b"{") + line.count(b"[") > _MOST_BRACKETS and _depth(line) > _MOST_BRACKETS:
+        return None
+    if not _utf8(line):
+        return None
+    reading = pa_json.ReadOptions(use_threads=False, block_size=len(line) + 2)
+    try:
+        table = pa_json.read_json(
+            pa.BufferReader(pa.py_buffer(line)),
+            read_options=reading,
+            parse_options=_parse_options(settings),
+        )
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return None
+    batches = table.to_batches()
+    if table.num_rows != 1 or len(batches) != 1:
+        return None
+    chunk = all_valid(index, unit, file, batches[0], start, settings)
+    if chunk is not None:
+        line.clear()
+    return chunk
+
+
+def _depth(line: bytearray) -> int:
+    """How deep the JSON of `line` nests: its brackets outside strings, counted a window
+    at a time (a quote is escaped by an odd run of backslashes before it, which may start
+    in the window before)."""
+    data = np.frombuffer(line, np.uint8)
+    depth = deepest = run = 0
+    inside = False
+    for start in range(0, len(data), _DEPTH_WINDOW):
+        window = data[start : start + _DEPTH_WINDOW]
+        places = np.arange(len(window), dtype=np.int64)
+        slashes = window == _BACKSLASH
+        # Where each run of backslashes starts: the last other byte, a run before the
+        # window counting on.
+        before = np.maximum.accumulate(np.where(slashes, -1 - run, places))
+        quotes = np.flatnonzero(window == _QUOTE)
+        escaped = (quotes - 1 - before[np.maximum(quotes - 1, 0)]) % 2 == 1
+        escaped &= quotes > 0
+        if run % 2:
+            escaped |= quotes == 0
+        toggles = quotes[~escaped]
+        marks = np.flatnonzero(np.isin(window, _BRACKETS))
+        # Inside a string where an odd number of quotes lie before (and it began inside).
+        outside = (np.searchsorted(toggles, marks) % 2 == 1) == inside
+        steps = np.where(np.isin(window[marks[outside]], _OPENING), 1, -1)
+        levels = depth + np.cumsum(steps)
+        deepest = max(deepest, int(levels.max(initial=depth)))
+        depth = int(levels[-1]) if len(levels) else depth
+        inside ^= len(toggles) % 2 == 1
+        run = len(window) - 1 - int(before[-1]) if len(window) else run
+    return deepest
+
+
+def _utf8(data: bytes | bytearray) -> bool:
+    """Whether `data` is valid UTF-8, all of it: Arrow's JSON reader checks only the
+    fields it reads, where the line path (`parse_json_line`) sets aside a line with
+    invalid UTF-8 anywhere. Checked in place, without a copy."""
+    buffer = pa.py_buffer(data)
+    offsets = pa.py_buffer(np.array([0, len(data)], np.int64).tobytes())
+    try:
+        pa.Array.from_buffers(pa.large_string(), 1, [None, offsets, buffer]).validate(full=True)
+    except pa.ArrowInvalid:
+        return False
+    return True
+
+
+def _parse_options(settings: ReadSettings) -> pa_json.ParseOptions:
+    """Arrow's JSON parser's options for the run's columns: other fields are ignored."""
+    fields = {settings.text_column: pa.string(), **settings.column_types}
+    if settings.id_column is not None:
+        fields = {settings.id_column: settings.id_type, **fields}
+    return pa_json.ParseOptions(
+        explicit_schema=pa.schema(list(fields.items())), unexpected_field_behavior="ignore"
+    )
+
+
 def _arrow_block(
-    index: int, unit: int, file: InputFile, block: list[bytes], start: int, settings: ReadSettings
+    index: int,
+    unit: int,
+    file: InputFile,
+    block: list[bytes | bytearray],
+    start: int,
+    settings: ReadSettings,
 ) -> Chunk | None:
     """The records of `block` as one chunk of Arrow arrays, parsed by Arrow's JSON reader,
     when each line is one JSON object and every record is valid (`all_valid`); None when
@@ -216,15 +372,12 @@ def _arrow_block(
         data += b"\n"  # the file's last line
     if len(data) > _LARGEST_BLOCK or not _one_object_a_line(data, len(block)):
         return None
-    fields = {settings.text_column: pa.string(), **settings.column_types}
-    if settings.id_column is not None:
-        fields = {settings.id_column: settings.id_type, **fields}
-    options = pa_json.ParseOptions(
-        explicit_schema=pa.schema(list(fields.items())), unexpected_field_behavior="ignore"
-    )
+    if not _utf8(data):
+        return None
     # One block for the whole chunk, read on this thread.
     reading = pa_json.ReadOptions(use_threads=False, block_size=len(data) + 1)
     try:
+        options = _parse_options(settings)
         table = pa_json.read_json(io.BytesIO(data), read_options=reading, parse_options=options)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
         return None

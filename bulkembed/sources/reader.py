@@ -24,6 +24,7 @@ from bulkembed.sources.columns import (
     unify,
 )
 from bulkembed.sources.formats import format_of
+from bulkembed.sources.long_texts import TextCut
 from bulkembed.sources.records import Chunk, InputFile
 
 DEFAULT_ID_COLUMN = "id"
@@ -42,7 +43,9 @@ class RecordReader:
     decimal).
 
     `keep_columns` are passed through with every record. Their types (`column_types`) come
-    from the first file that has them: a schema, or the first JSON lines' values."""
+    from the first file that has them: a schema, or the first JSON lines' values. With
+    `text_cut`, texts too long for the model to read whole are cut as chunks are read
+    (`long_texts`)."""
 
     def __init__(
         self,
@@ -53,8 +56,10 @@ class RecordReader:
         records_per_unit: int = DEFAULT_RECORDS_PER_UNIT,
         keep_columns: tuple[str, ...] = (),
         short_chunk_size: int | None = None,
+        text_cut: TextCut | None = None,
     ) -> None:
         self.files = files
+        self.text_cut = text_cut
         self.short_chunk_size = short_chunk_size or chunk_size
         self.text_column = text_column
         self.id_column = id_column
@@ -122,6 +127,7 @@ class RecordReader:
             self.chunk_size,
             self.records_per_unit,
             self.short_chunk_size,
+            self.text_cut,
         )
 
     def read(self, skip: Container[str] = ()) -> Iterator[Chunk]:
@@ -132,7 +138,8 @@ class RecordReader:
     def read_file(self, index: int, skip: Container[str] = ()) -> Iterator[Chunk]:
         """The chunks of the file at `index` alone, but for its units in `skip`."""
         file = self.files[index]
-        yield from format_of(file).read(index, file, self._settings(index), skip)
+        for chunk in format_of(file).read(index, file, self._settings(index), skip):
+            yield self._cut(chunk)
 
     def read_unit(self, index: int, unit: int, offset: int | None) -> Iterator[Chunk]:
         """The chunks of unit `unit` of the file at `index` alone: read from byte `offset`
@@ -141,9 +148,15 @@ class RecordReader:
         skip = _AllBut(part_name(index, unit))
         settings = self._settings(index)
         for chunk in format_of(file).read_from(index, file, settings, skip, unit, offset):
-            yield chunk
+            yield self._cut(chunk)
             if chunk.last_in_unit:
                 return
+
+    def _cut(self, chunk: Chunk) -> Chunk:
+        """`chunk` with its long texts cut (`text_cut`)."""
+        if self.text_cut is not None:
+            self.text_cut.apply(chunk)
+        return chunk
 
     def unit_offsets(self, index: int) -> list[int] | None:
         """Where each unit of the file at `index` starts, in bytes, if it can be read from

@@ -39,7 +39,7 @@ def _duckdb_top(table, vector: list[float], k: int) -> list[str]:
 def test_the_table_records_the_function_and_its_settings(table):
     uri, opened = table
     (function,) = json.loads(opened.schema.metadata[b"embedding_functions"])
-    assert function["name"] == "bulkembed"
+    assert function["name"] == "bulkembed: import bulkembed.lancedb first"
     assert (function["source_column"], function["vector_column"]) == ("text", "vector")
     assert function["model"]["dim"] == 16
     assert set(opened.embedding_functions) == {"vector"}
@@ -67,3 +67,45 @@ def test_rows_added_through_lancedb_get_document_vectors(table):
     with bulkembed.load(uri) as made:
         expected = made.encode_document("a new document").dense[0]
     np.testing.assert_allclose(row["vector"], expected, rtol=1e-6)
+
+
+_OTHER_PROCESS = """
+import sys
+import lancedb
+if sys.argv[2] == "import":
+    import bulkembed.lancedb
+table = lancedb.connect(sys.argv[1]).open_table("docs")
+try:
+    table.search("a question about the weather").limit(2).to_list()
+except KeyError as e:
+    print("search:", e)
+else:
+    print("search: ok")
+"""
+
+
+def test_a_process_that_did_not_register_the_function_is_told_the_import(table, tmp_path):
+    import subprocess
+    import sys
+
+    from lancedb.embeddings import get_registry
+
+    from bulkembed.sinks.lance_function import BulkembedFunction
+
+    uri, _ = table
+    folder = uri.removeprefix("lancedb://").split("?")[0]
+    found = {}
+    for way in ("plain", "import"):
+        done = subprocess.run(
+            [sys.executable, "-c", _OTHER_PROCESS, folder, way],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        found[way] = done.stdout.strip()
+    assert found == {
+        "plain": "search: 'bulkembed: import bulkembed.lancedb first'",
+        "import": "search: ok",
+    }
+    # Tables written before name the function `bulkembed`: it is registered so too.
+    assert get_registry().get("bulkembed") is BulkembedFunction
