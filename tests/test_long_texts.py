@@ -198,3 +198,27 @@ def test_a_long_line_is_decoded_a_piece_at_a_time(monkeypatch):
         assert found.digest.hex() == content_hash(text)
     for broken in (b'{"id": 1, "text": "a"', b'{"id": 1 "text": "a"}', b'["text"]', b'{"a": 1} x'):
         assert long_lines.scan(bytearray(broken), "text", 10, ContentHash("", False)) is None
+
+
+def test_a_long_line_that_is_not_plainly_valid_is_read_by_the_line_path(tmp_path):
+    from bulkembed.sources import RecordReader, list_inputs
+
+    text = _long_text(5_000)
+    lines = [
+        json.dumps({"id": "ok", "text": text}).encode(),
+        json.dumps({"id": "bytes", "text": text, "meta": "x"}).encode().replace(b'"x"', b'"\xff"'),
+        b'{"id": "deep", "text": "t", "meta": ' + b"[" * 3000 + b"]" * 3000 + b"}",
+        json.dumps({"id": "lone", "text": text + "\ud800"}).encode(),
+    ]
+    path = tmp_path / "c.jsonl"
+    path.write_bytes(b"\n".join(line + b" " * 2_000 for line in lines) + b"\n")
+    reader = RecordReader(list_inputs([str(path)]), text_cut=TextCut(1_000))
+    chunks = list(reader.read())
+    kept = [i for c in chunks for i in c.ids.to_pylist()]
+    bad = [(b.line, b.reason.split(" at ")[0]) for c in chunks for b in c.bad]
+    assert kept == ["ok"]
+    assert bad == [
+        (2, "invalid UTF-8"),
+        (3, "JSON nested too deeply to read"),
+        (4, "text holds an unpaired surrogate"),
+    ]

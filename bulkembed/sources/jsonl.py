@@ -10,10 +10,9 @@ line with invalid UTF-8 in any field), or one with a `--keep-columns` column of
 floating-point numbers.
 
 A line longer than the reader's bound on texts (`long_texts.TextCut`) is read into a
-buffer of its own, without a second copy, and parsed alone by Arrow straight from it
-(`_long_line`): its record costs about twice its size while it is parsed, and its text
-is cut as soon as its chunk is read. Its nesting is not limited as a chunk's lines' are
-(Arrow parses any depth); what it holds decides alone how it is read."""
+buffer of its own, without a second copy, and read there alone (`long_lines.scan`): its
+text is decoded a piece at a time, hashed whole and cut, so its record costs about its
+size. One that is not plainly valid there is read by the line path, which says why."""
 
 from __future__ import annotations
 
@@ -188,8 +187,6 @@ class JsonLinesFormat(RecordFormat):
             return
         if len(block) == 1 and isinstance(block[0], bytearray):
             chunk = self._scanned(index, file, settings, block[0], start)
-            if chunk is None:
-                chunk = _long_line(index, unit, file, block[0], start, settings)
         else:
             chunk = _arrow_block(index, unit, file, block, start, settings)
         if chunk is not None:
@@ -208,12 +205,8 @@ _OPEN, _CLOSE, _RETURN, _NEWLINE, _ARRAY = (ord(c) for c in "{}\r\n[")
 _MOST_BRACKETS = 500
 # Arrow's JSON reader takes blocks of less than 2 GiB; larger chunks are read line by line.
 _LARGEST_BLOCK = 1 << 30
-# A long line is read this much at a time, and its nesting counted this much at a time.
+# A long line is read this much at a time.
 _LONG_LINE_PIECE = 16 << 20
-_DEPTH_WINDOW = 1 << 18
-_QUOTE, _BACKSLASH = ord('"'), ord("\\")
-_OPENING = np.array([ord("{"), ord("[")], np.uint8)
-_BRACKETS = np.array([ord(c) for c in "{}[]"], np.uint8)
 
 
 def _has_floats(kind: pa.DataType) -> bool:
@@ -264,71 +257,6 @@ def _bounded_lines(f: Any, settings: ReadSettings) -> Iterator[bytes | bytearray
             if piece.endswith(b"\n"):
                 break
         yield long
-
-
-def _long_line(
-    index: int, unit: int, file: InputFile, line: bytearray, start: int, settings: ReadSettings
-) -> Chunk | None:
-    """The record of one long line, parsed by Arrow straight from its buffer, which is
-    emptied then (its text is in Arrow's arrays, to be cut: `long_texts`); None when it
-    is not one valid record (the line path then says why)."""
-    end = len(line) - (line.endswith(b"\n")) - (line.endswith(b"\r\n"))
-    if end < 2 or len(line) > _LARGEST_BLOCK or line[0] != _OPEN or line[end - 1] != _CLOSE:
-        return None
-    if any(_has_floats(kind) for kind in settings.column_types.values()):
-        return None
-    if line.count(b"{") + line.count(b"[") > _MOST_BRACKETS and _depth(line) > _MOST_BRACKETS:
-        return None
-    if not _utf8(line):
-        return None
-    reading = pa_json.ReadOptions(use_threads=False, block_size=len(line) + 2)
-    try:
-        table = pa_json.read_json(
-            pa.BufferReader(pa.py_buffer(line)),
-            read_options=reading,
-            parse_options=_parse_options(settings),
-        )
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-        return None
-    batches = table.to_batches()
-    if table.num_rows != 1 or len(batches) != 1:
-        return None
-    chunk = all_valid(index, unit, file, batches[0], start, settings)
-    if chunk is not None:
-        line.clear()
-    return chunk
-
-
-def _depth(line: bytearray) -> int:
-    """How deep the JSON of `line` nests: its brackets outside strings, counted a window
-    at a time (a quote is escaped by an odd run of backslashes before it, which may start
-    in the window before)."""
-    data = np.frombuffer(line, np.uint8)
-    depth = deepest = run = 0
-    inside = False
-    for start in range(0, len(data), _DEPTH_WINDOW):
-        window = data[start : start + _DEPTH_WINDOW]
-        places = np.arange(len(window), dtype=np.int64)
-        slashes = window == _BACKSLASH
-        # Where each run of backslashes starts: the last other byte, a run before the
-        # window counting on.
-        before = np.maximum.accumulate(np.where(slashes, -1 - run, places))
-        quotes = np.flatnonzero(window == _QUOTE)
-        escaped = (quotes - 1 - before[np.maximum(quotes - 1, 0)]) % 2 == 1
-        escaped &= quotes > 0
-        if run % 2:
-            escaped |= quotes == 0
-        toggles = quotes[~escaped]
-        marks = np.flatnonzero(np.isin(window, _BRACKETS))
-        # Inside a string where an odd number of quotes lie before (and it began inside).
-        outside = (np.searchsorted(toggles, marks) % 2 == 1) == inside
-        steps = np.where(np.isin(window[marks[outside]], _OPENING), 1, -1)
-        levels = depth + np.cumsum(steps)
-        deepest = max(deepest, int(levels.max(initial=depth)))
-        depth = int(levels[-1]) if len(levels) else depth
-        inside ^= len(toggles) % 2 == 1
-        run = len(window) - 1 - int(before[-1]) if len(window) else run
-    return deepest
 
 
 def _utf8(data: bytes | bytearray) -> bool:
