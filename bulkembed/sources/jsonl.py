@@ -28,6 +28,7 @@ from bulkembed.contracts import part_name
 from bulkembed.sources.base import ReadSettings, RecordFormat, all_valid
 from bulkembed.sources.columns import TYPE_SAMPLE_LINES
 from bulkembed.sources.long_lines import scan
+from bulkembed.sources.long_texts import valid_utf8
 from bulkembed.sources.opening import READ_ERRORS, count_lines, open_lines, unit_offsets
 from bulkembed.sources.records import BadRecord, Chunk, InputFile
 from bulkembed.sources.validate import parse_json_line
@@ -259,19 +260,6 @@ def _bounded_lines(f: Any, settings: ReadSettings) -> Iterator[bytes | bytearray
         yield long
 
 
-def _utf8(data: bytes | bytearray) -> bool:
-    """Whether `data` is valid UTF-8, all of it: Arrow's JSON reader checks only the
-    fields it reads, where the line path (`parse_json_line`) sets aside a line with
-    invalid UTF-8 anywhere. Checked in place, without a copy."""
-    buffer = pa.py_buffer(data)
-    offsets = pa.py_buffer(np.array([0, len(data)], np.int64).tobytes())
-    try:
-        pa.Array.from_buffers(pa.large_string(), 1, [None, offsets, buffer]).validate(full=True)
-    except pa.ArrowInvalid:
-        return False
-    return True
-
-
 def _parse_options(settings: ReadSettings) -> pa_json.ParseOptions:
     """Arrow's JSON parser's options for the run's columns: other fields are ignored."""
     fields = {settings.text_column: pa.string(), **settings.column_types}
@@ -300,7 +288,9 @@ def _arrow_block(
         data += b"\n"  # the file's last line
     if len(data) > _LARGEST_BLOCK or not _one_object_a_line(data, len(block)):
         return None
-    if not _utf8(data):
+    # Arrow's JSON reader checks only the fields it reads; the line path (`parse_json_line`)
+    # sets aside a line with invalid UTF-8 anywhere.
+    if not valid_utf8(data):
         return None
     # One block for the whole chunk, read on this thread.
     reading = pa_json.ReadOptions(use_threads=False, block_size=len(data) + 1)

@@ -87,6 +87,18 @@ class TextCut:
         chunk.texts = pa.concat_arrays(pieces)
         chunk.hashes = hashes
 
+    def text_of(self, value: memoryview) -> tuple[str, bytes]:
+        """The text of UTF-8 bytes `value`, and its content hash where it is cut (else
+        empty bytes); raises ValueError for bytes that are not UTF-8."""
+        if len(value) > self.chars and not valid_utf8(value):
+            raise ValueError("not UTF-8")
+        if len(value) > 4 * self.chars:
+            return _prefix(value, self.chars), self.digest(value)
+        text = bytes(value).decode("utf-8")
+        if len(text) > self.chars:
+            return text[: self.chars], self.digest(value)
+        return text, b""
+
     def content_hash(self) -> ContentHash:
         """A content hash to stream a text into."""
         return ContentHash(self.prompt, self.lowercase)
@@ -134,6 +146,18 @@ def _value_bytes(texts: pa.Array, row: int) -> memoryview:
     _, offsets, data = texts.buffers()
     at = np.frombuffer(offsets, offsets_type, 2, (texts.offset + row) * offsets_type().itemsize)
     return memoryview(data)[int(at[0]) : int(at[1])]
+
+
+def valid_utf8(data: bytes | bytearray | memoryview) -> bool:
+    """Whether `data` is valid UTF-8, all of it, checked in place (no copy) by Arrow."""
+    offsets = pa.py_buffer(np.array([0, len(data)], np.int64).tobytes())
+    try:
+        pa.Array.from_buffers(pa.large_string(), 1, [None, offsets, pa.py_buffer(data)]).validate(
+            full=True
+        )
+    except pa.ArrowInvalid:
+        return False
+    return True
 
 
 def _prefix(text: memoryview, chars: int) -> str:
