@@ -251,7 +251,9 @@ def _count_tokenized_texts(monkeypatch):
     """Texts passed through the tokenizer (`--tokenize-workers 0`: in this process)."""
     from bulkembed.tokenize import TextTokenizer
 
-    return record_calls(monkeypatch, TextTokenizer, "_encoded", lambda _, inputs: len(inputs))
+    return record_calls(
+        monkeypatch, TextTokenizer, "_encoded", lambda _, inputs, *_cut: len(inputs)
+    )
 
 
 def _drop_row_counts(out):

@@ -48,7 +48,7 @@ def _tokenized(plan, ids, texts, lookup=None):
     chunk = Chunk(0, 0, pa.array(ids), pa.array(texts), True)
     chunk.positions = np.arange(len(ids), dtype=np.int64)
     tokenizer = TextTokenizer(plan.tokenizer_settings, lookup, plan.id_key)
-    return _tokenized(chunk, tokenizer.timed((chunk.texts, chunk.ids)))
+    return _tokenized(chunk, tokenizer.timed((chunk.texts, chunk.ids, chunk.hashes)))
 
 
 def test_a_plain_run_carries_nothing_and_ends_with_nothing(tmp_path, tiny_st):
