@@ -11,7 +11,9 @@ the holder last wrote (`If-Match`), and deleted, on the same condition, when the
 - A lease that has expired (its holder died without deleting it), or whose holder was a
   process of this machine that is gone, is taken over, with a write conditional on the
   old lease's entity tag, so that of two runs taking it over at once only one wins.
-  `--break-lock` takes over a lease that has not expired.
+  `--break-lock` takes over a lease that has not expired; a holder renewing between the
+  takeover's read and its write is read again (`TAKE_OVER_TRIES`), another run's token
+  ends it.
 - A holder stops before it commits or marks another unit (`check`, and `LeaseFence` in the
   processes that commit units beside it) when another run took its lease (both read the
   lease object), or when its last renewal is older than the term less `FENCE_MARGIN` (it
@@ -48,6 +50,8 @@ LEASE_SECONDS = 60.0
 FENCE_MARGIN = 0.25
 # Seconds ahead past which a lease's expiry is shown as a date: no renewal sets it so far.
 FARTHEST_EXPIRY = 86_400
+# Reads and conditional writes a takeover tries while the holder it replaces renews.
+TAKE_OVER_TRIES = 5
 
 
 def lease_seconds() -> float:
@@ -158,20 +162,7 @@ class ObjectLease:
         """Hold the lease, or raise `LockedError` naming who does."""
         self._version = self.path.write_if(self._body(), ABSENT)
         if self._version is None:
-            found = _read(self.path)
-            if found is not None:
-                fields, version = found
-                if self._live(fields) and not self.take_over:
-                    raise self._locked(fields, self.shard)
-                # Taken over: expired, its holder gone, or --break-lock.
-                self._version = self.path.write_if(self._body(), version)
-            else:
-                self._version = self.path.write_if(self._body(), ABSENT)
-            if self._version is None:
-                raise LockedError(
-                    f"{self.label} was taken by another bulkembed starting at the same time; "
-                    "wait for it to finish or stop it, or choose another --output"
-                )
+            self._version = self._take_over()
         self._renewed = time.monotonic()
         try:
             self._refuse_the_other_kind()
@@ -180,6 +171,32 @@ class ObjectLease:
             raise
         self._thread = threading.Thread(target=self._renew, name="bulkembed-lease", daemon=True)
         self._thread.start()
+
+    def _take_over(self) -> str:
+        """Write over a lease that has expired, whose holder is gone, or (`--break-lock`)
+        any lease. A holder renewing between the read and the write (its token, a new
+        entity tag) is read again; another token than the one first read means another
+        run took the lease first."""
+        first: str | None = None
+        for _ in range(TAKE_OVER_TRIES):
+            found = _read(self.path)
+            if found is None:
+                version = self.path.write_if(self._body(), ABSENT)
+            else:
+                fields, tag = found
+                token = str(fields.get("token"))
+                if first is not None and token != first:
+                    break
+                if self._live(fields) and not self.take_over:
+                    raise self._locked(fields, self.shard)
+                first = token
+                version = self.path.write_if(self._body(), tag)
+            if version is not None:
+                return version
+        raise LockedError(
+            f"{self.label} was taken by another bulkembed starting at the same time; "
+            "wait for it to finish or stop it, or choose another --output"
+        )
 
     def _refuse_the_other_kind(self) -> None:
         """A whole run refuses live shard leases; a shard run refuses a live whole lease

@@ -34,6 +34,7 @@ from bulkembed.cli import app
 from bulkembed.config import ShardSpec
 from bulkembed.errors import OutputError
 from bulkembed.run_dir import LockedError, RunDirectory
+from bulkembed.run_dir import lease as lease_module
 from bulkembed.run_dir.lease import LeaseLost, ObjectLease
 from bulkembed.storage import location
 from bulkembed.storage import s3 as storage_s3
@@ -226,6 +227,59 @@ def test_an_expired_lease_is_taken_over_and_a_renewed_one_is_not(s3, monkeypatch
     first._version = None  # the dead holder's release must not touch it
     second.release()
     assert not (meta / "lease").exists()
+
+
+def test_break_lock_wins_over_a_holder_renewing_between_its_read_and_its_write(s3, monkeypatch):
+    monkeypatch.setenv("BULKEMBED_LEASE_SECONDS", "60")
+    meta = location(s3.uri("renewing")) / "_bulkembed"
+    holder = ObjectLease(meta, "out", None)
+    holder.acquire()
+    lease = meta / "lease"
+    renewals = []
+    read = lease_module._read
+
+    def read_then_renew(path):
+        found = read(path)
+        if len(renewals) < 2:  # the holder renews twice, each time right after a read
+            renewals.append(path.write_if(holder._body(), found[1]))
+        return found
+
+    monkeypatch.setattr(lease_module, "_read", read_then_renew)
+    taker = ObjectLease(meta, "out", None, take_over=True)
+    try:
+        taker.acquire()
+        assert all(renewals) and len(renewals) == 2
+        assert json.loads(lease.read_text())["token"] == taker.token
+    finally:
+        taker.release()
+        holder._stop.set()
+        holder._thread.join()
+    assert not lease.exists()
+
+
+def test_a_takeover_that_finds_another_runs_token_after_its_first_read_gives_up(s3, monkeypatch):
+    monkeypatch.setenv("BULKEMBED_LEASE_SECONDS", "60")
+    meta = location(s3.uri("raced")) / "_bulkembed"
+    holder = ObjectLease(meta, "out", None)
+    holder.acquire()
+    rival = ObjectLease(meta, "out", None, take_over=True)
+    read = lease_module._read
+    taken = []
+
+    def read_then_rival_takes_it(path):
+        found = read(path)
+        if not taken:
+            taken.append(path.write_if(rival._body(), found[1]))
+        return found
+
+    monkeypatch.setattr(lease_module, "_read", read_then_rival_takes_it)
+    try:
+        with pytest.raises(LockedError, match="was taken by another bulkembed starting at"):
+            ObjectLease(meta, "out", None, take_over=True).acquire()
+        assert json.loads((meta / "lease").read_text())["token"] == rival.token
+    finally:
+        holder._stop.set()
+        holder._thread.join()
 
 
 @pytest.mark.parametrize("case", ["wrong-keys", "missing-bucket", "unreachable"])
