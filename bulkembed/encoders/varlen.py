@@ -12,8 +12,13 @@ Two implementations give the same result:
   `BULKEMBED_FLASH_ATTENTION=fa2`; else PyTorch's `torch.nn.attention.varlen.varlen_attn`,
   else flash-attn's (2) `flash_attn_varlen_func`;
 - `reference_attention`: PyTorch's scaled-dot-product attention on each run of documents of
-  one length, stacked without padding or mask. It runs on any device and dtype, and is
-  what the tests check the flat path with on the CPU.
+  one length, stacked without padding (masked only for a local window). It runs on any
+  device and dtype, and is what the tests check the flat path with on the CPU.
+
+Both take a causal flag (decoders), a local window (ModernBERT's local layers, Mistral's
+sliding window) and keys and values with fewer heads than queries (grouped-query attention).
+A kernel that cannot mask as asked (PyTorch 2.9's has no window) leaves the call to the
+reference.
 
 `varlen_attention` calls them through one custom operator, `bulkembed::varlen_attention`,
 which picks the kernel where it runs and the reference elsewhere: `torch.compile` sees one
@@ -35,6 +40,11 @@ import torch
 import torch.nn.functional as F
 
 _HALF = (torch.float16, torch.bfloat16)
+
+# A local attention window: how many tokens before and after a token it attends to (-1: no
+# bound), as the flash kernels take it.
+Window = tuple[int, int]
+FULL: Window = (-1, -1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,11 +184,17 @@ def kernel_attention(
     value: torch.Tensor,
     sequences: Sequences,
     causal: bool = False,
+    window: Window = FULL,
 ) -> torch.Tensor:
     """The CUDA kernel's attention: the kernels take (q, k, v, cu_seqlens_q,
     cu_seqlens_k, max_q, max_k) and scale by 1/sqrt(head size); `causal` masks each token
-    from the tokens after it (PyTorch's kernel says so by a window of (-1, 0))."""
-    return _kernel_call(query, key, value, sequences.cu_seqlens, sequences.longest, causal)
+    from the tokens after it, `window` from those farther than (left, right) positions
+    away. Keys and values may have fewer heads than queries (grouped-query attention)."""
+    attended = _kernel_call(
+        query, key, value, sequences.cu_seqlens, sequences.longest, causal, window
+    )
+    assert attended is not None, "this kernel cannot mask this way: see kernel_masks"
+    return attended
 
 
 def _kernel_call(
@@ -188,10 +204,19 @@ def _kernel_call(
     cu: torch.Tensor,
     longest: int,
     causal: bool,
-) -> torch.Tensor:
+    window: Window,
+) -> torch.Tensor | None:
+    """The kernel's attention, or None where it cannot mask as asked."""
     kernel = _device_kernel(query.device)
     assert kernel is not None
-    masking = _causal_arguments(kernel) if causal else {}
+    masking = _mask_arguments(kernel, causal, window)
+    if masking is None:
+        return None
+    if key.shape[1] != query.shape[1]:
+        if "enable_gqa" in _parameters(kernel):
+            masking = {**masking, "enable_gqa": True}
+        elif kernel is _torch_kernel():
+            key, value = (_repeat_heads(t, query.shape[1]) for t in (key, value))
     attended = kernel(query, key, value, cu, cu, longest, longest, **masking)
     # flash-attention 3 returns (output, log-sum-exp) in some releases.
     output: torch.Tensor = attended[0] if isinstance(attended, tuple) else attended
@@ -199,15 +224,33 @@ def _kernel_call(
 
 
 @functools.cache
-def _causal_arguments(kernel: Callable[..., Any]) -> dict[str, Any]:
-    """How `kernel` is told to mask causally: flash-attn's `causal`, PyTorch's `is_causal`
-    (2.9), or a window of (-1, 0) (PyTorch 2.10 on, which has no `is_causal`)."""
-    parameters = inspect.signature(kernel).parameters
-    if "causal" in parameters:
-        return {"causal": True}
-    if "is_causal" in parameters:
-        return {"is_causal": True}
-    return {"window_size": (-1, 0)}
+def _parameters(kernel: Callable[..., Any]) -> frozenset[str]:
+    return frozenset(inspect.signature(kernel).parameters)
+
+
+def _mask_arguments(
+    kernel: Callable[..., Any], causal: bool, window: Window = FULL
+) -> dict[str, Any] | None:
+    """How `kernel` is told to mask, or None if it cannot: flash-attn's `causal`, PyTorch's
+    `is_causal` (2.9), and a `window_size` of (left, right), where (-1, 0) is causal
+    (PyTorch 2.10 on, which has no `is_causal`)."""
+    parameters = _parameters(kernel)
+    arguments: dict[str, Any] = {}
+    if causal and "causal" in parameters:
+        arguments["causal"] = True
+    elif causal and "is_causal" in parameters:
+        arguments["is_causal"] = True
+    if window != FULL or (causal and not arguments):
+        if "window_size" not in parameters:
+            return None
+        arguments["window_size"] = (window[0], 0 if causal else window[1])
+    return arguments
+
+
+def _repeat_heads(tensor: torch.Tensor, heads: int) -> torch.Tensor:
+    """Keys or values [tokens, groups, size] with each group's head repeated for the
+    `heads` query heads it serves."""
+    return tensor.repeat_interleave(heads // tensor.shape[1], dim=1)
 
 
 def reference_attention(
@@ -216,11 +259,13 @@ def reference_attention(
     value: torch.Tensor,
     sequences: Sequences,
     causal: bool = False,
+    window: Window = FULL,
 ) -> torch.Tensor:
     """Attention within each document, one scaled-dot-product call per run of consecutive
     documents of one length (a length-sorted batch has few): stacked as [documents, heads,
-    length, head size], with no padding, and no mask but the causal one where asked."""
-    return _reference(query, key, value, sequences.runs, causal)
+    length, head size], with no padding, and no mask but the causal or window one where
+    asked."""
+    return _reference(query, key, value, sequences.runs, causal, window)
 
 
 def _reference(
@@ -229,19 +274,44 @@ def _reference(
     value: torch.Tensor,
     runs: Iterable[tuple[int, int] | list[int]],
     causal: bool,
+    window: Window,
 ) -> torch.Tensor:
     output = torch.empty_like(query)
     tokens, heads, size = query.shape
+    if key.shape[1] != heads:
+        key, value = (_repeat_heads(t, heads) for t in (key, value))
     start = 0
     for length, count in runs:
         end = start + length * count
         if length:
             shape = (count, length, heads, size)
             q, k, v = (t[start:end].view(shape).transpose(1, 2) for t in (query, key, value))
-            attended = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+            if window == FULL:
+                attended = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+            else:
+                mask = _window_mask(length, causal, window, query.device)
+                attended = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
             output[start:end] = attended.transpose(1, 2).reshape(end - start, heads, size)
         start = end
     return output
+
+
+def _window_mask(length: int, causal: bool, window: Window, device: torch.device) -> torch.Tensor:
+    """[length, length]: whether the query of each row sees the key of each column, within
+    `window` (left, right; -1 unbounded) and, if `causal`, not after itself.
+
+    >>> _window_mask(4, False, (1, 1), torch.device("cpu")).int().tolist()
+    [[1, 1, 0, 0], [1, 1, 1, 0], [0, 1, 1, 1], [0, 0, 1, 1]]
+    """
+    place = torch.arange(length, device=device)
+    ahead = place.unsqueeze(0) - place.unsqueeze(1)
+    left, right = window[0], 0 if causal else window[1]
+    seen = torch.ones(length, length, dtype=torch.bool, device=device)
+    if left >= 0:
+        seen &= ahead >= -left
+    if right >= 0:
+        seen &= ahead <= right
+    return seen
 
 
 def _runs(lengths: np.ndarray) -> tuple[tuple[int, int], ...]:
@@ -267,11 +337,17 @@ def _varlen_operator(
     run_table: torch.Tensor,
     longest: int,
     causal: bool,
+    left: int,
+    right: int,
 ) -> torch.Tensor:
-    """The flash kernel where it runs (`kernel_runs`), else the reference."""
+    """The flash kernel where it runs (`kernel_runs`) and masks as asked, else the
+    reference."""
+    window = (left, right)
     if kernel_runs(str(query.device), query.dtype):
-        return _kernel_call(query, key, value, cu_seqlens, longest, causal)
-    return _reference(query, key, value, run_table.tolist(), causal)
+        attended = _kernel_call(query, key, value, cu_seqlens, longest, causal, window)
+        if attended is not None:
+            return attended
+    return _reference(query, key, value, run_table.tolist(), causal, window)
 
 
 @_varlen_operator.register_fake
@@ -283,6 +359,8 @@ def _(
     run_table: torch.Tensor,
     longest: int,
     causal: bool,
+    left: int,
+    right: int,
 ) -> torch.Tensor:
     return torch.empty_like(query)
 
@@ -293,9 +371,12 @@ def varlen_attention(
     value: torch.Tensor,
     sequences: Sequences,
     causal: bool = False,
+    window: Window = FULL,
 ) -> torch.Tensor:
     """Attention within each document of a flat batch, through the custom operator: the
     flash kernel where it runs (`kernel_runs`), else the reference; `causal` for a decoder
-    (each token attends to its document's tokens up to itself)."""
+    (each token attends to its document's tokens up to itself); `window` (left, right) for
+    local attention (each token attends to the tokens at most that many places before and
+    after it; -1: no bound). Keys and values may have fewer heads than queries."""
     cu, table, longest = sequences.cu_seqlens, sequences.run_table, sequences.longest
-    return _varlen_operator(query, key, value, cu, table, longest, causal)
+    return _varlen_operator(query, key, value, cu, table, longest, causal, *window)

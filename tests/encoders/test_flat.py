@@ -214,7 +214,7 @@ def test_a_flat_batch_makes_no_documents_by_length_by_length_tensor(tiny_st):
 def test_the_kernel_gets_the_tokens_end_to_end_and_cu_seqlens(monkeypatch):
     calls = []
 
-    def stand_in(query, key, value, cu_q, cu_k, max_q, max_k):
+    def stand_in(query, key, value, cu_q, cu_k, max_q, max_k, window_size=(-1, -1)):
         calls.append((query.shape, cu_q.dtype, cu_q.tolist(), cu_k is cu_q, max_q, max_k))
         lengths = np.diff(cu_q.numpy())
         return reference_attention(query, key, value, Sequences.on_host(lengths))
@@ -338,7 +338,7 @@ def test_flash_attention_3_runs_on_hopper_unless_switched_off(monkeypatch):
 
 
 def test_a_kernel_that_returns_the_log_sum_exp_too_gives_the_output(monkeypatch):
-    def stand_in(query, key, value, cu_q, cu_k, max_q, max_k):
+    def stand_in(query, key, value, cu_q, cu_k, max_q, max_k, window_size=(-1, -1)):
         lengths = np.diff(cu_q.numpy())
         output = reference_attention(query, key, value, Sequences.on_host(lengths))
         return output, torch.zeros(query.shape[1], query.shape[0])
@@ -348,6 +348,64 @@ def test_a_kernel_that_returns_the_log_sum_exp_too_gives_the_output(monkeypatch)
     sequences = Sequences.on_host(np.array([3, 2]))
     expected = reference_attention(query, key, value, sequences)
     torch.testing.assert_close(kernel_attention(query, key, value, sequences), expected)
+
+
+def _attention_by_hand(query, key, value, lengths, causal, window):
+    """Each document's attention from its score matrix, one query at a time: softmax over
+    the keys the query may see, grouped heads expanded."""
+    heads, size = query.shape[1], query.shape[2]
+    groups = heads // key.shape[1]
+    output, start = [], 0
+    for length in lengths:
+        for i in range(length):
+            row = []
+            for head in range(heads):
+                keys = [
+                    j
+                    for j in range(length)
+                    if (window[0] < 0 or j >= i - window[0])
+                    and (window[1] < 0 or j <= i + window[1])
+                    and (not causal or j <= i)
+                ]
+                q = query[start + i, head]
+                k = key[[start + j for j in keys], head // groups]
+                v = value[[start + j for j in keys], head // groups]
+                weights = torch.softmax(k @ q / size**0.5, dim=0)
+                row.append(weights @ v)
+            output.append(torch.stack(row))
+        start += length
+    return torch.stack(output)
+
+
+@pytest.mark.parametrize(
+    ("causal", "window", "key_heads"),
+    [(False, (2, 2), 4), (False, (3, 1), 2), (True, (-1, -1), 1), (True, (2, -1), 2)],
+)
+def test_windowed_and_grouped_attention_equals_attention_by_hand(
+    monkeypatch, causal, window, key_heads
+):
+    torch.manual_seed(0)
+    lengths = np.array([7, 7, 4, 1, 9])
+    tokens = int(lengths.sum())
+    query = torch.randn(tokens, 4, 8, dtype=torch.float64)
+    key, value = torch.randn(2, tokens, key_heads, 8, dtype=torch.float64).unbind(0)
+    expected = _attention_by_hand(query, key, value, lengths, causal, window)
+    sequences = Sequences.on_host(lengths)
+    found = varlen.varlen_attention(query, key, value, sequences, causal, window)
+    torch.testing.assert_close(found, expected)
+    # A kernel that takes a window and groups (PyTorch 2.10 on) is told both.
+    told = []
+
+    def stand_in(q, k, v, cu_q, cu_k, max_q, max_k, *, window_size=(-1, -1), enable_gqa=False):
+        told.append((window_size, enable_gqa))
+        runs = Sequences.on_host(np.diff(cu_q.numpy()))
+        return reference_attention(q, k, v, runs, window_size[1] == 0, window_size)
+
+    monkeypatch.setattr(varlen, "_device_kernel", lambda device: stand_in)
+    torch.testing.assert_close(
+        kernel_attention(query, key, value, sequences, causal, window), expected
+    )
+    assert told == [((window[0], 0 if causal else window[1]), key_heads != 4)]
 
 
 @pytest.mark.skipif(not openvino_installed(), reason="needs the openvino package")
@@ -360,7 +418,7 @@ def test_flat_batches_take_pytorch_where_auto_would_take_openvino(tiny_st):
 def test_varlen_attention_calls_the_kernel_where_it_runs(monkeypatch):
     called = []
 
-    def stand_in(query, key, value, cu_q, cu_k, max_q, max_k):
+    def stand_in(query, key, value, cu_q, cu_k, max_q, max_k, window_size=(-1, -1)):
         called.append(max_q)
         return reference_attention(query, key, value, Sequences.on_host(np.diff(cu_q.numpy())))
 
@@ -509,13 +567,18 @@ def test_a_compiled_flat_model_has_no_graph_break_and_gives_the_eager_vectors(ti
             )
 
 
-def test_each_kernel_is_told_to_mask_causally_in_its_own_words():
-    from bulkembed.encoders.varlen import _causal_arguments
+def test_each_kernel_is_told_to_mask_in_its_own_words():
+    from bulkembed.encoders.varlen import _mask_arguments
 
-    def flash_attn(q, k, v, cu_q, cu_k, max_q, max_k, dropout_p=0.0, causal=False): ...
+    def flash_attn(q, k, v, cu_q, cu_k, max_q, max_k, causal=False, window_size=(-1, -1)): ...
     def torch_2_9(q, k, v, cu_q, cu_k, max_q, max_k, *, is_causal=False): ...
     def torch_2_10(q, k, v, cu_q, cu_k, max_q, max_k, *, window_size=(-1, -1)): ...
 
-    assert _causal_arguments(flash_attn) == {"causal": True}
-    assert _causal_arguments(torch_2_9) == {"is_causal": True}
-    assert _causal_arguments(torch_2_10) == {"window_size": (-1, 0)}
+    assert _mask_arguments(flash_attn, True) == {"causal": True}
+    assert _mask_arguments(torch_2_9, True) == {"is_causal": True}
+    assert _mask_arguments(torch_2_10, True) == {"window_size": (-1, 0)}
+    assert _mask_arguments(torch_2_10, False) == _mask_arguments(torch_2_9, False) == {}
+    assert _mask_arguments(flash_attn, False, (64, 64)) == {"window_size": (64, 64)}
+    assert _mask_arguments(flash_attn, True, (8, -1)) == {"causal": True, "window_size": (8, 0)}
+    assert _mask_arguments(torch_2_10, True, (8, -1)) == {"window_size": (8, 0)}
+    assert _mask_arguments(torch_2_9, False, (64, 64)) is None
