@@ -1,15 +1,17 @@
 """GPU throughput of `bulkembed run`: tokens/s, model FLOP utilization, GPU busy time, for
 padded and flat batches, on one GPU and on all of them.
 
-Runs the CLI end to end on a real-text corpus (`corpus.py`, copied with distinct ids until it
-is at least `--seconds` of embedding per device) with a real model, in the headline
-configuration by default: the recipe's outputs and token budget (`bulkembed run corpus/
---model bge-m3`: dense and sparse, 16,384 tokens), `--dtype auto`. Per scope (one GPU, then
-every GPU when there are several) and batch layout of `--attention` (padded; flat:
-documents end to end with variable-length attention): one warm-up run on the first
-`--warmup-docs` documents (its rate sizes the corpus), then `--repeats` rounds of timed
-runs, the layouts interleaved in each round. Prints one JSON line on stdout: per scope and
-layout, the median and each repeat of:
+Runs the CLI end to end on a real-text corpus (`corpus.py`, copied with distinct ids until
+it is at least `--seconds` of embedding per device, by a timed run's own clock) with a real
+model, in the headline configuration by default: the recipe's outputs and token budget
+(`bulkembed run corpus/ --model bge-m3`: dense and sparse, 16,384 tokens), `--dtype auto`.
+Per scope (one GPU, then every GPU when there are several) and batch layout of
+`--attention` (padded; flat: documents end to end with variable-length attention): one
+warm-up run on the first `--warmup-docs` documents (its rate gives a first size of the
+corpus), a corpus grown until a timed run of the last layout embeds for `--seconds` (that
+run counts as its first repeat), then `--repeats` rounds of timed runs, the layouts
+interleaved in each round. Prints one JSON line on stdout: per scope and layout, the
+median and each repeat of:
 
 - tokens_per_s while embedding (the run's `summary.json`) and end to end (wall clock);
 - gpu_busy_fraction: the run's `device_busy_fraction`, the share of the embedding phase the
@@ -243,7 +245,7 @@ def _scope(
     args: argparse.Namespace, folder: Path, devices: str, count: int, layouts: list[str]
 ) -> tuple[dict[str, list[dict[str, Any]]], list[dict[str, str]]]:
     """Warm-up runs, then the timed runs of every layout on `devices` (`count` GPUs), on a
-    corpus copied until it is `--seconds` of embedding per device at the warm-up's rate."""
+    corpus of at least `--seconds` of embedding per device (`_sized`)."""
     options = [*_options(args), "--devices", devices]
     base = build(args.docs)
     warmup_corpus = write(base, folder / f"warmup-corpus-{count}", files=4, fmt="jsonl")
@@ -255,11 +257,14 @@ def _scope(
         shutil.rmtree(folder / "warmup")
         rate = max(rate, found["docs_per_s"])
     copies = max(1, math.ceil(args.seconds * rate / len(base)))
-    records = build(args.docs, copies)
-    corpus = write(records, folder / f"corpus-{count}", files=8 * count, fmt="jsonl")
     runs: dict[str, list[dict[str, Any]]] = {layout: [] for layout in layouts}
+    fastest = [*options, "--attention", layouts[-1]]
+    records, corpus, first = _sized(args, folder / f"corpus-{count}", count, copies, fastest)
+    runs[layouts[-1]].append(first)
     for repeat in range(args.repeats):
         for layout in layouts:
+            if repeat == 0 and layout == layouts[-1]:
+                continue  # the sizing run is this one
             print(
                 f"run {repeat + 1}/{args.repeats} on {devices}, {layout}: {len(records)} docs",
                 file=sys.stderr,
@@ -267,6 +272,28 @@ def _scope(
             layout_options = [*options, "--attention", layout]
             runs[layout].append(timed_run(corpus, folder / "out", args.model, layout_options))
     return runs, records
+
+
+# Sizing runs at most: each scales the corpus by the seconds asked over those measured.
+SIZING_RUNS = 3
+
+
+def _sized(
+    args: argparse.Namespace, folder: Path, count: int, copies: int, options: list[str]
+) -> tuple[list[dict[str, str]], list[Path], dict[str, Any]]:
+    """A corpus of `copies` copies, grown until a timed run of it (with `options`) embeds
+    for `--seconds` or more: the warm-up's rate, over a few thousand documents, undercounts
+    a long run's. Its records, its files, and that run's figures (the first timed run)."""
+    for attempt in range(SIZING_RUNS):
+        records = build(args.docs, copies)
+        corpus = write(records, folder, files=8 * count, fmt="jsonl")
+        print(f"sizing run {attempt + 1}: {len(records)} docs", file=sys.stderr)
+        run = timed_run(corpus, folder.with_name(folder.name + "-out"), args.model, options)
+        if run["embedding_seconds"] >= args.seconds:
+            break
+        shutil.rmtree(folder)
+        copies = math.ceil(copies * 1.1 * args.seconds / max(run["embedding_seconds"], 1.0))
+    return records, corpus, run
 
 
 def model_flop_utilization(

@@ -86,6 +86,7 @@ def measure(corpus: list[Path], out: Path, model: str, *options: str) -> dict:
         "tokens": summary["tokens"],
         "peak_rss_mb": round(peak, 1),
         "wall_seconds": round(seconds, 1),
+        "embedding_seconds": summary["embedding_seconds"],
         "docs_per_s": summary["docs_per_s"],
         "tokens_per_s": summary["tokens_per_s"],
         "padding_efficiency": summary["padding_efficiency"],

@@ -42,9 +42,12 @@ class RunStats:
     processes): where a run's time goes, for the benchmarks and `summary.json`.
 
     Times are on the monotonic clock: `started` when the command started, `embedding`
-    when its first batch went to the model (None before). The time between is the
+    when its first batch went to the model (None before), `ended` when the last window's
+    vectors were committed (None before). The time from `started` to `embedding` is the
     start-up (imports, listing the inputs, loading the model, the `--dtype auto` check);
-    the rates and the device's idle share are over the time since."""
+    the rates and the device's idle share are over the embedding time, from `embedding`
+    to `ended` (to now while it runs): closing the device processes and the output after
+    the last commit is not embedding."""
 
     docs: int = 0
     carried: int = 0
@@ -57,12 +60,18 @@ class RunStats:
     counts: DeviceCounts = field(default_factory=DeviceCounts)
     started: float = field(default_factory=time.monotonic)
     embedding: float | None = None
+    ended: float | None = None
     stages: dict[str, float] = field(default_factory=lambda: dict.fromkeys(STAGES, 0.0))
 
     def begin_embedding(self) -> None:
         """The first batch goes to the model now, unless one went before."""
         if self.embedding is None:
             self.embedding = time.monotonic()
+
+    def end_embedding(self) -> None:
+        """The last window's vectors are committed now: the embedding time ends here."""
+        if self.embedding is not None and self.ended is None:
+            self.ended = time.monotonic()
 
     @contextlib.contextmanager
     def timed(self, stage: str) -> Iterator[None]:
@@ -108,7 +117,9 @@ class RunStats:
 
     @property
     def embedding_seconds(self) -> float:
-        return 0.0 if self.embedding is None else time.monotonic() - self.embedding
+        if self.embedding is None:
+            return 0.0
+        return (time.monotonic() if self.ended is None else self.ended) - self.embedding
 
     @property
     def docs_per_s(self) -> float:

@@ -58,9 +58,9 @@ class Summary:
     settings (`run`: model, device, dtype, ...). Written as `summary.json` (`as_dict`).
 
     `seconds` runs from the command's start, `startup_seconds` from there to the first
-    batch (None if none ran); the rates, `device_idle_fraction` (the host's clock: the model
+    batch (None if none ran), `embedding_seconds` from there to the last commit; the rates, `device_idle_fraction` (the host's clock: the model
     waited for input or writing) and `device_busy_fraction` (CUDA events: the GPU computed;
-    None on a CPU) are over the rest."""
+    None on a CPU) are over the embedding seconds."""
 
     docs: int
     changes: Changes | None
@@ -76,6 +76,7 @@ class Summary:
     float32_retries_this_run: int
     seconds: float
     startup_seconds: float | None
+    embedding_seconds: float
     docs_per_s: float
     tokens_per_s: float
     encode_seconds: float
@@ -146,6 +147,7 @@ def summarize(
         float32_retries_this_run=stats.counts.float32_retries,
         seconds=round(stats.seconds, 3),
         startup_seconds=None if startup is None else round(startup, 3),
+        embedding_seconds=round(stats.embedding_seconds, 3),
         docs_per_s=round(stats.docs_per_s, 2),
         tokens_per_s=round(stats.tokens_per_s, 1),
         encode_seconds=round(stats.encode_seconds, 3),

@@ -173,3 +173,4 @@ def _embed_and_write(
         gathered = gather_windows(tokenized, session.embedder, session.budget, stats)
         embed_windows(gathered, session, formatted, behind.submit, stats, reporter)
         behind.finish()
+        stats.end_embedding()

@@ -198,6 +198,7 @@ def _embed_on_devices(
                 # The devices run side by side: their seconds are the mean device's.
                 stats.add(unit.stats, share=1 / len(devices))
                 reporter.update(stats)
+            stats.end_embedding()
         finally:
             reporter.close()
         stopped = False

@@ -364,6 +364,7 @@ def _run_dataset(
                 if precision is not None:
                     checks.append(precision)
                 reporter.update(stats)
+        stats.end_embedding()
     except BulkembedError:
         raise
     except Exception as e:  # Ray's own failures: an actor or a node lost, the object store full

@@ -350,3 +350,24 @@ def test_auto_dtype_on_devices_fed_from_here_writes_the_check_s_sample_as_it_is(
     assert sum(sent) == 400 - 64
     written = np.array([r["dense"] for r in rows[:64]], dtype=np.float32)
     assert np.array_equal(written, checked.sample.vectors.dense)
+
+
+@pytest.mark.slow
+def test_the_embedding_seconds_end_at_the_last_commit_not_at_the_pool_s_close(
+    tmp_path, tiny_st, monkeypatch
+):
+    closing = unit_pool.UnitPool.close
+    pause = 3.0
+
+    def slow_close(self, failed: bool = False) -> None:
+        time.sleep(pause)
+        closing(self, failed)
+
+    monkeypatch.setattr(unit_pool.UnitPool, "close", slow_close)
+    result = _two_workers_run(_corpus(tmp_path), tiny_st("mean"), tmp_path, "parts")
+    assert result.exit_code == 0, result.output
+    summary = json.loads((tmp_path / "two" / "_bulkembed" / "summary.json").read_text())
+    after = summary["seconds"] - summary["startup_seconds"] - summary["embedding_seconds"]
+    assert after >= pause, summary
+    rate = summary["docs_this_run"] / summary["embedding_seconds"]
+    assert summary["docs_per_s"] == pytest.approx(rate, rel=0.01)
