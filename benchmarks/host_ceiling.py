@@ -8,8 +8,10 @@ embeddings, hidden 1024, max length 8192, the sparse head 1024→1 and the ColBE
 end on a real-text corpus (`corpus.py`) for `dense`, `dense,sparse` and
 `dense,sparse,multivector` (float32 and float16 outputs). In the same run it measures:
 
-- tokenizer_tokens_per_s: the rate of the tokenizer processes alone (same count), reading
-  and tokenizing the corpus and discarding the tokens;
+- tokenizer: the rate of the tokenizer processes alone (same count), reading and
+  tokenizing the corpus and discarding the tokens, in all and per process; and the same
+  with a tokenizer of XLM-R's size (`tokenizer_large_vocabulary`: a unigram tokenizer of
+  up to 250,000 pieces trained on the corpus and on made-up multilingual text);
 - disk_mb_per_s: the disk's sequential write rate, writing as many bytes as the largest
   output with 8 MB writes and an fsync, in the directory the outputs go to;
 - per run: tokens/s end to end (whole process, start-up included) and while embedding
@@ -58,6 +60,10 @@ from memory import measure
 HIDDEN = 1024
 MAX_LENGTH = 8192
 VOCABULARY = 32000
+# XLM-R's (BGE-M3's) vocabulary size, and the made-up multilingual text (lines, distinct
+# words) a unigram tokenizer of that size is trained on besides the corpus.
+LARGE_VOCABULARY = 250_000
+LARGE_TRAINING = (40_000, 400_000)
 RUNS = (
     ("dense", "float32"),
     ("dense,sparse", "float32"),
@@ -71,8 +77,29 @@ SAMPLE = HERE.parent / "samples" / "python-docs.jsonl"
 SHORT_ROW_GROUP = 8192
 
 
-def build_model(folder: Path, texts: list[str], hidden: int = HIDDEN) -> None:
-    """The zero-layer BGE-M3-shaped model folder, with a tokenizer trained on `texts`."""
+def multilingual_lines(count: int, words: int, seed: int = 0) -> list[str]:
+    """`count` lines of 60 words drawn (skewed towards the first) from `words` made-up words
+    of Latin, Cyrillic, Greek, Arabic, Hebrew and Devanagari letters (2 to 9 each) and CJK
+    and Hangul syllables (1 to 4): text with as many distinct pieces as a 250,000-piece
+    multilingual vocabulary holds, to train one on."""
+    rng = random.Random(seed)
+    scripts = ((0x61, 26), (0x430, 32), (0x3B1, 25), (0x627, 28), (0x5D0, 27), (0x905, 50))
+    syllables = ((0x4E00, 3000), (0xAC00, 2000))
+
+    def word() -> str:
+        start, letters = rng.choice(scripts + syllables)
+        size = rng.randint(1, 4) if (start, letters) in syllables else rng.randint(2, 9)
+        return "".join(chr(start + rng.randrange(letters)) for _ in range(size))
+
+    made = [word() for _ in range(words)]
+    return [" ".join(made[int(words * rng.random() ** 2)] for _ in range(60)) for _ in range(count)]
+
+
+def build_model(
+    folder: Path, texts: list[str], hidden: int = HIDDEN, vocabulary: int = VOCABULARY
+) -> None:
+    """The zero-layer BGE-M3-shaped model folder, with a tokenizer of up to `vocabulary`
+    pieces trained on `texts`."""
     import torch
     from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
     from transformers import XLMRobertaConfig, XLMRobertaModel, XLMRobertaTokenizerFast
@@ -82,7 +109,7 @@ def build_model(folder: Path, texts: list[str], hidden: int = HIDDEN) -> None:
     tokenizer.normalizer = normalizers.NFKC()
     tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
     trainer = trainers.UnigramTrainer(
-        vocab_size=VOCABULARY, special_tokens=specials, unk_token="<unk>"
+        vocab_size=vocabulary, special_tokens=specials, unk_token="<unk>", show_progress=False
     )
     tokenizer.train_from_iterator(texts, trainer)
     tokenizer.post_processor = processors.TemplateProcessing(
@@ -281,6 +308,14 @@ def main() -> None:
         model = root / "model"
         build_model(model, [r["text"] for r in records[: args.docs]])
         tokenizer = tokenizer_rate(corpus, model, args.workers)
+        tokenizer["pieces"] = _pieces(model)
+        large = root / "large-vocabulary"
+        texts = [r["text"] for r in records[: args.docs]]
+        build_model(large, texts + multilingual_lines(*LARGE_TRAINING), 32, LARGE_VOCABULARY)
+        large_tokenizer = tokenizer_rate(corpus, large, args.workers)
+        large_tokenizer["pieces"] = _pieces(large)
+        for rate in (tokenizer, large_tokenizer):
+            rate["tokens_per_s_per_process"] = round(rate["tokens_per_s"] / args.workers)
         runs = []
         for outputs, dtype_out in RUNS:
             out = root / "out"
@@ -302,11 +337,16 @@ def main() -> None:
                 "cores": os.cpu_count(),
                 "docs": len(records),
                 "tokenizer": tokenizer,
+                "tokenizer_large_vocabulary": large_tokenizer,
                 "disk_mb_per_s": round(disk, 1),
                 "runs": runs,
             }
         )
     )
+
+
+def _pieces(model: Path) -> int:
+    return len(json.loads((model / "tokenizer.json").read_text())["model"]["vocab"])
 
 
 def _cpu_name() -> str:

@@ -58,9 +58,10 @@ class Summary:
     settings (`run`: model, device, dtype, ...). Written as `summary.json` (`as_dict`).
 
     `seconds` runs from the command's start, `startup_seconds` from there to the first
-    batch (None if none ran), `embedding_seconds` from there to the last commit; the rates, `device_idle_fraction` (the host's clock: the model
-    waited for input or writing) and `device_busy_fraction` (CUDA events: the GPU computed;
-    None on a CPU) are over the embedding seconds."""
+    batch (None if none ran), `embedding_seconds` from there to the last commit; the rates,
+    `device_idle_fraction` (the host's clock: the model waited for input or writing) and
+    `device_busy_fraction` (CUDA events: the GPU computed; None on a CPU) are over the
+    embedding seconds."""
 
     docs: int
     changes: Changes | None

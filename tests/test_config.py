@@ -1,8 +1,19 @@
 """`RunConfig` as a Python caller builds it: strings for enums, one input as a string."""
 
+import os
+
 import pytest
 
-from bulkembed.config import DType, Engine, IndexType, Quantize, RunConfig, ShardSpec, StreamFormat
+from bulkembed.config import (
+    DType,
+    Engine,
+    IndexType,
+    Quantize,
+    RunConfig,
+    ShardSpec,
+    StreamFormat,
+    default_tokenize_workers,
+)
 from bulkembed.errors import BulkembedError
 
 
@@ -43,3 +54,21 @@ def test_a_bad_value_is_one_line_before_anything_loads(field, value, message):
     with pytest.raises(BulkembedError) as raised:
         RunConfig(inputs="a.jsonl", output="out", model="m", **{field: value})
     assert str(raised.value).startswith(message)
+
+
+@pytest.mark.parametrize(
+    ("cores", "devices", "expected"),
+    [
+        (2, ["cpu"], 1),
+        (64, ["cpu", "cpu"], 1),
+        (16, ["cuda:0"], 4),
+        (64, [f"cuda:{i}" for i in range(8)], 32),
+        (16, [f"cuda:{i}" for i in range(8)], 7),
+        (4, [f"cuda:{i}" for i in range(4)], 1),
+    ],
+)
+def test_tokenizer_processes_grow_with_the_gpus_within_the_cores_left(
+    monkeypatch, cores, devices, expected
+):
+    monkeypatch.setattr(os, "cpu_count", lambda: cores)
+    assert default_tokenize_workers(devices) == expected

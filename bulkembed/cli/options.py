@@ -70,7 +70,7 @@ TokenizeWorkers = Annotated[
     int | None,
     typer.Option(
         help="Tokenizer processes (0: in the main process). Default: 1 on CPU, "
-        "all cores but two on CUDA.",
+        "4 per GPU on CUDA (within the cores left after one per GPU and one for the run).",
         **from_env("TOKENIZE_WORKERS"),
     ),
 ]

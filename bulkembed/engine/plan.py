@@ -220,7 +220,7 @@ def plan_run(config: RunConfig, reporter: Reporter, started: float) -> RunPlan:
     distributed = config.shard is not None or config.engine is Engine.RAY
     units = counted_units(files, config.records_per_unit) if distributed else None
     workers = config.tokenize_workers
-    workers = default_tokenize_workers(devices[0]) if workers is None else workers
+    workers = default_tokenize_workers(devices) if workers is None else workers
     reruns = script_reruns() if workers else None
     if reruns is not None:
         processes = counted(workers, "tokenizer process", "tokenizer processes")
