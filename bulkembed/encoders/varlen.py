@@ -83,6 +83,16 @@ class Sequences:
         table = torch.tensor(runs, dtype=torch.int64).reshape(len(runs), 2)
         return cls(torch.from_numpy(cu_seqlens), torch.from_numpy(documents), longest, runs, table)
 
+    def positions(self) -> torch.Tensor:
+        """Each token's place in its document, counted from 0: [tokens] int64 on the device.
+
+        >>> Sequences.on_host(np.array([3, 1, 2])).positions().tolist()
+        [0, 1, 2, 0, 0, 1]
+        """
+        starts = self.cu_seqlens[:-1].long()
+        every = torch.arange(len(self.token_documents), device=self.token_documents.device)
+        return every - starts[self.token_documents]
+
     def to(self, move: Callable[[torch.Tensor], torch.Tensor]) -> Sequences:
         """These sequences with their device tensors moved by `move` (`run_table` stays)."""
         moved = (move(self.cu_seqlens), move(self.token_documents))

@@ -449,7 +449,8 @@ def test_a_model_that_cannot_run_flat_runs_padded_with_one_warning(
         (
             other,
             {"pooling": "mean"},
-            "flat execution covers bert, roberta, xlm-roberta, not distilbert",
+            "flat execution covers bert, llama, mistral, modernbert, nomic_bert, qwen2, qwen3, "
+            "roberta, xlm-roberta, not distilbert",
         ),
         (tiny_splade, {}, "the splade family reads padded batches"),
     ):

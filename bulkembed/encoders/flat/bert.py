@@ -102,11 +102,10 @@ class FlatTransformer(nn.Module):
         """Each token's position id: its place in its document, counted from 0 (BERT), or
         as RoBERTa counts: from the padding id + 1, over the tokens that are not padding,
         a padding id itself taking the padding id's position."""
+        if self.padding_id is None:
+            return sequences.positions()
         documents = sequences.token_documents
         starts = sequences.cu_seqlens[:-1].long()
-        if self.padding_id is None:
-            every = torch.arange(len(input_ids), device=input_ids.device)
-            return every - starts[documents]
         counted = (input_ids != self.padding_id).long()
         running = counted.cumsum(0)
         before = (running - counted)[starts.clamp(max=len(input_ids) - 1)]

@@ -6,8 +6,9 @@ its document), and builds, from a loaded Hugging Face model and that flag, a mod
 takes a flat batch, `module(input_ids, sequences)` with `input_ids` [tokens], and gives the
 last hidden state [tokens, hidden]; the module keeps the model's `config` as its own, and
 its layers pass the flag to `varlen.varlen_attention`. A family of another file is added
-with `register_flat_family`; the BERT family (BERT, RoBERTa, XLM-RoBERTa) is built in
-(`bulkembed.encoders.flat.bert`).
+with `register_flat_family`; built in are the BERT family (BERT, RoBERTa, XLM-RoBERTa),
+ModernBERT, NomicBERT and the causal rotary decoders (Qwen3, Qwen2, Llama, Mistral), one
+module each in `bulkembed.encoders.flat`.
 """
 
 from __future__ import annotations
