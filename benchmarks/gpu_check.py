@@ -1,7 +1,7 @@
 """The GPU path checked in a few minutes on one GPU, offline: `make gpu-check`.
 
 It builds random-weight models of real shapes (`check_models`: BGE-M3's, an XLM-RoBERTa
-large, and all-MiniLM-L6-v2's), with tokenizers trained on the bundled sample, and runs six
+large, and all-MiniLM-L6-v2's), with tokenizers trained on the bundled sample, and runs seven
 checks, each with a pass criterion:
 
 1. stream: 40 flat batches of 16,384 tokens through `Encoder.embed_stream` under
@@ -25,7 +25,10 @@ checks, each with a pass criterion:
    a reduced memory fraction: the batch is halved, the limit remembered, and the next batch
    as large is halved before it runs;
 6. compile: the flat model compiled (`--compile`) against eager: vectors, graph breaks,
-   recompiles, seconds to compile.
+   recompiles, seconds to compile;
+7. families: every flat family (ModernBERT, NomicBERT, the decoders with their windows and
+   grouped-query heads; `flat_families`) against transformers' padded model at BERT-base
+   size, and its tokens/s over the BERT family's.
 
 Prints one table and, with `--json FILE`, writes `{"checks": [{"name", "result",
 "figures"}], ...}`. Exits 1 when a check fails. `--smoke` runs every check on the CPU with
@@ -563,6 +566,20 @@ def check_compile(setting: Setting) -> Check:
     return Check("compile", "pass" if passed else "fail", figures)
 
 
+def check_families(setting: Setting) -> Check:
+    """Check 7: every flat family against transformers' padded model, and its tokens/s over
+    the BERT family's at the same size (`flat_families`)."""
+    from flat_families import measure
+
+    from bulkembed.encoders.varlen import kernel_name
+
+    size = "smoke" if setting.smoke else "full"
+    found = measure(size, setting.device, setting.dtype, setting.batch_tokens)
+    passed = all(f["runs_flat"] and f["lowest_cosine"] >= setting.cosine for f in found.values())
+    figures = {"kernel": kernel_name(setting.device, setting.dtype), **found}
+    return Check("families", "pass" if passed else "fail", figures)
+
+
 CHECKS = (
     check_stream,
     check_varlen,
@@ -570,6 +587,7 @@ CHECKS = (
     check_devices,
     check_memory,
     check_compile,
+    check_families,
 )
 
 

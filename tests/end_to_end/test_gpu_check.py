@@ -1,5 +1,5 @@
 """`benchmarks/gpu_check.py --smoke`: the GPU check's own code, run on the CPU with tiny
-shapes, passes its six checks and writes them as JSON."""
+shapes, passes its seven checks and writes them as JSON."""
 
 import json
 import subprocess
@@ -10,7 +10,7 @@ from helpers import ROOT
 
 
 @pytest.mark.slow
-def test_the_gpu_check_runs_its_six_checks_on_the_cpu(tmp_path):
+def test_the_gpu_check_runs_its_seven_checks_on_the_cpu(tmp_path):
     script = ROOT / "benchmarks" / "gpu_check.py"
     report = tmp_path / "check.json"
     result = subprocess.run(
@@ -23,7 +23,8 @@ def test_the_gpu_check_runs_its_six_checks_on_the_cpu(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     checks = json.loads(report.read_text())["checks"]
     assert [(c["name"], c["result"]) for c in checks] == [
-        (name, "pass") for name in ("stream", "varlen", "attention", "devices", "memory", "compile")
+        (name, "pass")
+        for name in ("stream", "varlen", "attention", "devices", "memory", "compile", "families")
     ]
     figures = {c["name"]: c["figures"] for c in checks}
     assert figures["stream"]["largest_difference_to_one_by_one"] == 0.0
@@ -34,4 +35,9 @@ def test_the_gpu_check_runs_its_six_checks_on_the_cpu(tmp_path):
     assert figures["attention"]["flat_path_runs"] == "reference"
     assert figures["attention"]["padded_mask"]["error"] < 1e-6
     assert figures["attention"]["tokens"] > 0
+    families = figures["families"]
+    assert {k for k in families if k != "kernel"} == {
+        "bert", "modernbert", "nomic_bert", "qwen3", "qwen2-sliding", "mistral-sliding", "llama"
+    }  # fmt: skip
+    assert all(f["runs_flat"] and f["of_bert"] > 0 for k, f in families.items() if k != "kernel")
     assert "stream     pass" in result.stdout
