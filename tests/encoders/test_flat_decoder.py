@@ -4,18 +4,20 @@ model run padded; without the causal flag, or with a sliding window missing or o
 they do not. The bundled Qwen3-Embedding recipe runs flat through the CLI and writes the
 vectors of a padded run."""
 
-import json
-
 import numpy as np
 import pytest
 import torch
 from end_to_end.test_recipes import _tiny_model
-from helpers import embed_texts, sample_texts
+from flat_models import (
+    flat_and_padded_runs,
+    flat_hidden_states,
+    padded_hidden_states,
+    random_documents,
+)
 
-from bulkembed.contracts import RUN_DIRECTORY
 from bulkembed.encoders.flat import flat_family, flat_module
 from bulkembed.encoders.flat.decoder import DECODER_FAMILY, SLIDING_ATTENTION
-from bulkembed.encoders.varlen import FULL, Sequences
+from bulkembed.encoders.varlen import FULL
 from bulkembed.recipes import find_recipe
 
 # Documents past the sliding window (32 tokens), within it, of one token.
@@ -74,33 +76,16 @@ def _tiny_decoder(model_type: str, **changes):
     return AutoModel.from_config(config).eval()
 
 
-def _documents() -> list[torch.Tensor]:
-    rng = np.random.default_rng(0)
-    return [torch.from_numpy(rng.integers(4, VOCABULARY, n)) for n in LENGTHS]
-
-
-def _padded(model, documents: list[torch.Tensor]) -> torch.Tensor:
-    """The model's last hidden state of each document's tokens, run padded on the right
-    (attention mask), laid end to end."""
-    ids = torch.nn.utils.rnn.pad_sequence(documents, batch_first=True, padding_value=0)
-    mask = (torch.arange(ids.shape[1]) < torch.tensor(LENGTHS).unsqueeze(1)).long()
-    with torch.no_grad():
-        hidden = model(input_ids=ids, attention_mask=mask).last_hidden_state
-    return torch.cat([hidden[i, :n] for i, n in enumerate(LENGTHS)])
-
-
 def _difference(module, documents: list[torch.Tensor], expected: torch.Tensor) -> float:
-    with torch.no_grad():
-        found = module(torch.cat(documents), Sequences.on_host(np.array(LENGTHS)))
-    return float((found - expected).abs().max())
+    return float((flat_hidden_states(module, documents) - expected).abs().max())
 
 
 @pytest.mark.parametrize("model_type", list(CONFIGS))
 def test_flat_decoder_equals_the_padded_model(model_type):
     model = _tiny_decoder(model_type)
     assert flat_family(model) is DECODER_FAMILY
-    documents = _documents()
-    expected = _padded(model, documents)
+    documents = random_documents(LENGTHS, VOCABULARY)
+    expected = padded_hidden_states(model, documents)
     module = flat_module(DECODER_FAMILY, model)
     assert module.config is model.config
     assert _difference(module, documents, expected) <= 1e-5
@@ -139,14 +124,6 @@ def test_qwen3_embedding_recipe_runs_flat_through_the_cli(tmp_path, tiny_bert):
     recipe = find_recipe("qwen3-embedding-0.6b")
     # A dense qwen3 recipe takes the tiny WordPiece tokenizer only (no BGE-M3, no ColBERT).
     model = _tiny_model(recipe, tmp_path / "model", tiny_bert, None, None)
-    texts = sample_texts(12) + ["", "short", "word " * 100]
-    found = {}
-    for attention in ("flat", "padded"):
-        arguments = ["--recipe", recipe.name, "--attention", attention, "--backend", "torch"]
-        arguments += ["--max-length", "64", "--dtype", "float32"]
-        table, out = embed_texts(tmp_path / attention, model, texts, *arguments)
-        summary = json.loads((out / RUN_DIRECTORY / "summary.json").read_text())
-        assert summary["attention"] == attention
-        found[attention] = np.array(table.column("dense").to_pylist(), dtype=np.float64)
-    assert found["flat"].shape == (len(texts), 32)
+    found = flat_and_padded_runs(tmp_path, model, recipe.name, "dense")
+    assert np.stack(found["flat"]).shape == (15, 32)
     np.testing.assert_allclose(found["flat"], found["padded"], rtol=0, atol=1e-5)

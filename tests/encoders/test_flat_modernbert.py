@@ -9,12 +9,16 @@ import numpy as np
 import pytest
 import torch
 from end_to_end.test_recipes import EXTRA, _tiny_model
-from helpers import embed_texts, sample_texts
+from flat_models import (
+    flat_and_padded_runs,
+    flat_hidden_states,
+    padded_hidden_states,
+    random_documents,
+)
 
-from bulkembed.contracts import RUN_DIRECTORY
 from bulkembed.encoders.flat import flat_family, flat_module
 from bulkembed.encoders.flat.modernbert import LOCAL, MODERNBERT_FAMILY
-from bulkembed.encoders.varlen import FULL, Sequences
+from bulkembed.encoders.varlen import FULL
 from bulkembed.recipes import find_recipe
 
 # Documents past the local window (16 tokens: 8 each side), at it, within it, of one token.
@@ -47,26 +51,6 @@ def _tiny_modernbert(attention: str = "sdpa"):
     return ModernBertModel(config).eval()
 
 
-def _documents() -> list[torch.Tensor]:
-    rng = np.random.default_rng(0)
-    return [torch.from_numpy(rng.integers(4, VOCABULARY, n)) for n in LENGTHS]
-
-
-def _padded(model, documents: list[torch.Tensor]) -> torch.Tensor:
-    """The model's last hidden state of each document's tokens, run padded on the right
-    (attention mask), laid end to end."""
-    ids = torch.nn.utils.rnn.pad_sequence(documents, batch_first=True, padding_value=0)
-    mask = (torch.arange(ids.shape[1]) < torch.tensor(LENGTHS).unsqueeze(1)).long()
-    with torch.no_grad():
-        hidden = model(input_ids=ids, attention_mask=mask).last_hidden_state
-    return torch.cat([hidden[i, :n] for i, n in enumerate(LENGTHS)])
-
-
-def _flat(module, documents: list[torch.Tensor]) -> torch.Tensor:
-    with torch.no_grad():
-        return module(torch.cat(documents), Sequences.on_host(np.array(LENGTHS)))
-
-
 def _set_local_windows(module, window) -> None:
     for layer, kind in zip(module.layers, module.kinds, strict=True):
         layer.window = window if kind == LOCAL else FULL
@@ -78,16 +62,16 @@ def test_flat_modernbert_equals_the_padded_model(attention):
     assert model.config.layer_types == ["full_attention", LOCAL] * 2
     assert model.config.sliding_window == 8
     assert flat_family(model) is MODERNBERT_FAMILY
-    documents = _documents()
-    expected = _padded(model, documents)
+    documents = random_documents(LENGTHS, VOCABULARY)
+    expected = padded_hidden_states(model, documents)
     module = flat_module(MODERNBERT_FAMILY, model)
     assert module.config is model.config
-    assert (_flat(module, documents) - expected).abs().max() <= 1e-5
+    assert (flat_hidden_states(module, documents) - expected).abs().max() <= 1e-5
 
     # Local layers seeing the whole document, or one token fewer or more on each side.
     for window in (FULL, (7, 7), (9, 9)):
         _set_local_windows(module, window)
-        assert (_flat(module, documents) - expected).abs().max() > 1e-3, window
+        assert (flat_hidden_states(module, documents) - expected).abs().max() > 1e-3, window
 
 
 def test_modernbert_models_that_cannot_run_flat_say_why():
@@ -99,10 +83,6 @@ def test_modernbert_models_that_cannot_run_flat_say_why():
     assert "layer type chunked_attention" in flat_family(model)
 
 
-def _vectors(table, column: str) -> list[np.ndarray]:
-    return [np.asarray(row, dtype=np.float64) for row in table.column(column).to_pylist()]
-
-
 @pytest.mark.parametrize("name", ["gte-modernbert-base", "gte-moderncolbert-v1"])
 def test_modernbert_recipes_run_flat_through_the_cli(
     tmp_path, monkeypatch, tiny_bert, tiny_bge_m3, tiny_colbert, name
@@ -112,15 +92,7 @@ def test_modernbert_recipes_run_flat_through_the_cli(
     monkeypatch.setitem(EXTRA["modernbert"], "local_attention", 16)
     model = _tiny_model(recipe, tmp_path / "model", tiny_bert, tiny_bge_m3, tiny_colbert)
     assert json.loads((model / "config.json").read_text())["local_attention"] == 16
-    texts = sample_texts(12) + ["", "short", "word " * 100]
-    found = {}
-    for attention in ("flat", "padded"):
-        arguments = ["--recipe", name, "--attention", attention, "--backend", "torch"]
-        arguments += ["--max-length", "64", "--dtype", "float32"]
-        table, out = embed_texts(tmp_path / attention, model, texts, *arguments)
-        summary = json.loads((out / RUN_DIRECTORY / "summary.json").read_text())
-        assert summary["attention"] == attention
-        found[attention] = _vectors(table, recipe.outputs[0])
+    found = flat_and_padded_runs(tmp_path, model, name, recipe.outputs[0])
     for flat, padded in zip(found["flat"], found["padded"], strict=True):
         assert flat.shape == padded.shape
         np.testing.assert_allclose(flat, padded, rtol=0, atol=1e-5)

@@ -11,9 +11,13 @@ import numpy as np
 import pytest
 import torch
 from end_to_end.test_recipes import _tiny_model
-from helpers import embed_texts, sample_texts
+from flat_models import (
+    flat_and_padded_runs,
+    flat_hidden_states,
+    padded_hidden_states,
+    random_documents,
+)
 
-from bulkembed.contracts import RUN_DIRECTORY
 from bulkembed.encoders.flat import flat_family, flat_module
 from bulkembed.encoders.flat.nomic_bert import NOMIC_BERT_FAMILY
 from bulkembed.encoders.varlen import Sequences
@@ -55,37 +59,17 @@ def _tiny_nomic_bert(attention: str = "sdpa", rope: dict | None = None):
     return model
 
 
-def _documents() -> list[torch.Tensor]:
-    rng = np.random.default_rng(0)
-    return [torch.from_numpy(rng.integers(4, VOCABULARY, n)) for n in LENGTHS]
-
-
-def _padded(model, documents: list[torch.Tensor]) -> torch.Tensor:
-    """The model's last hidden state of each document's tokens, run padded on the right
-    (attention mask), laid end to end."""
-    ids = torch.nn.utils.rnn.pad_sequence(documents, batch_first=True, padding_value=0)
-    mask = (torch.arange(ids.shape[1]) < torch.tensor(LENGTHS).unsqueeze(1)).long()
-    with torch.no_grad():
-        hidden = model(input_ids=ids, attention_mask=mask).last_hidden_state
-    return torch.cat([hidden[i, :n] for i, n in enumerate(LENGTHS)])
-
-
-def _flat(module, documents: list[torch.Tensor], lengths: list[int] = LENGTHS) -> torch.Tensor:
-    with torch.no_grad():
-        return module(torch.cat(documents), Sequences.on_host(np.array(lengths)))
-
-
 @pytest.mark.parametrize(
     ("attention", "rope"), [("sdpa", None), ("eager", None), ("sdpa", DYNAMIC)]
 )
 def test_flat_nomic_bert_equals_the_padded_model(monkeypatch, attention, rope):
     model = _tiny_nomic_bert(attention, rope)
     assert flat_family(model) is NOMIC_BERT_FAMILY
-    documents = _documents()
-    expected = _padded(model, documents)
+    documents = random_documents(LENGTHS, VOCABULARY)
+    expected = padded_hidden_states(model, documents)
     module = flat_module(NOMIC_BERT_FAMILY, model)
     assert module.config is model.config
-    assert (_flat(module, documents) - expected).abs().max() <= 1e-5
+    assert (flat_hidden_states(module, documents) - expected).abs().max() <= 1e-5
     if rope is not None:
         rotary = model.rotary_emb
         assert not torch.equal(rotary.inv_freq, rotary.original_inv_freq)  # scaled
@@ -93,9 +77,9 @@ def test_flat_nomic_bert_equals_the_padded_model(monkeypatch, attention, rope):
     # All tokens in one document; then every token at position 0 (no rotary turn). Positions
     # counted over the whole batch would shift each document's by a constant, which rotary
     # attention, seeing only the distance between tokens, does not tell apart.
-    assert (_flat(module, documents, [sum(LENGTHS)]) - expected).abs().max() > 1e-3
+    assert (flat_hidden_states(module, documents, [sum(LENGTHS)]) - expected).abs().max() > 1e-3
     monkeypatch.setattr(Sequences, "positions", lambda self: torch.zeros_like(self.token_documents))
-    assert (_flat(module, documents) - expected).abs().max() > 1e-3
+    assert (flat_hidden_states(module, documents) - expected).abs().max() > 1e-3
 
 
 def test_nomic_bert_models_that_cannot_run_flat_say_why():
@@ -110,14 +94,6 @@ def test_nomic_embed_recipe_runs_flat_through_the_cli(tmp_path, tiny_bert):
     # A dense recipe on a BERT tokenizer: no BGE-M3 or ColBERT model is read.
     model = _tiny_model(recipe, tmp_path / "model", tiny_bert, None, None)
     assert json.loads((model / "config.json").read_text())["model_type"] == "nomic_bert"
-    texts = sample_texts(12) + ["", "short", "word " * 100]
-    found = {}
-    for attention in ("flat", "padded"):
-        arguments = ["--recipe", recipe.name, "--attention", attention, "--backend", "torch"]
-        arguments += ["--max-length", "64", "--dtype", "float32"]
-        table, out = embed_texts(tmp_path / attention, model, texts, *arguments)
-        summary = json.loads((out / RUN_DIRECTORY / "summary.json").read_text())
-        assert summary["attention"] == attention
-        found[attention] = np.array(table.column("dense").to_pylist(), dtype=np.float64)
-    assert found["flat"].shape == found["padded"].shape == (len(texts), 32)
+    found = flat_and_padded_runs(tmp_path, model, recipe.name, "dense")
+    assert np.stack(found["flat"]).shape == np.stack(found["padded"]).shape == (15, 32)
     np.testing.assert_allclose(found["flat"], found["padded"], rtol=0, atol=1e-5)
