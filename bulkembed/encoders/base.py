@@ -215,7 +215,8 @@ class Encoder(DeviceRuntime):
         if self.unpadded:
             inputs = DeviceInputs.flat(batch)
         else:
-            inputs = DeviceInputs.padded(batch, self.spec.pad_token_id)
+            width = self.padded_width(int(batch.lengths.max(initial=0)))
+            inputs = DeviceInputs.padded(batch, self.spec.pad_token_id, width)
         if self._copies is None:
             return inputs
         with torch.cuda.stream(self._copies):
@@ -223,6 +224,17 @@ class Encoder(DeviceRuntime):
             inputs.copied = torch.cuda.Event()
             inputs.copied.record()
         return inputs
+
+    def padded_width(self, longest: int) -> int:
+        """The length a padded batch whose longest document has `longest` tokens is padded
+        to: on CUDA its bucket (`transfer.bucketed_width`: a few shapes, each prepared once
+        by the attention kernels), elsewhere `longest` itself (a CPU prepares nothing per
+        shape, and its vectors stay what they were)."""
+        from bulkembed.encoders.transfer import bucketed_width
+
+        if not self.device.startswith("cuda"):
+            return longest
+        return bucketed_width(longest, self.spec.max_length)
 
     def launch(self, inputs: DeviceInputs) -> Landing:
         """Run `inputs` and start copying their outputs back; on CUDA nothing waits here."""
