@@ -201,8 +201,10 @@ class Encoder(DeviceRuntime):
         """The outputs of a batch, left on the device (see `DeviceOutputs`)."""
 
     def cost(self, batch: TokenBatch) -> int:
-        """The tokens `batch` computes: its own, or with padding."""
-        return int(batch.lengths.sum()) if self.unpadded else batch.padded_tokens
+        """The tokens `batch` computes: its own, or with padding (`padded_width`)."""
+        if self.unpadded:
+            return int(batch.lengths.sum())
+        return len(batch.lengths) * self.padded_width(int(batch.lengths.max(initial=0)))
 
     def upload(self, batch: TokenBatch) -> DeviceInputs:
         """`batch` laid out (flat or padded) and on its way to the device: on CUDA copied

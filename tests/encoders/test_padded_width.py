@@ -63,5 +63,8 @@ def test_only_cuda_pads_to_the_bucket(tiny_st, monkeypatch):
     encoder, batch = _encoder_and_batch(tiny_st("mean"))
     assert encoder.padded_width(70) == 70
     assert encoder.upload(batch).input_ids.shape[1] == int(batch.lengths.max())
+    assert encoder.cost(batch) == batch.padded_tokens
     monkeypatch.setattr(encoder, "device", "cuda:0")
     assert [encoder.padded_width(n) for n in (70, 90, 127)] == [72, 96, 128]
+    width = bucketed_width(int(batch.lengths.max()), 128)
+    assert encoder.cost(batch) == len(batch.lengths) * width > batch.padded_tokens
