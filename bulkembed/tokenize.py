@@ -284,7 +284,8 @@ def _tokenized(chunk: Chunk, result: Tokens) -> TokenizedChunk:
 class TokenizerPool:
     """Tokenize chunks on `workers` processes (0: in this process), in order, bounded, their
     ids hashed with the run's `id_key`; with `previous` (a previous output's lookup), texts
-    it holds unchanged are left untokenized (`TextTokenizer`)."""
+    it holds unchanged are left untokenized (`TextTokenizer`). The processes start without
+    the pool waiting for them (the first chunk does): the run loads its model meanwhile."""
 
     def __init__(
         self,
@@ -310,6 +311,7 @@ class TokenizerPool:
                 START_TIMEOUT_SECONDS,
                 RESULT_TIMEOUT_SECONDS,
                 task="chunk",
+                wait=False,
             )
 
     def map(self, chunks: Iterable[Chunk]) -> Iterator[TokenizedChunk]:

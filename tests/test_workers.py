@@ -136,3 +136,36 @@ def test_a_worker_that_does_not_start_in_time_is_an_error_naming_it(tmp_path):
     with pytest.raises(WorkerError, match="^the squarer on w0 did not start in 1.5 s$"):
         WorkerPool(_start_slowly, [str(tmp_path)], "squarer", ["w0"], 1.5, 60.0)
     assert time.monotonic() - started < 10
+
+
+def _start_when_told(folder: str) -> tuple[partial[int], int]:
+    """Start once `folder/go` exists (at most two minutes: past the pools' start time)."""
+    deadline = time.monotonic() + 120
+    while not (Path(folder) / "go").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return partial(_square, Path(folder)), os.getpid()
+
+
+def test_a_pool_that_does_not_wait_returns_before_its_workers_start(tmp_path):
+    # Its workers start only once this process has the pool back: a pool that waited for
+    # them would run out of its 60 s start and raise.
+    pool = WorkerPool(
+        _start_when_told, [str(tmp_path)] * 2, "squarer", ["w0", "w1"], 60.0, 60.0, wait=False
+    )
+    try:
+        (tmp_path / "go").touch()
+        assert list(pool.map(_tasks(6, {}), max_in_flight=4)) == [(i, i * i) for i in range(6)]
+        assert len(pool.ready) == 2 and all(isinstance(pid, int) for pid in pool.ready)
+    finally:
+        pool.close()
+
+
+def test_a_worker_that_fails_to_start_fails_the_first_map_of_a_pool_that_did_not_wait(tmp_path):
+    pool = WorkerPool(_start_failing, [str(tmp_path)], "squarer", ["w0"], 60.0, 60.0, wait=False)
+    with pytest.raises(WorkerError, match="the squarer on w0 failed: .*no tokenizer here"):
+        list(pool.map(_tasks(2, {}), max_in_flight=2))
+    pool.close(failed=True)
+
+
+def _start_failing(folder: str) -> tuple[partial[int], int]:
+    raise ValueError("no tokenizer here")

@@ -216,18 +216,20 @@ class DeviceSession:
 
 
 def load_ahead(openvino: bool) -> None:
-    """Import the libraries a model runs on (PyTorch, and OpenVINO where it may run the
-    model) on a thread of their own, while this one starts the tokenizer processes and
-    reads: the import is most of loading a converted model, and the thread waits for those
-    processes anyway. A library that fails to import here fails again, with its message,
-    where the model loads."""
+    """Import the libraries a model runs on (PyTorch; OpenVINO where it may run the model,
+    else transformers' model classes) on a thread of their own, while this one starts the
+    tokenizer processes and reads: the import is most of loading a converted model, and
+    seconds of loading one in PyTorch. A library that fails to import here fails again,
+    with its message, where the model loads."""
 
     def load() -> None:
         with contextlib.suppress(Exception):
             import torch  # noqa: F401
-        if openvino:
-            with contextlib.suppress(Exception):
+        with contextlib.suppress(Exception):
+            if openvino:
                 import openvino as ov  # noqa: F401
+            else:
+                from transformers import AutoModel  # noqa: F401
 
     threading.Thread(target=load, name="bulkembed-load-ahead", daemon=True).start()
 

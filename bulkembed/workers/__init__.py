@@ -62,7 +62,9 @@ class WorkerPool(Generic[Task, Result]):
     `start_timeout` bounds the start, `task_timeout` each task from the moment its worker
     begins it or last `report`s on it (what a report marks done is a `step`: "batch").
     With `requeue`, the tasks of a worker that dies go to the others, and `warn` is told so
-    in one line."""
+    in one line. With `wait` the pool is returned once every worker has started; without,
+    at once, and the first `map` (or `ready`) waits for them: the caller does other work
+    meanwhile (the run loads its model while the tokenizer processes start)."""
 
     def __init__(
         self,
@@ -77,6 +79,7 @@ class WorkerPool(Generic[Task, Result]):
         step: str | None = None,
         requeue: bool = False,
         warn: Callable[[str], None] | None = None,
+        wait: bool = True,
     ) -> None:
         reruns = script_reruns()
         if reruns is not None:
@@ -116,16 +119,29 @@ class WorkerPool(Generic[Task, Result]):
         self._starting = True
         self._failed = False
         self._ready: dict[int, Any] = {}
-        deadline = time.monotonic() + start_timeout
+        self._start_deadline = time.monotonic() + start_timeout
+        if wait:
+            self._await_start()
+
+    def _await_start(self) -> None:
+        """Wait until every worker has started (within `start_timeout` of the pool's own
+        start), unless they have."""
+        if not self._starting:
+            return
         try:
             while len(self._ready) < len(self._workers):
-                number, (_, about) = self._next(deadline)
+                number, (_, about) = self._next(self._start_deadline)
                 self._ready[number] = about
         except BaseException:
             self.close(failed=True)
             raise
         self._starting = False
-        self.ready = [self._ready[number] for number in range(len(self._workers))]
+
+    @property
+    def ready(self) -> list[Any]:
+        """What each worker said about itself as it started, in worker order."""
+        self._await_start()
+        return [self._ready[number] for number in range(len(self._workers))]
 
     def __len__(self) -> int:
         return len(self._workers)
@@ -262,6 +278,7 @@ class WorkerPool(Generic[Task, Result]):
             if progress is not None and index in keys:
                 progress(keys[index], payload)
 
+        self._await_start()
         found: dict[int, Result] = {}
         out: deque[int] = deque()
         pending = iter(items)
