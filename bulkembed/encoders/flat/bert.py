@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from bulkembed.encoders.flat.fused import fused_projection
 from bulkembed.encoders.flat.registry import FlatFamily
 from bulkembed.encoders.varlen import Sequences, varlen_attention
 
@@ -50,13 +51,7 @@ class FlatLayer(nn.Module):
         parts = (attention.query, attention.key, attention.value)
         width = parts[0].out_features
         self.heads, self.head_size = heads, width // heads
-        weight = parts[0].weight
-        self.qkv = nn.Linear(
-            parts[0].in_features, 3 * width, device=weight.device, dtype=weight.dtype
-        )
-        with torch.no_grad():
-            self.qkv.weight.copy_(torch.cat([p.weight for p in parts]))
-            self.qkv.bias.copy_(torch.cat([p.bias for p in parts]))
+        self.qkv = fused_projection(parts)
         self.attention_output = layer.attention.output.dense
         self.attention_norm = layer.attention.output.LayerNorm
         self.intermediate = layer.intermediate.dense

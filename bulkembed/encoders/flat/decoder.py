@@ -34,6 +34,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from bulkembed.encoders.flat.fused import fused_projection
 from bulkembed.encoders.flat.registry import FlatFamily
 from bulkembed.encoders.flat.rotary import Rotary, rotary_angles, rotate
 from bulkembed.encoders.varlen import FULL, Sequences, Window, varlen_attention
@@ -96,19 +97,7 @@ class FlatDecoderLayer(nn.Module):
         self.head_size = int(attention.head_dim)
         parts = (attention.q_proj, attention.k_proj, attention.v_proj)
         self.widths = [p.out_features for p in parts]
-        weight = parts[0].weight
-        biased = parts[0].bias is not None
-        self.qkv = nn.Linear(
-            parts[0].in_features,
-            sum(self.widths),
-            bias=biased,
-            device=weight.device,
-            dtype=weight.dtype,
-        )
-        with torch.no_grad():
-            self.qkv.weight.copy_(torch.cat([p.weight for p in parts]))
-            if biased:
-                self.qkv.bias.copy_(torch.cat([p.bias for p in parts]))
+        self.qkv = fused_projection(parts)
         self.query_norm = getattr(attention, "q_norm", None) or nn.Identity()
         self.key_norm = getattr(attention, "k_norm", None) or nn.Identity()
         self.attention_output = attention.o_proj

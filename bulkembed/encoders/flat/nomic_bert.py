@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from bulkembed.encoders.flat.fused import fused_projection
 from bulkembed.encoders.flat.registry import FlatFamily
 from bulkembed.encoders.varlen import Sequences, varlen_attention
 
@@ -55,16 +56,7 @@ class FlatNomicBertLayer(nn.Module):
         attention = layer.self_attn
         parts = (attention.q_proj, attention.k_proj, attention.v_proj)
         self.heads, self.head_size = heads, int(attention.head_dim)
-        weight = parts[0].weight
-        self.qkv = nn.Linear(
-            parts[0].in_features,
-            sum(p.out_features for p in parts),
-            bias=False,
-            device=weight.device,
-            dtype=weight.dtype,
-        )
-        with torch.no_grad():
-            self.qkv.weight.copy_(torch.cat([p.weight for p in parts]))
+        self.qkv = fused_projection(parts)
         self.attention_output = attention.o_proj
         self.attention_norm = layer.post_attention_layernorm
         self.mlp = layer.mlp
