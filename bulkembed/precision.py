@@ -21,25 +21,17 @@ the run that made the check wrote.
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
-import json
-import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from bulkembed.batching import input_order, pack_batches
-from bulkembed.devices import device_identity, exact_float32
+from bulkembed.devices import exact_float32
 from bulkembed.encoders import Embeddings, Encoder, TokenBatch
-from bulkembed.export_cache import installed_version, key_digest
-from bulkembed.file_digests import cache_root
-from bulkembed.model_files import exact_files
-from bulkembed.version import __version__
+from bulkembed.encoders.decisions import model_key, read_decision, record_decision
 from bulkembed.windows import EmbeddedHead
 from bulkembed.wording import counted
 
@@ -55,6 +47,7 @@ PERCENTILE = 1
 SAMPLE_DOCUMENTS = 64
 # Bumped when a recorded check means something else.
 _RECORD_FORMAT = 1
+_KIND = "dtype-checks"
 
 
 def sample_sequences(window: list[TokenizedChunk]) -> list[np.ndarray]:
@@ -120,31 +113,22 @@ class PrecisionCheck:
         )
 
 
-def _record_path(spec: ModelSpec, device: str, dtype: torch.dtype) -> Path:
-    """Where the check of `spec` in `dtype` on `device` is recorded (see the module's
-    docstring)."""
-    settings = json.dumps(asdict(spec), sort_keys=True, default=str)
-    key = {
-        "format": _RECORD_FORMAT,
-        "spec": hashlib.sha256(settings.encode()).hexdigest(),
-        "device": device_identity(device),
-        "dtype": str(dtype),
-        "bulkembed": __version__,
-        **{name: installed_version(name) for name in ("torch", "openvino", "transformers")},
-    }
-    return cache_root() / "dtype-checks" / f"{key_digest(key)}.json"
+def _check_key(spec: ModelSpec, device: str, dtype: torch.dtype) -> dict[str, Any] | None:
+    """The key of the check of `spec` in `dtype` on `device` (see the module's docstring)."""
+    key = model_key(spec, device, dtype)
+    return None if key is None else {"format": _RECORD_FORMAT, **key}
 
 
 def recorded_check(spec: ModelSpec, device: str, dtype: torch.dtype) -> PrecisionCheck | None:
     """The check an earlier run recorded for `spec` in `dtype` on `device`, if any."""
-    if not exact_files(spec.source, spec.version):
+    found = read_decision(_KIND, _check_key(spec, device, dtype))
+    if found is None:
         return None
     try:
-        found = json.loads(_record_path(spec, device, dtype).read_text(encoding="utf-8"))
         agreement = Agreement(found["dense"], found["others"])
         documents, budget = int(found["documents"]), int(found["budget"])
         return PrecisionCheck(found["tried"], agreement, documents, True, budget)
-    except (OSError, ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError):
         return None
 
 
@@ -153,19 +137,8 @@ def record_check(
 ) -> None:
     """Record `check`, made in batches of `budget` tokens, for later runs; where the cache
     cannot be written, nothing is."""
-    if not exact_files(spec.source, spec.version):
-        return
-    path = _record_path(spec, device, dtype)
     found = {"tried": check.tried, "documents": check.documents, **asdict(check.agreement)}
-    found["budget"] = budget
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        temporary.write_text(json.dumps(found), encoding="utf-8")
-        temporary.replace(path)
-    except OSError:
-        with contextlib.suppress(OSError):
-            temporary.unlink(missing_ok=True)
+    record_decision(_KIND, _check_key(spec, device, dtype), {**found, "budget": budget})
 
 
 def _row_cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:

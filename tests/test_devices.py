@@ -12,7 +12,7 @@ from bulkembed.config import DEFAULT_MAX_BATCH_TOKENS, DType, RunConfig
 from bulkembed.devices import cpu_threads_per_worker, resolve_device, resolve_devices, resolve_dtype
 from bulkembed.encoders import TokenBatch, build_encoder
 from bulkembed.encoders.backend import attention_implementation
-from bulkembed.encoders.runtime import tuned_batch_tokens
+from bulkembed.encoders.runtime import recorded_budget, tuned_batch_tokens
 from bulkembed.errors import BulkembedError
 from bulkembed.model_spec import resolve_model
 from bulkembed.sources import Chunk
@@ -185,6 +185,54 @@ def test_the_budget_probe_is_a_padded_batch_at_the_maximum_length(tiny_st):
     longest = spec.max_length
     assert probe.lengths.tolist() == [longest] * (8192 // longest - 1) + [longest - 1]
     assert probe.padded_tokens == 8192
+
+
+def test_the_memory_a_token_takes_is_probed_once_then_replayed_at_the_memory_free_now(
+    tmp_path, tiny_st, monkeypatch
+):
+    from bulkembed.encoders import decisions
+
+    monkeypatch.setenv("BULKEMBED_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(decisions, "device_identity", lambda device: "a GPU sm_90")
+    memory = {"free": 10 * 2**30, "peak": 0}
+    for name in ("synchronize", "empty_cache", "reset_peak_memory_stats"):
+        monkeypatch.setattr(torch.cuda, name, lambda *arguments: None)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device: 0)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device: memory["peak"])
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (memory["free"], 2**40))
+    spec = resolve_model(RunConfig(inputs=("x",), output="o", model=str(tiny_st("mean"))))
+    probes = []
+
+    def on_a_gpu(dtype):
+        # A CPU encoder that takes itself for a GPU's: its probe is a real batch.
+        encoder = build_encoder(spec, "cpu", dtype)
+        encoder.device = "cuda:0"
+        embed_batch = encoder.embed_batch
+
+        def probed(batch):
+            probes.append(encoder.cost(batch))
+            memory["peak"] = 100_000 * encoder.cost(batch)
+            return embed_batch(batch)
+
+        encoder.embed_batch = probed
+        return encoder
+
+    first = on_a_gpu(torch.float32).tune_batch_tokens()
+    assert probes == [8192] and first == tuned_batch_tokens(10 * 2**30, 100_000, 128)
+    # What the next run reads ahead by, before its model loads.
+    assert recorded_budget(spec, "cuda:0", "float32") == first
+    assert recorded_budget(spec, "cuda:0", "float16") is None
+    assert recorded_budget(spec, "cpu", "float32") is None
+    # A later run of the same model on the same device: no probe, the memory free now.
+    memory["free"] = 2 * 2**30
+    again = on_a_gpu(torch.float32).tune_batch_tokens()
+    assert len(probes) == 1 and again == tuned_batch_tokens(2 * 2**30, 100_000, 128) < first
+    # Another dtype (or device, model, library version) probes again.
+    on_a_gpu(torch.bfloat16).tune_batch_tokens()
+    assert len(probes) == 2
+    recorded = list((tmp_path / "cache" / "budget-probes").glob("*.json"))
+    assert len(recorded) == 2
+    assert json.loads(recorded[0].read_text())["bytes_per_token"] == 100_000
 
 
 def test_flat_batches_on_cuda_probe_their_budget_unless_one_was_given(tiny_st, monkeypatch):

@@ -10,7 +10,7 @@ from helpers import read_output, records, run_cli, write_jsonl
 
 from bulkembed import devices, precision
 from bulkembed.contracts import SparseRows
-from bulkembed.encoders import Embeddings, Encoder, SparseVector
+from bulkembed.encoders import Embeddings, Encoder, SparseVector, decisions
 
 
 def _embed(tmp_path, model, out, *extra, shown=None):
@@ -90,7 +90,7 @@ def test_a_recorded_check_is_taken_by_later_runs_with_the_same_key(tmp_path, tin
     # Another setting of the model, another device: checked again.
     _embed(tmp_path, model, "shorter", "--max-length", "16")
     assert len(checks) == 2
-    monkeypatch.setattr(precision, "device_identity", lambda device: "another cpu")
+    monkeypatch.setattr(decisions, "device_identity", lambda device: "another cpu")
     _embed(tmp_path, model, "elsewhere")
     assert len(checks) == 3
     # A failed check is recorded too: the next run computes in float32 with no check.

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, TypeVar
 import numpy as np
 
 from bulkembed.contracts import DeviceCounts, Embeddings, TokenBatch
+from bulkembed.encoders.decisions import model_key, read_decision, record_decision
 from bulkembed.errors import ModelError
 from bulkembed.wording import counted
 
@@ -40,6 +41,8 @@ TUNED_MEMORY_SHARE = 0.7
 # dense GEMMs of width 1024 reach their plateau on A100/H100-class GPUs (published cuBLAS
 # curves; not measured here).
 MAX_TUNED_BATCH_TOKENS = 1 << 16
+# Where the memory a token takes is kept between runs (`decisions`).
+BUDGET_KIND = "budget-probes"
 
 
 def tuned_batch_tokens(free_bytes: int, bytes_per_token: float, max_length: int) -> int:
@@ -54,6 +57,19 @@ def tuned_batch_tokens(free_bytes: int, bytes_per_token: float, max_length: int)
     tokens = int(free_bytes * TUNED_MEMORY_SHARE / max(bytes_per_token, 1.0))
     tokens = min(tokens, MAX_TUNED_BATCH_TOKENS)
     return max(max_length, tokens // max_length * max_length)
+
+
+def recorded_budget(spec: ModelSpec, device: str, dtype: str) -> int | None:
+    """The budget an earlier run's probe found for `spec` on `device` in `dtype` (see
+    `DeviceRuntime.tune_batch_tokens`), what a run reads ahead by before its own probe;
+    None on a CPU, or where no run recorded one."""
+    import torch
+
+    if not device.startswith("cuda"):
+        return None
+    found = read_decision(BUDGET_KIND, model_key(spec, device, getattr(torch, dtype)))
+    budget = found.get("budget") if found else None
+    return budget if isinstance(budget, int) and budget > 0 else None
 
 
 def torch_out_of_memory() -> type[BaseException]:
@@ -274,21 +290,36 @@ class DeviceRuntime(ABC):
         return TokenBatch(np.full(int(lengths.sum()), self.spec.pad_token_id, np.int32), lengths)
 
     def tune_batch_tokens(self) -> int | None:
-        """A token budget that fills this GPU's free memory, from one probe in this
-        encoder's dtype (`probe_batch`): the peak memory it took per padded token scales to
-        the memory free. None on the CPU, where memory does not bound batches."""
+        """A token budget that fills this GPU's free memory: the memory a token of a batch
+        takes, in this encoder's dtype, scaled to the memory free now. That memory is
+        measured by one probe (`probe_batch`: the peak it took per token), or taken from an
+        earlier run's probe under the same key (`decisions.model_key`: the model's settings
+        and exact files, the device, the dtype, the libraries' versions, which settle the
+        backend and the layout). None on the CPU, where memory does not bound batches."""
         import torch
 
         if not self.device.startswith("cuda"):
             return None
-        probe = self.probe_batch()
-        length = self.spec.max_length
+        key = model_key(self.spec, self.device, self.dtype)
+        recorded = read_decision(BUDGET_KIND, key)
+        per_token = recorded.get("bytes_per_token") if recorded else None
         torch.cuda.synchronize(self.device)
+        if not isinstance(per_token, (int, float)) or per_token <= 0:
+            per_token = self._probe_bytes_per_token()
+        torch.cuda.empty_cache()
+        free, _ = torch.cuda.mem_get_info(self.device)
+        budget = tuned_batch_tokens(free, per_token, self.spec.max_length)
+        record_decision(BUDGET_KIND, key, {"bytes_per_token": per_token, "budget": budget})
+        return budget
+
+    def _probe_bytes_per_token(self) -> float:
+        """The peak memory one probe (`probe_batch`) took, per token it computed."""
+        import torch
+
+        probe = self.probe_batch()
         torch.cuda.empty_cache()
         before = torch.cuda.memory_allocated(self.device)
         torch.cuda.reset_peak_memory_stats(self.device)
         self.embed_batch(probe)
         peak = torch.cuda.max_memory_allocated(self.device) - before
-        torch.cuda.empty_cache()
-        free, _ = torch.cuda.mem_get_info(self.device)
-        return tuned_batch_tokens(free, peak / self.cost(probe), length)
+        return peak / self.cost(probe)

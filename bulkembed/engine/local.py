@@ -26,6 +26,7 @@ from bulkembed.admission import (
 )
 from bulkembed.config import Attention, OnBadRecord
 from bulkembed.devices import cpu_threads_per_worker
+from bulkembed.encoders.runtime import recorded_budget
 from bulkembed.engine.ahead import ReadAhead
 from bulkembed.engine.in_process import Writing, embed_in_process, start_counting
 from bulkembed.engine.modes import RunMode
@@ -101,7 +102,9 @@ def embed_locally(
     devices = list(plan.devices)
     stats = RunStats(started=plan.started)
     chunks = stats.timed_iterator("read", plan.reader.read(skip=SkippedUnits(done, plan.my_units)))
-    budget = plan.spec.max_batch_tokens
+    # Read ahead by the budget the run will batch by: the one an earlier run's probe found
+    # on this device, where one did.
+    budget = recorded_budget(plan.spec, devices[0], plan.dtype) or plan.spec.max_batch_tokens
     output_format = resumed_output_format(plan.output_format, run, done)
     carrier = mode.carrier()
     if mode.sizes() is None:
