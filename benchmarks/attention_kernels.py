@@ -5,9 +5,10 @@ The documents' lengths are sorted as a window sorts them and cut into batches of
 `budget` padded tokens (rows × the longest row); every implementation gets the same batches
 and the same random queries, keys and values ([tokens, heads, head size]):
 
-- flat, over `cu_seqlens`: `varlen_attn` (PyTorch), `fa3` (flash-attention 3, where
-  installed), `jagged_<backend>` (scaled-dot-product attention on a jagged nested tensor,
-  the backend forced: flash, efficient, cudnn);
+- flat, over `cu_seqlens`: each kernel of `bulkembed.encoders.kernels` that runs on the
+  device (`varlen_attn`, `flash-attention-3`, `flash-attn-2`, `cudnn-jagged`), and
+  `jagged_<backend>` (scaled-dot-product attention on a jagged nested tensor, the backend
+  forced: flash, efficient);
 - padded to each batch's longest document, with the key-padding mask a padded batch takes:
   `padded_mask` (the backend PyTorch picks, as a padded model runs), `padded_mask_<backend>`
   (forced: efficient, cudnn);
@@ -35,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from bulkembed.encoders import varlen
+from bulkembed.encoders import kernels, varlen
 
 # Batches whose outputs are compared with the reference (the rest are only timed).
 _COMPARED = 2
@@ -111,13 +112,14 @@ def _reference(batch: Batch) -> Callable[[], torch.Tensor]:
     return lambda: varlen.reference_attention(*batch.flat, batch.sequences)
 
 
-def _flat_kernel(kernel: Callable[..., Any]) -> Implementation:
+def _flat_kernel(name: str) -> Implementation:
     def prepared(batch: Batch) -> Callable[[], torch.Tensor]:
         cu, longest = batch.sequences.cu_seqlens, batch.sequences.longest
 
         def run() -> torch.Tensor:
-            out = kernel(*batch.flat, cu, cu, longest, longest)
-            return out[0] if isinstance(out, tuple) else out
+            out = kernels.call(name, *batch.flat, cu, longest, False, kernels.FULL)
+            assert out is not None
+            return out
 
         return run
 
@@ -166,20 +168,18 @@ def _padded(backend: SDPBackend | None) -> Implementation:
     return prepared
 
 
-def implementations(device: str) -> dict[str, Implementation]:
-    """The implementations that may run on `device` (each may still refuse a batch)."""
+def implementations(device: str, dtype: Any) -> dict[str, Implementation]:
+    """The implementations that may run on `device` in `dtype` (each may still refuse a
+    batch)."""
     found: dict[str, Implementation] = {"reference": _reference}
     if not device.startswith("cuda"):
         found["padded_mask"] = _padded(None)
         return found
-    if varlen._torch_kernel() is not None:
-        found["varlen_attn"] = _flat_kernel(varlen._torch_kernel())
-    if varlen._flash_attention_3() is not None:
-        found["fa3"] = _flat_kernel(varlen._flash_attention_3())
+    for name in kernels.available(device, dtype):
+        found[name] = _flat_kernel(name)
     for name, backend in (
         ("flash", SDPBackend.FLASH_ATTENTION),
         ("efficient", SDPBackend.EFFICIENT_ATTENTION),
-        ("cudnn", SDPBackend.CUDNN_ATTENTION),
     ):
         found[f"jagged_{name}"] = _jagged(backend)
     found["padded_mask"] = _padded(None)
@@ -275,7 +275,7 @@ def measure(
     dtype: Any,
     linear_shapes: list[tuple[int, int]],
 ) -> dict[str, Any]:
-    """Every implementation of `implementations(device)` on the documents of `lengths`
+    """Every implementation of `implementations(device, dtype)` on the documents of `lengths`
     cut into batches of `budget` padded tokens (see the module's docstring)."""
     torch.manual_seed(0)
     batches = [_batch(b, heads, size, device, dtype) for b in window_batches(lengths, budget)]
@@ -291,7 +291,7 @@ def measure(
         "padding_efficiency": round(float(padded), 3),
         "attention_gflop": round(flops / 1e9, 1),
     }
-    for name, implementation in implementations(device).items():
+    for name, implementation in implementations(device, dtype).items():
         measured = _measure_one(implementation, batches, upcast, device)
         if measured["runs"]:
             measured["attention_tflops"] = round(flops / measured["second_pass_s"] / 1e12, 2)

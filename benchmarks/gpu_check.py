@@ -9,8 +9,8 @@ checks, each with a pass criterion:
    busy (CUDA events around each batch) for at least 0.9 of the stream's wall time, and
    vectors equal to the same batches embedded one by one; tokens/s and MFU; and the
    tokens/s with each switch of the GPU path on and off (reported, not judged):
-   `BULKEMBED_COPY_BACK` side or compute, `BULKEMBED_FLASH_ATTENTION` fa3 or fa2 (where
-   flash-attention 3 is installed), the same batches padded (`--attention padded`, two
+   `BULKEMBED_COPY_BACK` side or compute, each attention kernel that runs on the GPU
+   (`BULKEMBED_ATTENTION_KERNEL`), the same batches padded (`--attention padded`, two
    passes: the first meets each bucketed shape anew, the second knows them), and
    batches of 65,536 tokens (as large as a flat budget on CUDA goes,
    `BULKEMBED_FLAT_BUDGET`) against 16,384;
@@ -19,7 +19,8 @@ checks, each with a pass criterion:
 3. attention: each attention implementation (`attention_kernels`) on the sample's documents
    cut into batches as a window cuts them, each batch twice (a new shape, then a known
    one): seconds, TFLOP/s of attention and of one layer's matrix multiplies, and the
-   error of each against a float32 reference; the kernel the flat path runs must agree;
+   error of each against a float32 reference; the kernel a run chooses (`kernel_choice`,
+   its timings reported) must agree;
 4. devices: `bulkembed run --devices cuda:0,cuda:0` against `--devices cuda:0`, `--dtype
    auto`: the same ids and vectors; the dtype the run kept, GPU memory per process (NVML);
 5. memory: `--max-batch-tokens auto` at the model's real size, then an out-of-memory under
@@ -250,19 +251,18 @@ def _stream_rate(
 
 def _switch_rates(setting: Setting, spec: Any, batches: list[Any]) -> dict[str, Any]:
     """Tokens/s of the stream with each switch of the GPU path one way and the other."""
+    from bulkembed.encoders import kernels
+    from bulkembed.encoders.kernel_choice import KERNEL_VARIABLE
     from bulkembed.encoders.transfer import COPY_BACK_VARIABLE
-    from bulkembed.encoders.varlen import FLASH_ATTENTION_VARIABLE, _flash_attention_3
 
     rates: dict[str, Any] = {}
     for way in ("side", "compute"):
         rate = _stream_rate(setting, spec, batches, {COPY_BACK_VARIABLE: way})
         rates[f"copy_back_{way}"] = rate
-    if _flash_attention_3() is not None:
-        for way in ("fa3", "fa2"):
-            rate = _stream_rate(setting, spec, batches, {FLASH_ATTENTION_VARIABLE: way})
-            rates[f"flash_attention_{way}"] = rate
-    else:
-        rates["flash_attention_fa3"] = "not installed"
+    # Each kernel that runs here, asked for by name.
+    for name in kernels.available(setting.device, setting.dtype):
+        rate = _stream_rate(setting, spec, batches, {KERNEL_VARIABLE: name})
+        rates[f"kernel_{name}"] = rate
     # The same batches padded: the padding, and the attention mask it takes, cost this much;
     # the first pass meets each bucketed shape for the first time, the second knows them.
     padded = _stream_rate(setting, replace(spec, attention="padded"), batches, {}, passes=2)
@@ -330,7 +330,6 @@ def _mixed_batch(setting: Setting, spec: Any) -> Any:
 def check_varlen(setting: Setting) -> Check:
     """Check 2: flat against padded batches at real shapes."""
     from bulkembed.encoders import build_encoder
-    from bulkembed.encoders.varlen import kernel_name
 
     model = setting.folder / "bge-m3"
     outputs = ("dense", "sparse", "multivector")
@@ -340,6 +339,7 @@ def check_varlen(setting: Setting) -> Check:
         encoder = build_encoder(spec, setting.device, setting.dtype)
         found[attention] = encoder.embed_batch(_mixed_batch(setting, spec))
         found[f"{attention}-ran"] = "flat" if encoder.unpadded else "padded"
+        found[f"{attention}-kernel"] = encoder.attention_kernel
     padded, flat = found["padded"], found["flat"]
     dense = float(_cosines(flat.dense, padded.dense).min())
     tokens = np.concatenate(
@@ -352,7 +352,7 @@ def check_varlen(setting: Setting) -> Check:
         ]
     )
     figures = {
-        "kernel": kernel_name(setting.device, setting.dtype),
+        "kernel": found["flat-kernel"],
         "lengths": _mixed_batch(setting, spec).lengths.tolist(),
         "layouts_ran": [found["padded-ran"], found["flat-ran"]],
         "dense_lowest_cosine": round(dense, 7),
@@ -374,7 +374,8 @@ def check_attention(setting: Setting) -> Check:
     from attention_kernels import measure
     from transformers import AutoConfig
 
-    from bulkembed.encoders.varlen import kernel_runs
+    from bulkembed.encoders.kernel_choice import AttentionShape, choose_kernel
+    from bulkembed.encoders.kernels import FULL
 
     model = setting.folder / "bge-m3"
     config = AutoConfig.from_pretrained(model)
@@ -386,9 +387,11 @@ def check_attention(setting: Setting) -> Check:
     figures = measure(
         lengths, heads, width // heads, setting.batch_tokens, setting.device, setting.dtype, shapes
     )
-    used = "varlen_attn" if kernel_runs(setting.device, setting.dtype) else "reference"
-    if used == "varlen_attn" and "fa3" in figures:
-        used = "fa3"
+    # The kernel a run of this model takes here, and the check's timing of each.
+    shape = AttentionShape(heads, heads, width // heads, ((False, FULL),), spec.max_length)
+    choice = choose_kernel(setting.device, setting.dtype, shape)
+    used = choice.name
+    figures["choice"] = choice.describe()
     tolerance = ATTENTION_ERROR if setting.cosine == HALF_COSINE else FLOAT32_ATTENTION_ERROR
     figures["flat_path_runs"] = used
     passed = figures[used]["runs"] and figures[used]["error"] <= tolerance
@@ -577,12 +580,12 @@ def check_families(setting: Setting) -> Check:
     the BERT family's at the same size (`flat_families`)."""
     from flat_families import measure
 
-    from bulkembed.encoders.varlen import kernel_name
+    from bulkembed.encoders import kernels
 
     size = "smoke" if setting.smoke else "full"
     found = measure(size, setting.device, setting.dtype, setting.batch_tokens)
     passed = all(f["runs_flat"] and f["lowest_cosine"] >= setting.cosine for f in found.values())
-    figures = {"kernel": kernel_name(setting.device, setting.dtype), **found}
+    figures = {"kernel": kernels.preferred(setting.device, setting.dtype), **found}
     return Check("families", "pass" if passed else "fail", figures)
 
 

@@ -124,12 +124,13 @@ def choose_attention(
     `auto` flat where a variable-length flash kernel runs attention (CUDA in half
     precision), else padded (on a CPU the padded OpenVINO graph runs faster than the flat
     PyTorch path; see docs/design.md)."""
-    from bulkembed.encoders.varlen import kernel_runs
+    from bulkembed.encoders import kernels
 
     attention = Attention(spec.attention)
     if attention is not Attention.AUTO:
         return attention, None
-    if kernel_runs(device, dtype):
+    # A flash kernel: cuDNN's on jagged tensors takes no causal mask and no window.
+    if set(kernels.available(device, dtype)) - {kernels.CUDNN_JAGGED}:
         return Attention.FLAT, None
     if device.startswith("cuda") and str(dtype) != "torch.float32":
         return Attention.PADDED, (

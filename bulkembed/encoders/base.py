@@ -44,10 +44,14 @@ class VectorSizes(Protocol):
 class Embedder(VectorSizes, Protocol):
     """What embeds a window's batches: one `Encoder`, or a pool of them on several devices.
     `unpadded`: its batches run flat, so that a batch costs the sum of its lengths;
+    `attention_kernel`: the kernel that attends in them (`kernels`; None: padded batches);
     `counts`: what it counted so far (batches embedded again in float32, device seconds)."""
 
     @property
     def unpadded(self) -> bool: ...
+
+    @property
+    def attention_kernel(self) -> str | None: ...
 
     @property
     def counts(self) -> DeviceCounts: ...
@@ -92,6 +96,8 @@ class Encoder(DeviceRuntime):
         # batches until it finds that they run flat.
         self.backend = Backend.TORCH
         self.unpadded = False
+        # The kernel that attends in flat batches (`kernels`), None for padded ones.
+        self.attention_kernel: str | None = None
         self.autocast = device == "cpu" and dtype != torch.float32
         self.weights_dtype = torch.float32 if self.autocast else dtype
         self.multivector_dtype = getattr(torch, spec.multivector_dtype)
@@ -143,12 +149,24 @@ class Encoder(DeviceRuntime):
         if attention is Attention.FLAT and isinstance(family, FlatFamily):
             self.unpadded = True
             model = flat_module(family, model)
+            self._choose_kernel(model)
         elif attention is Attention.FLAT:
             told = self.notices if self.spec.attention == Attention.FLAT.value else self.remarks
             told.append(f"{self.spec.source} runs padded batches: {family}")
         elif why_padded is not None and isinstance(family, FlatFamily):
             self.remarks.append(why_padded)
         return compiled(model) if self.spec.compile else model
+
+    def _choose_kernel(self, model: Any) -> None:
+        """Take the attention kernel of a flat `model` on this device (`kernel_choice`),
+        and say how it was chosen where a check measured it."""
+        from bulkembed.encoders.kernel_choice import AttentionShape, choose_kernel
+
+        shape = AttentionShape.of(model, self.spec.max_length)
+        choice = choose_kernel(self.device, self.dtype, shape)
+        self.attention_kernel = choice.name
+        if choice.how == "measured":
+            self.remarks.append(choice.describe())
 
     def _flat_family(self, model: Any) -> FlatFamily | str:
         """The family that runs `model` on flat batches for this encoder, or why none can."""
@@ -212,10 +230,11 @@ class Encoder(DeviceRuntime):
         themselves."""
         import torch
 
+        from bulkembed.encoders.kernels import AUTO
         from bulkembed.encoders.transfer import DeviceInputs
 
         if self.unpadded:
-            inputs = DeviceInputs.flat(batch)
+            inputs = DeviceInputs.flat(batch, self.attention_kernel or AUTO)
         else:
             width = self.padded_width(int(batch.lengths.max(initial=0)))
             inputs = DeviceInputs.padded(batch, self.spec.pad_token_id, width)

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from bulkembed.contracts import Embeddings, SparseRows, TokenBatch
+from bulkembed.encoders.kernels import AUTO
 from bulkembed.encoders.varlen import Sequences
 
 # Padded lengths step by an eighth of the power of two below them, and by 8 tokens at least.
@@ -65,10 +66,10 @@ class DeviceInputs:
     copied: Any = None
 
     @classmethod
-    def flat(cls, batch: TokenBatch) -> DeviceInputs:
-        """`batch` laid out flat, on the host."""
+    def flat(cls, batch: TokenBatch, kernel: str = AUTO) -> DeviceInputs:
+        """`batch` laid out flat, on the host, attended by `kernel` (`kernels`)."""
         input_ids = torch.from_numpy(batch.token_ids.astype(np.int64))
-        return cls(batch, input_ids, Sequences.on_host(batch.lengths))
+        return cls(batch, input_ids, Sequences.on_host(batch.lengths, kernel))
 
     @classmethod
     def padded(cls, batch: TokenBatch, pad_token_id: int, width: int | None = None) -> DeviceInputs:

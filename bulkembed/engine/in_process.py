@@ -111,6 +111,7 @@ def embed_in_process(
             session.precision,
             session.backend,
             session.attention,
+            session.embedder.attention_kernel,
         )
     finally:
         if writer is not None:

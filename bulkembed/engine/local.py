@@ -213,5 +213,12 @@ def _embed_on_devices(
         sink.abandon(pool.pids)
     attention = Attention.ran(pool.unpadded).value
     return RunOutcome(
-        stats, ",".join(devices), dtype.value, pool.budget, precision, None, attention
+        stats,
+        ",".join(devices),
+        dtype.value,
+        pool.budget,
+        precision,
+        None,
+        attention,
+        pool.attention_kernel,
     )

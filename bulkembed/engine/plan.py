@@ -108,6 +108,7 @@ class RunPlan:
                 if outcome is not None and outcome.attention is not None
                 else config.attention.value
             ),
+            "attention_kernel": None if outcome is None else outcome.kernel,
             "outputs": ",".join(spec.outputs),
             "pooling": spec.pooling.value if spec.pooling else None,
             "normalize": spec.normalize,
@@ -141,6 +142,8 @@ class RunOutcome:
     # batches ran (`flat`, `padded`), where the engine knows it.
     backend: str | None = None
     attention: str | None = None
+    # The attention kernel of flat batches (`encoders.kernels`), where they ran flat.
+    kernel: str | None = None
 
 
 def _check_target(config: RunConfig, target: OutputTarget) -> None:

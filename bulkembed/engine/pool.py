@@ -33,13 +33,14 @@ Setting = TypeVar("Setting", bound="_OnDevice")
 
 class Ready(NamedTuple):
     """What a device process tells as it starts: its vector sizes, token budget (None: not
-    probed), whether its batches run unpadded, and the warnings and remarks of its model's
-    load for the run's log."""
+    probed), whether its batches run unpadded and the kernel that attends in them, and the
+    warnings and remarks of its model's load for the run's log."""
 
     dense: int | None
     multivector: int | None
     budget: int | None
     unpadded: bool
+    kernel: str | None = None
     notices: tuple[str, ...] = ()
     remarks: tuple[str, ...] = ()
 
@@ -51,6 +52,7 @@ class Ready(NamedTuple):
             embedder.multivector_dim,
             budget,
             embedder.unpadded,
+            embedder.attention_kernel,
             tuple(embedder.notices),
             tuple(embedder.remarks),
         )
@@ -124,7 +126,9 @@ def start_device_workers(
     notices = tuple(dict.fromkeys(n for r in ready for n in r.notices))
     remarks = tuple(dict.fromkeys(n for r in ready for n in r.remarks))
     budget = min(budgets) if budgets else None
-    return pool, Ready(dense, multivector, budget, unpadded, notices, remarks)
+    # Devices of several kinds may each take another kernel.
+    kernel = ",".join(sorted({r.kernel for r in ready if r.kernel is not None})) or None
+    return pool, Ready(dense, multivector, budget, unpadded, kernel, notices, remarks)
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,6 +192,7 @@ class EncoderPool:
         self._pool, self.ready = start_device_workers(_start, settings, "batch", warn)
         self.dense_dim, self.multivector_dim = self.ready.dense, self.ready.multivector
         self.unpadded = self.ready.unpadded
+        self.attention_kernel = self.ready.kernel
         self.batch_tokens = self.ready.budget
         self.counts = DeviceCounts()
 

@@ -80,6 +80,7 @@ _RESULTS = (
     "dtype",
     "budget",
     "attention",
+    "kernel",
     "precision",
 )
 
@@ -190,6 +191,7 @@ class _UnitEmbedder:
             rows["dtype"].append(self.session.dtype)
             rows["budget"].append(self.session.budget)
             rows["attention"].append(self.session.attention)
+            rows["kernel"].append(self.session.embedder.attention_kernel or "")
             rows["precision"].append(pickle.dumps(self.session.precision))
         return rows
 
@@ -344,6 +346,7 @@ def _run_dataset(
     dtypes: set[str] = set()
     budgets: set[int] = set()
     layouts: set[str] = set()
+    kernels: set[str] = set()
     checks: list[PrecisionCheck] = []
     busy = 0.0
     try:
@@ -360,6 +363,7 @@ def _run_dataset(
                 dtypes.add(row["dtype"])
                 budgets.add(int(row["budget"]))
                 layouts.add(row["attention"])
+                kernels.add(row["kernel"])
                 precision = pickle.loads(row["precision"])
                 if precision is not None:
                     checks.append(precision)
@@ -383,4 +387,5 @@ def _run_dataset(
         min(budgets, default=outcome.max_batch_tokens),
         min(checks, key=lambda c: c.agreement.worst, default=None),
         attention=",".join(sorted(layouts)) or None,
+        kernel=",".join(sorted(kernels - {""})) or None,
     )

@@ -190,6 +190,7 @@ class UnitPool:
         self._pool, self.ready = start_device_workers(_start, settings, "unit group", warn)
         self.dense_dim, self.multivector_dim = self.ready.dense, self.ready.multivector
         self.unpadded = self.ready.unpadded
+        self.attention_kernel = self.ready.kernel
         assert self.ready.budget is not None
         self.budget = self.ready.budget
 

@@ -24,10 +24,10 @@ from torch.utils._pytree import tree_flatten
 from bulkembed import embed_corpus
 from bulkembed.config import Attention, Backend, DType, RunConfig
 from bulkembed.contracts import RUN_DIRECTORY
-from bulkembed.encoders import TokenBatch, build_encoder, varlen
-from bulkembed.encoders.backend import choose_attention, choose_backend
+from bulkembed.encoders import TokenBatch, build_encoder
+from bulkembed.encoders.backend import choose_backend
 from bulkembed.encoders.openvino import openvino_installed
-from bulkembed.encoders.varlen import Sequences, kernel_attention, reference_attention
+from bulkembed.encoders.varlen import Sequences
 from bulkembed.errors import UsageError
 from bulkembed.model_spec import resolve_model
 from bulkembed.printing import summary_lines
@@ -211,27 +211,6 @@ def test_a_flat_batch_makes_no_documents_by_length_by_length_tensor(tiny_st):
     assert made["flat"] == []
 
 
-def test_the_kernel_gets_the_tokens_end_to_end_and_cu_seqlens(monkeypatch):
-    calls = []
-
-    def stand_in(query, key, value, cu_q, cu_k, max_q, max_k, window_size=(-1, -1)):
-        calls.append((query.shape, cu_q.dtype, cu_q.tolist(), cu_k is cu_q, max_q, max_k))
-        lengths = np.diff(cu_q.numpy())
-        return reference_attention(query, key, value, Sequences.on_host(lengths))
-
-    monkeypatch.setattr(varlen, "_kernel", lambda: stand_in)
-    torch.manual_seed(0)
-    query, key, value = torch.randn(3, 9, 2, 4).unbind(0)
-    sequences = Sequences.on_host(np.array([5, 1, 3]))
-    found = kernel_attention(query, key, value, sequences)
-    assert calls == [((9, 2, 4), torch.int32, [0, 5, 6, 9], True, 5, 5)]
-    # Each document's attention alone, computed by PyTorch on [1, heads, length, size].
-    for start, end in ((0, 5), (5, 6), (6, 9)):
-        q, k, v = (t[start:end].transpose(0, 1).unsqueeze(0) for t in (query, key, value))
-        alone = torch.nn.functional.scaled_dot_product_attention(q, k, v)
-        torch.testing.assert_close(found[start:end], alone[0].transpose(0, 1))
-
-
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_flat_batches_equal_padded_ones(tiny_st, tiny_bge_m3):
@@ -249,190 +228,11 @@ def test_cuda_flat_batches_equal_padded_ones(tiny_st, tiny_bge_m3):
             assert ours.shape == theirs.shape
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_cuda_kernel_equals_the_reference(dtype):
-    assert varlen.kernel_runs("cuda", dtype)
-    torch.manual_seed(0)
-    lengths = np.array([512, 300, 1, 77, 77, 2])
-    # Strided as the fused projection's views are: [tokens, 3, heads, size], unbound.
-    fused = torch.randn(int(lengths.sum()), 3, 8, 64, device="cuda", dtype=dtype)
-    query, key, value = fused.unbind(1)
-    sequences = Sequences.on_host(lengths).to(lambda t: t.cuda())
-    found = kernel_attention(query, key, value, sequences).float()
-    expected = reference_attention(query, key, value, sequences).float()
-    assert torch.nn.functional.cosine_similarity(found, expected, dim=-1).min() >= 0.9999
-
-
-def _torch_varlen(*arguments):
-    """Stands for PyTorch's varlen kernel in tests that only choose it."""
-
-
-def _flash_attn_varlen(*arguments):
-    """Stands for flash-attn's varlen kernel in tests that only choose it."""
-
-
-def _flash_attention_3_varlen(*arguments):
-    """Stands for flash-attention 3's varlen kernel in tests that only choose it."""
-
-
-def _a_gpu(monkeypatch, capability, kernel="torch", flash_built=True, fa3=False):
-    """This machine as one with a CUDA device of `capability`, and the varlen kernel of
-    PyTorch (in a build with flash attention or not), of flash-attn, or none; and
-    flash-attention 3's where `fa3`."""
-    kernels = {"torch": _torch_varlen, "flash-attn": _flash_attn_varlen, None: None}
-    torch_kernel = _torch_varlen if kernel == "torch" else None
-    hopper = _flash_attention_3_varlen if fa3 else None
-    monkeypatch.setattr(varlen, "_torch_kernel", lambda: torch_kernel)
-    monkeypatch.setattr(varlen, "_kernel", lambda: kernels[kernel])
-    monkeypatch.setattr(varlen, "_flash_attention_3", lambda: hopper)
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: capability)
-    monkeypatch.setattr(torch.backends.cuda, "is_flash_attention_available", lambda: flash_built)
-
-
-def test_auto_is_flat_where_a_kernel_runs_and_padded_elsewhere(tiny_st, monkeypatch):
-    spec = _spec(tiny_st("cls"))
-    assert choose_attention(spec, "cpu", torch.float32) == (Attention.PADDED, None)
-    assert choose_attention(spec, "cpu", torch.bfloat16) == (Attention.PADDED, None)
-    flat = _spec(tiny_st("cls"), attention="flat")
-    assert choose_attention(flat, "cpu", torch.float32) == (Attention.FLAT, None)
-    _a_gpu(monkeypatch, (9, 0))
-    assert choose_attention(spec, "cuda:1", torch.bfloat16) == (Attention.FLAT, None)
-    assert choose_attention(spec, "cuda:0", torch.float16) == (Attention.FLAT, None)
-    # CUDA in float32: no flash kernel computes it, and nothing to say.
-    assert choose_attention(spec, "cuda:0", torch.float32) == (Attention.PADDED, None)
-    forced = _spec(tiny_st("cls"), attention="padded")
-    assert choose_attention(forced, "cuda:1", torch.bfloat16) == (Attention.PADDED, None)
-    # No kernel, a GPU before Ampere, a PyTorch built without flash attention.
-    for gpu in ({"kernel": None}, {"capability": (7, 5)}, {"flash_built": False}):
-        _a_gpu(monkeypatch, **{"capability": (8, 0), **gpu})
-        attention, remark = choose_attention(spec, "cuda:0", torch.float16)
-        assert attention is Attention.PADDED
-        assert remark.startswith("no variable-length attention kernel runs here")
-    # flash-attn's kernel needs no flash attention in PyTorch's build.
-    _a_gpu(monkeypatch, (8, 6), kernel="flash-attn", flash_built=False)
-    assert choose_attention(spec, "cuda:0", torch.bfloat16) == (Attention.FLAT, None)
-
-
-def test_flash_attention_3_runs_on_hopper_unless_switched_off(monkeypatch):
-    monkeypatch.delenv(varlen.FLASH_ATTENTION_VARIABLE, raising=False)
-    _a_gpu(monkeypatch, (9, 0), fa3=True)
-    assert varlen._device_kernel("cuda:0") is _flash_attention_3_varlen
-    assert varlen.kernel_name("cuda:0", torch.bfloat16).startswith("flash-attention 3")
-    # Without PyTorch's flash kernel, flash-attention 3 alone makes flat batches run.
-    _a_gpu(monkeypatch, (9, 0), kernel=None, fa3=True)
-    assert varlen.kernel_runs("cuda:0", torch.float16)
-    monkeypatch.setenv(varlen.FLASH_ATTENTION_VARIABLE, "fa2")
-    assert not varlen.kernel_runs("cuda:0", torch.float16)
-    _a_gpu(monkeypatch, (9, 0), fa3=True)
-    assert varlen.kernel_name("cuda:0", torch.bfloat16) == "PyTorch varlen_attn"
-    # flash-attention 3 is Hopper's: an A100 or an L4 takes PyTorch's kernel.
-    monkeypatch.delenv(varlen.FLASH_ATTENTION_VARIABLE)
-    for capability in ((8, 0), (8, 9)):
-        _a_gpu(monkeypatch, capability, fa3=True)
-        assert varlen._device_kernel("cuda:0") is _torch_varlen
-    _a_gpu(monkeypatch, (8, 6), kernel="flash-attn")
-    assert varlen.kernel_name("cuda:0", torch.float16).startswith("flash-attn 2")
-    assert varlen.kernel_name("cuda:0", torch.float32).startswith("reference")
-
-
-def test_a_kernel_that_returns_the_log_sum_exp_too_gives_the_output(monkeypatch):
-    def stand_in(query, key, value, cu_q, cu_k, max_q, max_k, window_size=(-1, -1)):
-        lengths = np.diff(cu_q.numpy())
-        output = reference_attention(query, key, value, Sequences.on_host(lengths))
-        return output, torch.zeros(query.shape[1], query.shape[0])
-
-    monkeypatch.setattr(varlen, "_kernel", lambda: stand_in)
-    query, key, value = torch.randn(3, 5, 2, 4).unbind(0)
-    sequences = Sequences.on_host(np.array([3, 2]))
-    expected = reference_attention(query, key, value, sequences)
-    torch.testing.assert_close(kernel_attention(query, key, value, sequences), expected)
-
-
-def _attention_by_hand(query, key, value, lengths, causal, window):
-    """Each document's attention from its score matrix, one query at a time: softmax over
-    the keys the query may see, grouped heads expanded."""
-    heads, size = query.shape[1], query.shape[2]
-    groups = heads // key.shape[1]
-    output, start = [], 0
-    for length in lengths:
-        for i in range(length):
-            row = []
-            for head in range(heads):
-                keys = [
-                    j
-                    for j in range(length)
-                    if (window[0] < 0 or j >= i - window[0])
-                    and (window[1] < 0 or j <= i + window[1])
-                    and (not causal or j <= i)
-                ]
-                q = query[start + i, head]
-                k = key[[start + j for j in keys], head // groups]
-                v = value[[start + j for j in keys], head // groups]
-                weights = torch.softmax(k @ q / size**0.5, dim=0)
-                row.append(weights @ v)
-            output.append(torch.stack(row))
-        start += length
-    return torch.stack(output)
-
-
-@pytest.mark.parametrize(
-    ("causal", "window", "key_heads"),
-    [(False, (2, 2), 4), (False, (3, 1), 2), (True, (-1, -1), 1), (True, (2, -1), 2)],
-)
-def test_windowed_and_grouped_attention_equals_attention_by_hand(
-    monkeypatch, causal, window, key_heads
-):
-    torch.manual_seed(0)
-    lengths = np.array([7, 7, 4, 1, 9])
-    tokens = int(lengths.sum())
-    query = torch.randn(tokens, 4, 8, dtype=torch.float64)
-    key, value = torch.randn(2, tokens, key_heads, 8, dtype=torch.float64).unbind(0)
-    expected = _attention_by_hand(query, key, value, lengths, causal, window)
-    sequences = Sequences.on_host(lengths)
-    found = varlen.varlen_attention(query, key, value, sequences, causal, window)
-    torch.testing.assert_close(found, expected)
-    # A kernel that takes a window and groups (PyTorch 2.10 on) is told both.
-    told = []
-
-    def stand_in(q, k, v, cu_q, cu_k, max_q, max_k, *, window_size=(-1, -1), enable_gqa=False):
-        told.append((window_size, enable_gqa))
-        runs = Sequences.on_host(np.diff(cu_q.numpy()))
-        return reference_attention(q, k, v, runs, window_size[1] == 0, window_size)
-
-    monkeypatch.setattr(varlen, "_device_kernel", lambda device: stand_in)
-    torch.testing.assert_close(
-        kernel_attention(query, key, value, sequences, causal, window), expected
-    )
-    assert told == [((window[0], 0 if causal else window[1]), key_heads != 4)]
-
-
 @pytest.mark.skipif(not openvino_installed(), reason="needs the openvino package")
 def test_flat_batches_take_pytorch_where_auto_would_take_openvino(tiny_st):
     flat = _spec(tiny_st("cls"), attention="flat")
     assert choose_backend(flat, "cpu", torch.float32) is Backend.TORCH
     assert choose_backend(_spec(tiny_st("cls")), "cpu", torch.float32) is Backend.OPENVINO
-
-
-def test_varlen_attention_calls_the_kernel_where_it_runs(monkeypatch):
-    called = []
-
-    def stand_in(query, key, value, cu_q, cu_k, max_q, max_k, window_size=(-1, -1)):
-        called.append(max_q)
-        return reference_attention(query, key, value, Sequences.on_host(np.diff(cu_q.numpy())))
-
-    monkeypatch.setattr(varlen, "_kernel", lambda: stand_in)
-    query, key, value = torch.randn(3, 6, 2, 4).unbind(0)
-    sequences = Sequences.on_host(np.array([4, 2]))
-    monkeypatch.setattr(varlen, "kernel_runs", lambda device, dtype: False)
-    expected = varlen.varlen_attention(query, key, value, sequences)
-    assert called == []
-    monkeypatch.setattr(
-        varlen, "kernel_runs", lambda device, dtype: (device, dtype) == ("cpu", torch.float32)
-    )
-    torch.testing.assert_close(varlen.varlen_attention(query, key, value, sequences), expected)
-    assert called == [4]
 
 
 def test_a_model_that_cannot_run_flat_runs_padded_with_one_warning(
@@ -566,20 +366,3 @@ def test_a_compiled_flat_model_has_no_graph_break_and_gives_the_eager_vectors(ti
             torch.testing.assert_close(
                 compiled(input_ids, sequences), model(input_ids, sequences), atol=1e-5, rtol=1e-5
             )
-
-
-def test_each_kernel_is_told_to_mask_in_its_own_words():
-    from bulkembed.encoders.varlen import _mask_arguments
-
-    def flash_attn(q, k, v, cu_q, cu_k, max_q, max_k, causal=False, window_size=(-1, -1)): ...
-    def torch_2_9(q, k, v, cu_q, cu_k, max_q, max_k, *, is_causal=False): ...
-    def torch_2_10(q, k, v, cu_q, cu_k, max_q, max_k, *, window_size=(-1, -1)): ...
-
-    assert _mask_arguments(flash_attn, True) == {"causal": True}
-    assert _mask_arguments(torch_2_9, True) == {"is_causal": True}
-    assert _mask_arguments(torch_2_10, True) == {"window_size": (-1, 0)}
-    assert _mask_arguments(torch_2_10, False) == _mask_arguments(torch_2_9, False) == {}
-    assert _mask_arguments(flash_attn, False, (64, 64)) == {"window_size": (64, 64)}
-    assert _mask_arguments(flash_attn, True, (8, -1)) == {"causal": True, "window_size": (8, 0)}
-    assert _mask_arguments(torch_2_10, True, (8, -1)) == {"window_size": (8, 0)}
-    assert _mask_arguments(torch_2_9, False, (64, 64)) is None

@@ -16,6 +16,8 @@ from torch import nn
 
 from bulkembed.config import RunConfig
 from bulkembed.encoders.flat import FlatFamily, register_flat_family, unregister_flat_family
+from bulkembed.encoders.kernel_choice import AttentionShape
+from bulkembed.encoders.kernels import FULL
 from bulkembed.encoders.varlen import Sequences, varlen_attention
 from bulkembed.engine.run import embed_corpus
 
@@ -132,6 +134,11 @@ def test_a_registered_decoder_family_runs_flat(tmp_path, tiny_gpt2):
     assert layout == "flat"
     found = np.stack([flat[f"d{i}"] for i in range(TEXTS)])
     assert np.abs(found - expected).max() < 1e-5
+    # What its attention computes, for the choice of a kernel: from its config and flag.
+    from transformers import GPT2Model
+
+    module = FlatGPT2(GPT2Model.from_pretrained(tiny_gpt2), causal=True)
+    assert AttentionShape.of(module, 128) == AttentionShape(2, 2, 16, ((True, FULL),), 128)
 
     # The same module in a family without the causal flag attends both ways: not what the
     # model computes.

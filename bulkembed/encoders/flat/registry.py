@@ -5,7 +5,10 @@ whether its attention is causal (a decoder: each token attends to the tokens bef
 its document), and builds, from a loaded Hugging Face model and that flag, a module that
 takes a flat batch, `module(input_ids, sequences)` with `input_ids` [tokens], and gives the
 last hidden state [tokens, hidden]; the module keeps the model's `config` as its own, and
-its layers pass the flag to `varlen.varlen_attention`. A family of another file is added
+its layers pass the flag to `varlen.varlen_attention`. The kernel that attends is chosen
+from the module's attention shape (`kernel_choice.AttentionShape.of`): the config's heads,
+and the `causal`, `window` and `head_size` attributes of its submodules where they have
+them. A family of another file is added
 with `register_flat_family`; built in are the BERT family (BERT, RoBERTa, XLM-RoBERTa),
 ModernBERT, NomicBERT and the causal rotary decoders (Qwen3, Qwen2, Llama, Mistral), one
 module each in `bulkembed.encoders.flat`.
