@@ -173,7 +173,8 @@ class RunConfig:
     tokenize_workers: int | None = None
     devices: str = "auto"
     dtype: DType = DType.AUTO
-    compile: bool = False
+    # None: compile where the run is long enough (`encoders.backend.compiles_by_default`).
+    compile: bool | None = None
     backend: Backend = Backend.AUTO
     attention: Attention = Attention.AUTO
     pooling: Pooling | None = None
@@ -218,7 +219,7 @@ class RunConfig:
             )
         if self.prompt is not None and self.prompt_name is not None:
             raise UsageError("--prompt and --prompt-name conflict: pass one of them")
-        if self.compile and self.backend is Backend.OPENVINO:
+        if self.compile is True and self.backend is Backend.OPENVINO:
             raise UsageError(
                 "--compile and --backend openvino conflict: --compile applies to --backend torch"
             )

@@ -307,7 +307,7 @@ def resolve_model(config: RunConfig) -> ModelSpec:
         or DEFAULT_MAX_BATCH_TOKENS,
         budget_given=config.max_batch_tokens is not None,
         tokenizer_json=tokenizer.tokenizer_json,
-        compile=config.compile,
+        compile=bool(config.compile),
         backend=config.backend.value,
         attention=config.attention.value,
         model_type=model_config.get("model_type"),

@@ -57,11 +57,13 @@ DTypeOption = Annotated[
     ),
 ]
 Compile = Annotated[
-    bool,
+    bool | None,
     typer.Option(
-        "--compile",
-        help="Compile the model with torch.compile (any batch shape): slower start, "
-        "often faster on GPUs; measure before keeping it.",
+        "--compile/--no-compile",
+        help="Compile the model with torch.compile (any batch shape): a slower start, "
+        "fused layers. Unset: on CUDA when the inputs hold about five minutes of work or "
+        "more (2 x parameters x input bytes / 4 >= 1e17 FLOPs), else not.",
+        show_default=False,
         **from_env("COMPILE"),
     ),
 ]
@@ -165,7 +167,7 @@ class ModelOptions:
     max_batch_tokens: MaxBatchTokens = None
     max_length: MaxLength = None
     dtype: DTypeOption = DType.AUTO
-    compile_model: Compile = False
+    compile_model: Compile = None
     backend: BackendOption = Backend.AUTO
     attention: AttentionOption = Attention.AUTO
     pooling: PoolingOption = None

@@ -82,14 +82,6 @@ def load_model(spec: ModelSpec, device: str, dtype: torch.dtype, masked_lm: bool
     return model.eval().to(device)
 
 
-def compiled(model: Any) -> Any:
-    """`model` compiled by `torch.compile` for any shape: batch sizes and lengths change
-    from batch to batch, so it compiles once rather than for each shape."""
-    import torch
-
-    return torch.compile(model, dynamic=True)
-
-
 def choose_backend(spec: ModelSpec, device: str, dtype: torch.dtype) -> Backend:
     """What runs the transformer of `spec` on `device` in `dtype`: `--backend`, with `auto`
     as OpenVINO on a CPU for an architecture whose conversion is tested, in float32 or

@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from bulkembed.config import Attention, Backend
 from bulkembed.contracts import DeviceCounts, Embeddings, TokenBatch
-from bulkembed.encoders.backend import choose_attention, choose_backend, compiled, load_model
+from bulkembed.encoders.backend import choose_attention, choose_backend, load_model
+from bulkembed.encoders.compiling import compiled
 from bulkembed.encoders.runtime import DeviceRuntime, Key
 from bulkembed.errors import ModelError
 

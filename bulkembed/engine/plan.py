@@ -6,7 +6,7 @@ back.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from bulkembed.config import Engine, RunConfig, default_tokenize_workers
@@ -109,6 +109,7 @@ class RunPlan:
                 else config.attention.value
             ),
             "attention_kernel": None if outcome is None else outcome.kernel,
+            "compile": spec.compile,
             "outputs": ",".join(spec.outputs),
             "pooling": spec.pooling.value if spec.pooling else None,
             "normalize": spec.normalize,
@@ -178,6 +179,7 @@ def plan_run(config: RunConfig, reporter: Reporter, started: float) -> RunPlan:
     """Find the inputs and check their columns, resolve the model and the devices, for a
     command that `started` at that time (monotonic clock)."""
     from bulkembed.devices import dtype_choice, resolve_devices
+    from bulkembed.encoders.compiling import compiles_by_default
     from bulkembed.model_spec import resolve_model
 
     reporter.phase("listing the inputs")
@@ -220,6 +222,9 @@ def plan_run(config: RunConfig, reporter: Reporter, started: float) -> RunPlan:
     else:
         devices = resolve_devices(config.devices)
         dtype = dtype_choice(config.dtype, devices[0])
+    if config.compile is None:
+        input_bytes = sum(f.size for f in files)
+        spec = replace(spec, compile=compiles_by_default(spec, devices[0], input_bytes))
     distributed = config.shard is not None or config.engine is Engine.RAY
     units = counted_units(files, config.records_per_unit) if distributed else None
     workers = config.tokenize_workers
