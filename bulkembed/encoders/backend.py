@@ -20,6 +20,8 @@ _NOT_TENSORS = (
     "its pickle holds more than tensors, and bulkembed runs no code from model files "
     "(torch.load with weights_only=True refused it); use safetensors weights"
 )
+# transformers places weights with `device_map` without accelerate from this major version.
+_DEVICE_MAP_ALONE = 5
 # Weights a checkpoint may lack without harm: the pooler, which no encoder uses.
 _UNUSED_WEIGHTS = ("pooler.",)
 
@@ -48,6 +50,22 @@ def attention_implementation(device: str, dtype: torch.dtype) -> str:
     return "sdpa"
 
 
+def placement(device: str) -> dict[str, Any]:
+    """How `from_pretrained` puts the weights on `device`: straight from the files onto a
+    GPU (`device_map`), never all in host memory first, where transformers can (5.0 on, or
+    with accelerate installed); elsewhere in host memory, moved after."""
+    import importlib.util
+
+    import transformers
+
+    if not device.startswith("cuda"):
+        return {}
+    major = int(transformers.__version__.split(".")[0])
+    if major >= _DEVICE_MAP_ALONE or importlib.util.find_spec("accelerate") is not None:
+        return {"device_map": device}
+    return {}
+
+
 def load_model(spec: ModelSpec, device: str, dtype: torch.dtype, masked_lm: bool = False) -> Any:
     """The transformer of `spec` on `device` in eval mode, quietly; an error if weights it
     needs are missing from the checkpoint (they would otherwise be random)."""
@@ -58,6 +76,7 @@ def load_model(spec: ModelSpec, device: str, dtype: torch.dtype, masked_lm: bool
     transformers_logging.set_verbosity_error()
     kind = AutoModelForMaskedLM if masked_lm else AutoModel
     options = {"revision": spec.revision, "dtype": dtype, "output_loading_info": True}
+    options |= placement(device)
     attention = attention_implementation(device, dtype)
     try:
         try:

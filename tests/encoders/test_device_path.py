@@ -284,3 +284,20 @@ def test_sparse_rows_hold_each_document_s_entries_as_a_list_of_vectors_would(doc
     assert joined.offsets.tolist() == rows.offsets.tolist()
     with pytest.raises(IndexError):
         rows[len(vectors)]
+
+
+def test_weights_go_straight_to_a_gpu_and_load_alike_that_way(tiny_splade, monkeypatch):
+    from bulkembed.encoders import backend
+
+    assert backend.placement("cpu") == {}
+    assert backend.placement("cuda:1") == {"device_map": "cuda:1"}
+    # The same load placed by `device_map` (here on the CPU) gives the same weights, with
+    # every other option of the load (a masked-LM head, its dtype, the loading report).
+    spec = resolve_model(RunConfig(inputs=("x",), output="o", model=str(tiny_splade)))
+    moved = backend.load_model(spec, "cpu", torch.float32, masked_lm=True)
+    monkeypatch.setattr(backend, "placement", lambda device: {"device_map": device})
+    placed = backend.load_model(spec, "cpu", torch.float32, masked_lm=True)
+    expected = moved.state_dict()
+    assert placed.state_dict().keys() == expected.keys()
+    for name, tensor in placed.state_dict().items():
+        assert torch.equal(tensor, expected[name]), name
