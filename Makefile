@@ -84,7 +84,7 @@ bench: install $(BENCH_VENV)/.installed $(INFINITY_VENV)/.installed
 	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/object_storage.py
 	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/incremental.py
 
-# On a machine with a GPU, first: seven checks of the GPU path in a few minutes, then the GPU
+# On a machine with a GPU, first: eight checks of the GPU path in a few minutes, then the GPU
 # tests; offline. Where PyPI is reachable, `make gpu-wheels` downloads into $(WHEELHOUSE) the
 # wheels that bulkembed, its GPU tests and benchmarks/gpu_check.py need beyond what a CUDA
 # image of PyTorch holds (torch, transformers, tokenizers, pyarrow, pytest, ...), for the
