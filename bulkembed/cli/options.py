@@ -26,7 +26,8 @@ Inputs = Annotated[
     list[str],
     typer.Argument(
         help="Files, directories (searched recursively) or globs: .parquet, .jsonl, "
-        ".jsonl.gz, .json (JSON lines), .arrow (folders made by datasets' save_to_disk); "
+        ".jsonl.gz, .json (JSON lines), .arrow, .csv, .tsv (.arrow also in folders made by "
+        "datasets' save_to_disk; CSV and TSV with a header row, read as text); "
         "or hf://NAME, hf://NAME/CONFIG, hf://NAME/CONFIG:SPLIT: a Hugging Face dataset, "
         "streamed; or - for JSON lines on stdin (ids -:ROW without an id field; not "
         "resumable).",

@@ -32,7 +32,7 @@ def run_status(
     Units whose rows are gone from `sink` count as pending, whatever the ledger says.
     Inputs on object storage are reached with `options`."""
     from bulkembed.sources import InputFile, unit_names
-    from bulkembed.sources.files import format_name
+    from bulkembed.sources.registry import format_name
     from bulkembed.storage import location
 
     holder = run.lock_holder()

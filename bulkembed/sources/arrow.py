@@ -1,9 +1,11 @@
 """Arrow IPC inputs (files or streams, as `datasets` writes them): one unit per
-`records_per_unit` rows, read one batch at a time, memory-mapped."""
+`records_per_unit` rows, read one batch at a time, memory-mapped. Other formats read as a
+stream of record batches subclass it (`batches`)."""
 
 from __future__ import annotations
 
-from collections.abc import Container, Iterator
+from collections.abc import Container, Iterable, Iterator
+from typing import ClassVar
 
 import pyarrow as pa
 
@@ -17,12 +19,19 @@ from bulkembed.storage import stop_on_store_failure
 class ArrowFormat(TabularFormat):
     """`.arrow` files."""
 
+    name = "arrow"
+    suffixes: ClassVar[tuple[str, ...]] = (".arrow",)
+
+    def batches(self, file: InputFile) -> pa.RecordBatchReader:
+        """The file's record batches, with its schema."""
+        return open_arrow(file.path)
+
     def records(self, file: InputFile) -> int:
-        return sum(batch.num_rows for batch in open_arrow(file.path))
+        return sum(batch.num_rows for batch in self.batches(file))
 
     def schema(self, file: InputFile) -> pa.Schema | None:
         try:
-            return open_arrow(file.path).schema
+            return self.batches(file).schema
         except READ_ERRORS as e:
             stop_on_store_failure(file.path, e)
             return None
@@ -35,7 +44,7 @@ class ArrowFormat(TabularFormat):
         read = 0
         bad: list[BadRecord] = []
         try:
-            for first, rows in _pieces(file, settings):
+            for first, rows in _pieces(self.batches(file), settings):
                 unit = first // per_unit
                 if pending is not None:
                     pending.last_in_unit = pending.unit != unit
@@ -62,11 +71,14 @@ class ArrowFormat(TabularFormat):
             yield pending
 
 
-def _pieces(file: InputFile, settings: ReadSettings) -> Iterator[tuple[int, pa.RecordBatch]]:
-    """(first row, rows) of an Arrow file: at most `chunk_size` rows, within one unit."""
+def _pieces(
+    batches: Iterable[pa.RecordBatch], settings: ReadSettings
+) -> Iterator[tuple[int, pa.RecordBatch]]:
+    """(first row, rows) of a file's `batches`: at most `chunk_size` rows, within one
+    unit."""
     per_unit = settings.records_per_unit
     row = 0
-    for batch in open_arrow(file.path):
+    for batch in batches:
         start = 0
         texts = batch.column(settings.text_column)
         rows = settings.chunk_rows(texts.nbytes, batch.num_rows)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Container, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pyarrow as pa
@@ -70,11 +70,16 @@ class ReadSettings:
 
 
 class InputFormat(ABC):
-    """One kind of input file. `tabular` formats have a schema (`schema`); the others are
-    sampled by their first records (`sample`). A `streamed` format's units cannot be
-    counted, nor its content digested, before it is read. `lines`: positions are line
-    numbers."""
+    """One kind of input file, by its `name`, read from files whose names end in one of
+    its `suffixes` (none: found otherwise, as datasets are), which `title` names in errors
+    where the suffixes do not say it (`registry`). `tabular` formats have a schema
+    (`schema`); the others are sampled by their first records (`sample`). A `streamed`
+    format's units cannot be counted, nor its content digested, before it is read.
+    `lines`: positions are line numbers."""
 
+    name: ClassVar[str]
+    suffixes: ClassVar[tuple[str, ...]] = ()
+    title: ClassVar[str] = ""
     tabular = False
     streamed = False
     lines = False

@@ -16,6 +16,7 @@ from pathlib import Path
 from bulkembed.contracts import RUN_DIRECTORY
 from bulkembed.errors import InputError, UsageError
 from bulkembed.sources.records import InputFile
+from bulkembed.sources.registry import format_name, readable
 from bulkembed.storage import (
     AnyPath,
     FileStatus,
@@ -28,25 +29,16 @@ from bulkembed.storage import (
 # The input read from stdin, and its name in ids (`-:ROW`).
 STDIN = "-"
 
-FORMATS = {
-    ".parquet": "parquet",
-    ".jsonl": "jsonl",
-    ".json": "jsonl",
-    ".jsonl.gz": "jsonl",
-    ".arrow": "arrow",
-}
-# JSON lines, Arrow rows and dataset records per unit of work.
 # What `datasets`' save_to_disk writes beside the Arrow files: metadata, not input.
 DATASET_METADATA = ("state.json", "dataset_info.json", "dataset_dict.json")
 
 
-def format_name(path: AnyPath) -> str | None:
-    """The input format of a file, by its name; None for a file that is no input."""
-    name = path.name.lower()
-    for suffix, fmt in FORMATS.items():
-        if name.endswith(suffix):
-            return fmt
-    return None
+def _unsupported(argument: str) -> UsageError:
+    return UsageError(f"unsupported input {argument}: use {readable()}")
+
+
+def _matches_nothing(argument: str) -> UsageError:
+    return UsageError(f"input pattern {argument} matches no input file ({readable()})")
 
 
 def _glob_root(pattern: str) -> tuple[Path, list[str]]:
@@ -155,15 +147,12 @@ def _expand(argument: str, skipped: list[tuple[str, str]]) -> list[tuple[Path, P
         return [(p, path) for p in _inputs_below(path, skipped)]
     if path.is_file():
         if format_name(path) is None:
-            raise UsageError(
-                f"unsupported input {argument}: "
-                "use .parquet, .jsonl, .jsonl.gz, .json (JSON lines) or .arrow"
-            )
+            raise _unsupported(argument)
         return [(path, path.parent)]
     if glob.has_magic(argument):
         root, files = _glob(argument, skipped)
         if not files:
-            raise UsageError(f"input pattern {argument} matches no .parquet, .jsonl or .arrow file")
+            raise _matches_nothing(argument)
         return [(p, root) for p in files]
     raise UsageError(f"input not found: {argument}")
 
@@ -207,10 +196,7 @@ def _expand_object(argument: str, path: ObjectPath) -> list[tuple[ObjectPath, st
                 return []
             raise _missing(argument, path) from None
         if format_name(path) is None:
-            raise UsageError(
-                f"unsupported input {argument}: "
-                "use .parquet, .jsonl, .jsonl.gz, .json (JSON lines) or .arrow"
-            )
+            raise _unsupported(argument)
         return [(path, path.name, status)]
     names = {str(file) for file, _ in listed}
     directories_only = argument.endswith("/")
@@ -240,7 +226,7 @@ def _missing(argument: str, path: ObjectPath) -> UsageError:
     if not bucket.exists():
         return UsageError(f"input not found: {argument} (the bucket {bucket} does not exist)")
     if glob.has_magic(path.key):
-        return UsageError(f"input pattern {argument} matches no .parquet, .jsonl or .arrow file")
+        return _matches_nothing(argument)
     return UsageError(f"input not found: {argument}")
 
 
@@ -327,7 +313,7 @@ def list_inputs(
     if STDIN in inputs:
         streamed.append(_stdin_input())
     if not by_path and not streamed:
-        raise UsageError(f"no .parquet, .jsonl or .arrow file found in {', '.join(inputs)}")
+        raise UsageError(f"no input file ({readable()}) found in {', '.join(inputs)}")
     files = sorted(by_path.values(), key=lambda s: str(s.path)) + streamed
     by_name: dict[str, InputFile] = {}
     for file in files:

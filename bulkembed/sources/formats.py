@@ -1,28 +1,22 @@
-"""The input formats by name, and what is counted over every input: records and units."""
+"""The built-in input formats, registered (`registry`), and what is counted over every
+input: records and units."""
 
 from __future__ import annotations
 
 from bulkembed.contracts import part_name
 from bulkembed.sources.arrow import ArrowFormat
-from bulkembed.sources.base import InputFormat
+from bulkembed.sources.delimited import DelimitedFormat
 from bulkembed.sources.hf import DatasetFormat
 from bulkembed.sources.jsonl import JsonLinesFormat
 from bulkembed.sources.opening import READ_ERRORS
 from bulkembed.sources.parquet import ParquetFormat
 from bulkembed.sources.records import InputFile
+from bulkembed.sources.registry import format_of, register_format
 from bulkembed.storage import stop_on_store_failure
 
-FORMATS: dict[str, InputFormat] = {
-    "parquet": ParquetFormat(),
-    "jsonl": JsonLinesFormat(),
-    "arrow": ArrowFormat(),
-    "hf": DatasetFormat(),
-}
-
-
-def format_of(file: InputFile) -> InputFormat:
-    """How `file` is read."""
-    return FORMATS[file.format]
+for _builtin in (ParquetFormat(), JsonLinesFormat(), ArrowFormat(), DelimitedFormat()):
+    register_format(_builtin)
+register_format(DatasetFormat())
 
 
 def count_records(files: list[InputFile]) -> int:

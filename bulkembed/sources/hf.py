@@ -113,6 +113,8 @@ class DatasetFormat(RecordFormat):
     """`hf://` datasets, one input file per data file of the dataset, streamed: their units
     cannot be counted before they are read."""
 
+    name = "hf"
+
     streamed = True
 
     def source(self, file: InputFile) -> str:

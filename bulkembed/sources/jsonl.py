@@ -42,6 +42,9 @@ def _compressed(file: InputFile) -> bool:
 class JsonLinesFormat(RecordFormat):
     """JSON lines, one object per line; blank lines are no record."""
 
+    name = "jsonl"
+    suffixes = (".jsonl", ".jsonl.gz", ".json")
+    title = "JSON lines"
     lines = True
 
     def records(self, file: InputFile) -> int:

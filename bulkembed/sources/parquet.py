@@ -26,6 +26,9 @@ _HASHES = "bulkembed content hash"
 class ParquetFormat(TabularFormat):
     """`.parquet` files."""
 
+    name = "parquet"
+    suffixes = (".parquet",)
+
     def records(self, file: InputFile) -> int:
         return int(_footer(file).num_rows)
 

@@ -351,7 +351,7 @@ def test_object_storage_inputs_that_are_local_only_or_empty_are_errors(s3, tmp_p
         list_inputs([f"hf://{s3.uri('saved')}"])
     (tmp_path / "notes.txt").write_text("x")
     s3.upload(tmp_path / "notes.txt", "empty/notes.txt")
-    with pytest.raises(UsageError, match="no .parquet, .jsonl or .arrow file found"):
+    with pytest.raises(UsageError, match=r"no input file \(\.parquet, .*\) found"):
         list_inputs([s3.uri("empty")])
     with pytest.raises(UsageError, match="unsupported input"):
         list_inputs([s3.uri("empty/notes.txt")])

@@ -48,16 +48,24 @@ def test_missing_input_is_an_error_naming_it(tmp_path):
 
 
 def test_unsupported_file_is_an_error(tmp_path):
-    path = tmp_path / "corpus.csv"
-    path.write_text("id,text\n")
-    with pytest.raises(UsageError, match="unsupported input"):
+    path = tmp_path / "corpus.xml"
+    path.write_text("<id>1</id>\n")
+    with pytest.raises(UsageError) as refused:
         list_inputs([str(path)])
+    assert str(refused.value) == (
+        f"unsupported input {path}: use .parquet, .jsonl, .jsonl.gz, .json (JSON lines), "
+        ".arrow, .csv, .tsv"
+    )
 
 
 def test_directory_without_inputs_is_an_error(tmp_path):
     (tmp_path / "readme.txt").write_text("x")
-    with pytest.raises(UsageError, match="no .parquet, .jsonl or .arrow file"):
+    with pytest.raises(UsageError) as refused:
         list_inputs([str(tmp_path)])
+    assert str(refused.value) == (
+        "no input file (.parquet, .jsonl, .jsonl.gz, .json (JSON lines), .arrow, .csv, .tsv) "
+        f"found in {tmp_path}"
+    )
 
 
 def test_parquet_units_are_row_groups_and_chunks_stay_small(tmp_path):

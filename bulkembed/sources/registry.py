@@ -1,0 +1,69 @@
+"""Input formats by registry: each format says its name and the suffixes of its files
+(`InputFormat.name`, `suffixes`, `title`), and `register_format` makes it read. A file's
+format is that of the longest suffix its name ends in; the errors that list what can be
+read are made from the registry (`readable`).
+
+A format of another file is added with `register_format(MyFormat())`; the built-in ones
+(Parquet, JSON lines, Arrow, CSV/TSV, Hugging Face datasets) are registered by
+`bulkembed.sources`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from bulkembed.sources.base import InputFormat
+    from bulkembed.sources.records import InputFile
+    from bulkembed.storage import AnyPath
+
+# Formats by name, and format names by suffix (lowercase, with its dot).
+_FORMATS: dict[str, InputFormat] = {}
+_SUFFIXES: dict[str, str] = {}
+
+
+def register_format(fmt: InputFormat) -> None:
+    """Read files of `fmt`'s suffixes as `fmt` (replacing a format of its name, and the
+    claim of another format on those suffixes)."""
+    former = _FORMATS.get(fmt.name)
+    if former is not None:
+        unregister_format(former)
+    _FORMATS[fmt.name] = fmt
+    for suffix in fmt.suffixes:
+        _SUFFIXES[suffix.lower()] = fmt.name
+
+
+def unregister_format(fmt: InputFormat) -> None:
+    """Stop reading `fmt`'s files."""
+    if _FORMATS.get(fmt.name) is fmt:
+        del _FORMATS[fmt.name]
+    for suffix in [s for s, name in _SUFFIXES.items() if name == fmt.name]:
+        del _SUFFIXES[suffix]
+
+
+def format_name(path: AnyPath) -> str | None:
+    """The format of a file by its name (its longest registered suffix); None for a file
+    that is no input."""
+    name = path.name.lower()
+    found = [suffix for suffix in _SUFFIXES if name.endswith(suffix)]
+    return _SUFFIXES[max(found, key=len)] if found else None
+
+
+def format_of(file: InputFile) -> InputFormat:
+    """How `file` is read."""
+    return _FORMATS[file.format]
+
+
+def readable() -> str:
+    """The files that can be read, in words: each format's suffixes, by its title.
+
+    >>> from bulkembed.sources import readable
+    >>> readable()
+    '.parquet, .jsonl, .jsonl.gz, .json (JSON lines), .arrow, .csv, .tsv'
+    """
+    parts = []
+    for fmt in _FORMATS.values():
+        if fmt.suffixes:
+            listed = ", ".join(fmt.suffixes)
+            parts.append(f"{listed} ({fmt.title})" if fmt.title else listed)
+    return ", ".join(parts)
