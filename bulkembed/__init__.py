@@ -5,13 +5,36 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
+from bulkembed.errors import (
+    BulkembedError,
+    InputError,
+    Interrupted,
+    ModelError,
+    OutputError,
+    OutputLocked,
+    TooManyBadRecords,
+    TooManyDeletes,
+    UsageError,
+    WorkerError,
+)
 from bulkembed.version import __version__
 
 __all__ = [
+    "BulkembedError",
     "Embeddings",
+    "InputError",
+    "Interrupted",
+    "ModelError",
+    "OutputError",
+    "OutputLocked",
+    "RunConfig",
     "SparseRows",
     "SparseVector",
     "TextEncoder",
+    "TooManyBadRecords",
+    "TooManyDeletes",
+    "UsageError",
+    "WorkerError",
     "__version__",
     "embed_corpus",
     "load",
@@ -25,6 +48,7 @@ if TYPE_CHECKING:
 
 # Names imported on first use, so that `import bulkembed` imports neither torch nor numpy.
 _LAZY = {
+    "RunConfig": "bulkembed.config",
     "TextEncoder": "bulkembed.api",
     "Embeddings": "bulkembed.contracts",
     "SparseRows": "bulkembed.contracts",

@@ -65,10 +65,7 @@ def model_config(model: str | os.PathLike[str], settings: dict[str, Any]) -> Run
             f"{', '.join(MODEL_SETTINGS)})"
         )
     budget = values.get("max_batch_tokens")
-    if budget == "auto":
-        values["max_batch_tokens"] = None
-        values["tune_batch_tokens"] = True
-    elif budget is not None and not isinstance(budget, int):
+    if budget is not None and not isinstance(budget, (int, str)):
         raise UsageError(f"max_batch_tokens: expected a number of tokens or 'auto', not {budget!r}")
     outputs = values.get("outputs")
     if isinstance(outputs, str):

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from bulkembed.errors import UsageError
+from bulkembed.spellings import AUTO, bad_record_limit, batch_tokens, delete_limit
 
 DEFAULT_MAX_BATCH_TOKENS = 16384
 # Records per unit of work in JSON lines, Arrow and dataset inputs (a Parquet unit is a
@@ -293,6 +294,7 @@ class RunConfig:
                 object.__setattr__(self, name, (value,))
             elif value is not None:
                 object.__setattr__(self, name, tuple(value))
+        self._coerce_spellings()
         if self.max_deletes == 0:
             # `-0` is 0: no delete allowed, and said so without a sign.
             object.__setattr__(self, "max_deletes", 0.0)
@@ -303,6 +305,22 @@ class RunConfig:
             value = getattr(self, name)
             if isinstance(value, os.PathLike):
                 object.__setattr__(self, name, os.fspath(value))
+
+    def _coerce_spellings(self) -> None:
+        """The CLI's spellings, from a Python caller too (`spellings`): `max_batch_tokens`
+        a number or "auto" (which probes the budget), `max_deletes` a count, a fraction or
+        "all", `max_bad_records` a count or a fraction; each wrong one is the CLI's error."""
+        budget: object = self.max_batch_tokens
+        if isinstance(budget, str):
+            object.__setattr__(self, "max_batch_tokens", batch_tokens(budget))
+            if budget.strip().lower() == AUTO:
+                object.__setattr__(self, "tune_batch_tokens", True)
+        deletes: object = self.max_deletes
+        if isinstance(deletes, str):
+            object.__setattr__(self, "max_deletes", delete_limit(deletes))
+        bad: object = self.max_bad_records
+        if isinstance(bad, str):
+            object.__setattr__(self, "max_bad_records", bad_record_limit(bad))
 
     def _check_distribution(self) -> None:
         """`--shard` and `--engine ray` commit units from several processes at once into one

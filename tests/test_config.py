@@ -72,3 +72,43 @@ def test_tokenizer_processes_grow_with_the_gpus_within_the_cores_left(
 ):
     monkeypatch.setattr(os, "cpu_count", lambda: cores)
     assert default_tokenize_workers(devices) == expected
+
+
+@pytest.mark.parametrize(
+    ("option", "spelling"),
+    [("max_deletes", "lots"), ("max_bad_records", "many"), ("max_batch_tokens", "big")],
+)
+def test_run_config_takes_the_clis_spellings_with_the_clis_errors(tmp_path, option, spelling):
+    from typer.testing import CliRunner
+
+    from bulkembed import RunConfig, UsageError
+    from bulkembed.cli import app
+
+    config = RunConfig(
+        inputs="x", output="o", model="m", max_batch_tokens="auto", max_deletes="all"
+    )
+    assert (config.max_batch_tokens, config.tune_batch_tokens, config.max_deletes) == (
+        None,
+        True,
+        None,
+    )
+    counted = RunConfig(inputs="x", output="o", model="m", max_bad_records="25")
+    assert (counted.max_bad_records, counted.tune_batch_tokens) == (25, False)
+    shares = RunConfig(
+        inputs="x", output="o", model="m", max_deletes="0.25", max_bad_records="0.01"
+    )
+    assert (shares.max_deletes, shares.max_bad_records) == (0.25, 0.01)
+    assert (
+        RunConfig(inputs="x", output="o", model="m", max_batch_tokens="4096").max_batch_tokens
+        == 4096
+    )
+    with pytest.raises(UsageError) as refused:
+        RunConfig(inputs="x", output="o", model="m", **{option: spelling})
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text('{"text": "a"}\n')
+    flag = f"--{option.replace('_', '-')}"
+    result = CliRunner().invoke(
+        app, ["run", str(corpus), "--model", "m", "-o", str(tmp_path / "o"), flag, spelling]
+    )
+    assert result.exit_code == 2
+    assert result.output.strip() == f"error: {refused.value}"

@@ -6,7 +6,6 @@ Importing this module must stay cheap: `bulkembed --help` never imports torch.
 from __future__ import annotations
 
 import json
-import math
 import os
 from collections.abc import Callable
 from typing import Annotated, Any
@@ -64,6 +63,7 @@ from bulkembed.errors import (
 )
 from bulkembed.printing import print_error
 from bulkembed.recipes import find_recipe, list_recipes
+from bulkembed.spellings import bad_record_limit, delete_limit
 
 app = typer.Typer(
     help="Turn a text corpus into embeddings, in bulk.",
@@ -97,40 +97,6 @@ def _guarded(action: Callable[[], Any]) -> Any:
             raise
         print_error(f"{one_line(e)} (set BULKEMBED_DEBUG=1 for the traceback)")
         raise typer.Exit(ExitCode.FAILED) from e
-
-
-def _bad_record_limit(text: str | None) -> float | None:
-    """`--max-bad-records` as a count or a fraction; None for no limit."""
-    if text is None:
-        return None
-    try:
-        return int(text)
-    except ValueError:
-        pass
-    try:
-        return float(text)
-    except ValueError:
-        raise UsageError(
-            f"--max-bad-records {text}: give a count (25) or a fraction of the records read "
-            "below 1 (0.01)"
-        ) from None
-
-
-def _delete_limit(text: str) -> float | None:
-    """`--max-deletes`: a count (`500`), a fraction below 1 of the previous output's rows
-    (`0.25`), or `all` (None: no limit)."""
-    if text.strip().lower() == "all":
-        return None
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not math.isfinite(value) or value < 0 or (value >= 1 and value != int(value)):
-        raise UsageError(
-            f"--max-deletes {text}: give a count (500), a fraction of the previous output's "
-            "rows below 1 (0.25), or all"
-        )
-    return abs(value)  # `-0` is 0
 
 
 EXIT_STATUS_HELP = """Exit status: 0 done; 1 the run failed (model, output, a worker, an
@@ -217,7 +183,7 @@ def run(
             devices=devices,
             limit=limit,
             on_bad_record=on_bad_record,
-            max_bad_records=_bad_record_limit(max_bad_records),
+            max_bad_records=bad_record_limit(max_bad_records),
             overwrite=overwrite,
             quiet=quiet,
             keep_columns=names(keep_columns),
@@ -227,7 +193,7 @@ def run(
             index_partitions=index_partitions,
             fts=fts,
             since=since,
-            max_deletes=_delete_limit(max_deletes),
+            max_deletes=delete_limit(max_deletes),
             verify_inputs=verify_inputs,
             records_per_unit=records_per_unit,
             shard=None if shard is None else ShardSpec.parse(shard),

@@ -122,8 +122,6 @@ def embed_command(guarded: Callable[[Callable[[], Any]], Any]) -> Callable[..., 
             if target is not None:
                 _check_output(target, overwrite)
             settings = model_options.settings()
-            if settings.pop("tune_batch_tokens"):
-                settings["max_batch_tokens"] = "auto"
             if like is not None:
                 from bulkembed.recorded import names_output
 

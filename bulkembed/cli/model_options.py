@@ -15,7 +15,6 @@ import typer
 
 from bulkembed.cli.options import from_env
 from bulkembed.config import Attention, Backend, DType, DTypeOut, Pooling, Quantize
-from bulkembed.errors import UsageError
 
 Command = TypeVar("Command", bound=Callable[..., Any])
 
@@ -185,8 +184,7 @@ class ModelOptions:
         return {
             "recipe": self.recipe,
             "revision": self.revision,
-            "max_batch_tokens": batch_tokens(self.max_batch_tokens),
-            "tune_batch_tokens": self.max_batch_tokens == "auto",
+            "max_batch_tokens": self.max_batch_tokens,
             "max_length": self.max_length,
             "dtype": self.dtype,
             "compile": self.compile_model,
@@ -232,15 +230,3 @@ def with_group(group: type[Any], name: str) -> Callable[[Command], Command]:
         return typing.cast(Command, taking_group)
 
     return decorate
-
-
-def batch_tokens(text: str | None) -> int | None:
-    """`--max-batch-tokens` as a number; None for the default or `auto`."""
-    if text is None or text == "auto":
-        return None
-    try:
-        return int(text)
-    except ValueError:
-        raise UsageError(
-            f"--max-batch-tokens {text}: expected a number of tokens or auto"
-        ) from None
