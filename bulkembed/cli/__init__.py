@@ -13,45 +13,10 @@ from typing import Annotated, Any
 import typer
 
 from bulkembed.cli.embed import embed_command
-from bulkembed.cli.model_options import ModelOptions, names, with_group
-from bulkembed.cli.options import (
-    BreakLock,
-    Devices,
-    EngineOption,
-    Fts,
-    IdColumn,
-    Index,
-    IndexPartitions,
-    IndexTypeOption,
-    Inputs,
-    KeepColumns,
-    Limit,
-    MaxBadRecords,
-    MaxDeletes,
-    Model,
-    OnBadRecordOption,
-    Output,
-    Overwrite,
-    Quiet,
-    RayAddress,
-    RecordsPerUnit,
-    ShardOption,
-    Since,
-    StorageOption,
-    StreamFormatOption,
-    TextColumn,
-    TokenizeWorkers,
-    VerifyInputs,
-)
-from bulkembed.config import (
-    DEFAULT_MAX_DELETES,
-    DEFAULT_RECORDS_PER_UNIT,
-    Engine,
-    IndexType,
-    OnBadRecord,
-    RunConfig,
-    ShardSpec,
-)
+from bulkembed.cli.model_options import ModelOptions, with_group
+from bulkembed.cli.options import Inputs, Model, Output, StorageOption
+from bulkembed.cli.run_options import ExecutionOptions, InputOptions, OutputOptions
+from bulkembed.config import RunConfig
 from bulkembed.errors import (
     BulkembedError,
     ExitCode,
@@ -63,7 +28,6 @@ from bulkembed.errors import (
 )
 from bulkembed.printing import print_error
 from bulkembed.recipes import find_recipe, list_recipes
-from bulkembed.spellings import bad_record_limit, delete_limit
 
 app = typer.Typer(
     help="Turn a text corpus into embeddings, in bulk.",
@@ -133,35 +97,17 @@ def main_options(
 
 @app.command(epilog=EXIT_STATUS_HELP)
 @with_group(ModelOptions, "model_options")
+@with_group(InputOptions, "input_options")
+@with_group(OutputOptions, "output_options")
+@with_group(ExecutionOptions, "execution")
 def run(
     inputs: Inputs,
     model: Model,
     output: Output,
     model_options: ModelOptions,
-    text_column: TextColumn = "text",
-    id_column: IdColumn = None,
-    tokenize_workers: TokenizeWorkers = None,
-    devices: Devices = "auto",
-    limit: Limit = None,
-    on_bad_record: OnBadRecordOption = OnBadRecord.SKIP,
-    max_bad_records: MaxBadRecords = None,
-    overwrite: Overwrite = False,
-    quiet: Quiet = False,
-    keep_columns: KeepColumns = None,
-    stream_format: StreamFormatOption = None,
-    index: Index = False,
-    index_type: IndexTypeOption = IndexType.AUTO,
-    index_partitions: IndexPartitions = None,
-    fts: Fts = False,
-    since: Since = None,
-    max_deletes: MaxDeletes = f"{DEFAULT_MAX_DELETES:g}",
-    verify_inputs: VerifyInputs = False,
-    records_per_unit: RecordsPerUnit = DEFAULT_RECORDS_PER_UNIT,
-    shard: ShardOption = None,
-    engine: EngineOption = Engine.LOCAL,
-    ray_address: RayAddress = None,
-    storage_option: StorageOption = None,
-    break_lock: BreakLock = False,
+    input_options: InputOptions,
+    output_options: OutputOptions,
+    execution: ExecutionOptions,
 ) -> None:
     """Embed INPUTS with a model into Parquet parts, a LanceDB table or stdout.
 
@@ -172,37 +118,10 @@ def run(
         from bulkembed.engine.run import embed_corpus
         from bulkembed.progress import make_reporter
 
-        config = RunConfig(
-            inputs=tuple(inputs),
-            output=output,
-            model=model,
-            **model_options.settings(),
-            text_column=text_column,
-            id_column=id_column,
-            tokenize_workers=tokenize_workers,
-            devices=devices,
-            limit=limit,
-            on_bad_record=on_bad_record,
-            max_bad_records=bad_record_limit(max_bad_records),
-            overwrite=overwrite,
-            quiet=quiet,
-            keep_columns=names(keep_columns),
-            stream_format=stream_format,
-            index=index,
-            index_type=index_type,
-            index_partitions=index_partitions,
-            fts=fts,
-            since=since,
-            max_deletes=delete_limit(max_deletes),
-            verify_inputs=verify_inputs,
-            records_per_unit=records_per_unit,
-            shard=None if shard is None else ShardSpec.parse(shard),
-            engine=engine,
-            ray_address=ray_address,
-            storage_options=tuple(storage_option or ()),
-            break_lock=break_lock,
-        )
-        embed_corpus(config, reporter=make_reporter(quiet))
+        groups = (model_options, input_options, output_options, execution)
+        settings = {k: v for group in groups for k, v in group.settings().items()}
+        config = RunConfig(inputs=tuple(inputs), output=output, model=model, **settings)
+        embed_corpus(config, reporter=make_reporter(execution.quiet))
 
     _guarded(action)
 
