@@ -17,16 +17,23 @@ import os
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import pyarrow as pa
 
 from bulkembed.contracts import RowCounts, ragged_positions
-from bulkembed.lookup import PreviousLookup
 from bulkembed.sources import Chunk, IdKey
 from bulkembed.sources.long_texts import MARGIN, tokenizer_bound
 from bulkembed.workers import WorkerPool
+
+
+class KnownTexts(Protocol):
+    """What a tokenizer asks of a previous output (`bulkembed.lookup.PreviousLookup` is
+    one): which documents, by their id keys and text digests, need no tokenizing."""
+
+    def counted(self, keys: np.ndarray, hashes: np.ndarray) -> np.ndarray: ...
+
 
 # A chunk takes milliseconds to tokenize; a worker this late is stuck, not slow.
 RESULT_TIMEOUT_SECONDS = 600
@@ -135,7 +142,7 @@ class TextTokenizer:
     def __init__(
         self,
         settings: TokenizerSettings,
-        previous: PreviousLookup | None = None,
+        previous: KnownTexts | None = None,
         id_key: IdKey | None = None,
     ) -> None:
         from tokenizers import Tokenizer
@@ -255,7 +262,7 @@ def tokenizer_threads(workers: int) -> int:
 
 
 def _start_tokenizer(
-    setting: tuple[TokenizerSettings, int, PreviousLookup | None, IdKey],
+    setting: tuple[TokenizerSettings, int, KnownTexts | None, IdKey],
 ) -> tuple[Callable[[tuple[pa.Array, pa.Array, np.ndarray]], Tokens], None]:
     """A worker's tokenizer (`bulkembed.workers`): rebuilt once, from its JSON, and timed,
     with its batch encoding spread over `threads` (the tokenizers library's thread pool
@@ -293,7 +300,7 @@ class TokenizerPool:
         workers: int,
         id_key: IdKey,
         max_in_flight: int = 0,
-        previous: PreviousLookup | None = None,
+        previous: KnownTexts | None = None,
     ) -> None:
         self.max_in_flight = max_in_flight or max(2, 4 * workers)
         # Whether `map` was left with results it did not read.
