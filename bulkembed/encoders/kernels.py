@@ -180,8 +180,12 @@ def _jagged(
     if key.shape[1] != query.shape[1]:
         key, value = (repeat_heads(t, query.shape[1]) for t in (key, value))
     offsets = cu_seqlens.long()
+    # The lengths' bounds given, not computed from the offsets on the device (a wait for
+    # the device at each call): the longest, and one token at least.
     q, k, v = (
-        torch.nested.nested_tensor_from_jagged(t, offsets, max_seqlen=longest).transpose(1, 2)
+        torch.nested.nested_tensor_from_jagged(
+            t, offsets, max_seqlen=longest, min_seqlen=1
+        ).transpose(1, 2)
         for t in (query, key, value)
     )
     with sdpa_kernel(backend or SDPBackend.CUDNN_ATTENTION):
