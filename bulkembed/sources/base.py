@@ -72,7 +72,8 @@ class ReadSettings:
 class InputFormat(ABC):
     """One kind of input file, by its `name`, read from files whose names end in one of
     its `suffixes` (none: found otherwise, as datasets are), which `title` names in errors
-    where the suffixes do not say it (`registry`). `tabular` formats have a schema
+    where the suffixes do not say it (`registry`); found in an input directory, or only
+    when named or matched by a glob (`in_folders` False). `tabular` formats have a schema
     (`schema`); the others are sampled by their first records (`sample`). A `streamed`
     format's units cannot be counted, nor its content digested, before it is read.
     `lines`: positions are line numbers."""
@@ -80,6 +81,7 @@ class InputFormat(ABC):
     name: ClassVar[str]
     suffixes: ClassVar[tuple[str, ...]] = ()
     title: ClassVar[str] = ""
+    in_folders: ClassVar[bool] = True
     tabular = False
     streamed = False
     lines = False

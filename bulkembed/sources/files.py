@@ -16,7 +16,7 @@ from pathlib import Path
 from bulkembed.contracts import RUN_DIRECTORY
 from bulkembed.errors import InputError, UsageError
 from bulkembed.sources.records import InputFile
-from bulkembed.sources.registry import format_name, readable
+from bulkembed.sources.registry import format_name, named_only, readable
 from bulkembed.storage import (
     AnyPath,
     FileStatus,
@@ -94,7 +94,7 @@ def _inputs_below(directory: Path, skipped: list[tuple[str, str]]) -> list[Path]
         for p, is_directory in walk(directory, skipped=skipped)
         if not is_directory
         and p.is_file()
-        and format_name(p)
+        and format_name(p, in_folder=True)
         and RUN_DIRECTORY not in p.relative_to(directory).parts
         and not _is_dataset_metadata(p)
     ]
@@ -165,7 +165,7 @@ def _through_links(path: Path) -> bool:
 def _object_input(file: ObjectPath, below: tuple[str, ...], names: set[str]) -> bool:
     """Whether an object found below a prefix (`below`: its path from there) is input, as
     `_inputs_below` decides for a local file; `names` are the objects listed with it."""
-    if not format_name(file) or RUN_DIRECTORY in below:
+    if not format_name(file, in_folder=True) or RUN_DIRECTORY in below:
         return False
     if file.name in DATASET_METADATA and any(
         str(file.parent / name) in names for name in ("state.json", "dataset_dict.json")
@@ -313,7 +313,11 @@ def list_inputs(
     if STDIN in inputs:
         streamed.append(_stdin_input())
     if not by_path and not streamed:
-        raise UsageError(f"no input file ({readable()}) found in {', '.join(inputs)}")
+        named = named_only()
+        hint = f"; {named} files are read when named or matched by a glob" if named else ""
+        raise UsageError(
+            f"no input file ({readable(in_folders=True)}) found in {', '.join(inputs)}{hint}"
+        )
     files = sorted(by_path.values(), key=lambda s: str(s.path)) + streamed
     by_name: dict[str, InputFile] = {}
     for file in files:

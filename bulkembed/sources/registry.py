@@ -5,7 +5,8 @@ read are made from the registry (`readable`).
 
 A format of another file is added with `register_format(MyFormat())`; the built-in ones
 (Parquet, JSON lines, Arrow, CSV/TSV, Hugging Face datasets) are registered by
-`bulkembed.sources`.
+`bulkembed.sources`. A registration holds in its own process: a process the run spawns
+that reads inputs (a Ray actor) knows only the formats registered there.
 """
 
 from __future__ import annotations
@@ -41,12 +42,16 @@ def unregister_format(fmt: InputFormat) -> None:
         del _SUFFIXES[suffix]
 
 
-def format_name(path: AnyPath) -> str | None:
+def format_name(path: AnyPath, in_folder: bool = False) -> str | None:
     """The format of a file by its name (its longest registered suffix); None for a file
-    that is no input."""
+    that is no input, or, `in_folder` (found in an input directory rather than named or
+    matched by a glob), of a format read only when named."""
     name = path.name.lower()
     found = [suffix for suffix in _SUFFIXES if name.endswith(suffix)]
-    return _SUFFIXES[max(found, key=len)] if found else None
+    if not found:
+        return None
+    fmt = _SUFFIXES[max(found, key=len)]
+    return fmt if _FORMATS[fmt].in_folders or not in_folder else None
 
 
 def format_of(file: InputFile) -> InputFormat:
@@ -54,16 +59,24 @@ def format_of(file: InputFile) -> InputFormat:
     return _FORMATS[file.format]
 
 
-def readable() -> str:
-    """The files that can be read, in words: each format's suffixes, by its title.
+def named_only() -> str:
+    """The suffixes of the formats read only when named or matched by a glob."""
+    return ", ".join(s for f in _FORMATS.values() if not f.in_folders for s in f.suffixes)
+
+
+def readable(in_folders: bool = False) -> str:
+    """The files that can be read, in words: each format's suffixes, by its title; with
+    `in_folders`, those of the formats read from an input directory.
 
     >>> from bulkembed.sources import readable
     >>> readable()
     '.parquet, .jsonl, .jsonl.gz, .json (JSON lines), .arrow, .csv, .tsv'
+    >>> readable(in_folders=True)
+    '.parquet, .jsonl, .jsonl.gz, .json (JSON lines), .arrow'
     """
     parts = []
     for fmt in _FORMATS.values():
-        if fmt.suffixes:
+        if fmt.suffixes and (fmt.in_folders or not in_folders):
             listed = ", ".join(fmt.suffixes)
             parts.append(f"{listed} ({fmt.title})" if fmt.title else listed)
     return ", ".join(parts)

@@ -7,10 +7,12 @@ import json
 
 import numpy as np
 import pyarrow.parquet as pq
+import pytest
 from helpers import read_output, run_cli, sample_texts, write_jsonl
 
 from bulkembed.cli.options import Inputs
 from bulkembed.contracts import RUN_DIRECTORY
+from bulkembed.errors import UsageError
 from bulkembed.sources import list_inputs, readable, register_format, unregister_format
 from bulkembed.sources.delimited import DelimitedFormat
 
@@ -78,19 +80,54 @@ def test_a_format_registered_from_another_file_is_found_by_its_suffix(tmp_path):
     class Semicolons(DelimitedFormat):
         name = "semicolons"
         suffixes = (".ssv",)
+        in_folders = True
 
     (tmp_path / "a.ssv").write_text("id;text\n1;x\n")
-    (tmp_path / "b.csv").write_text("id,text\n1,x\n")
-    assert [f.format for f in list_inputs([str(tmp_path)])] == ["csv"]
+    (tmp_path / "b.parquet").write_bytes(b"")
+    assert [f.format for f in list_inputs([str(tmp_path)])] == ["parquet"]
     semicolons = Semicolons()
     register_format(semicolons)
     try:
         found = list_inputs([str(tmp_path)])
-        assert [(f.name, f.format) for f in found] == [("a.ssv", "semicolons"), ("b.csv", "csv")]
+        assert [(f.name, f.format) for f in found] == [
+            ("a.ssv", "semicolons"),
+            ("b.parquet", "parquet"),
+        ]
         assert readable().endswith(".csv, .tsv, .ssv")
     finally:
         unregister_format(semicolons)
     assert ".ssv" not in readable()
+
+
+def test_csv_files_are_read_where_named_or_globbed_not_found_in_a_folder(tmp_path):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    _write(corpus / "labels.csv", [("1", "a label", "en")])
+    with pytest.raises(UsageError) as refused:
+        list_inputs([str(corpus)])
+    assert str(refused.value) == (
+        f"no input file (.parquet, .jsonl, .jsonl.gz, .json (JSON lines), .arrow) found in "
+        f"{corpus}; .csv, .tsv files are read when named or matched by a glob"
+    )
+    (corpus / "docs.jsonl").write_text('{"text": "a"}\n')
+    # A side file of a folder of inputs is not input: the folder reads as it always did.
+    assert [f.name for f in list_inputs([str(corpus)])] == ["docs.jsonl"]
+    assert [f.name for f in list_inputs([str(corpus / "*.csv")])] == ["labels.csv"]
+    assert [f.name for f in list_inputs([str(corpus / "labels.csv")])] == ["labels.csv"]
+
+
+def test_an_empty_csv_holds_no_record_and_a_doubled_column_is_one_line(tmp_path, tiny_st):
+    model = tiny_st("mean")
+    (tmp_path / "empty.csv").write_text("")
+    result = run_cli(tmp_path / "empty.csv", model, tmp_path / "out")
+    assert result.exit_code == 0, result.output
+    assert not (tmp_path / "out" / RUN_DIRECTORY / "bad_records.jsonl").exists()
+    doubled = tmp_path / "doubled.csv"
+    doubled.write_text("text,text\na,b\n")
+    result = run_cli(doubled, model, tmp_path / "doubled")
+    assert result.output.strip() == (
+        f"error: {doubled}: its header names the column 'text' twice: rename one"
+    )
 
 
 def test_the_inputs_help_names_every_registered_suffix():
