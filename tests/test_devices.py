@@ -223,6 +223,20 @@ def test_the_memory_a_token_takes_is_probed_once_then_replayed_at_the_memory_fre
     assert recorded_budget(spec, "cuda:0", "float32") == first
     assert recorded_budget(spec, "cuda:0", "float16") is None
     assert recorded_budget(spec, "cpu", "float32") is None
+    # Read ahead by it only where this run probes too: `auto`, or flat batches on CUDA
+    # under a budget nobody gave.
+    from bulkembed.encoders import kernels
+    from bulkembed.encoders.registry import read_ahead_budget
+
+    assert read_ahead_budget(spec, "cuda:0", "float32", tune=True) == first
+    monkeypatch.setattr(kernels, "available", lambda device, dtype: [])
+    assert read_ahead_budget(spec, "cuda:0", "float32", tune=False) == spec.max_batch_tokens
+    monkeypatch.setattr(kernels, "available", lambda device, dtype: ["varlen_attn"])
+    assert read_ahead_budget(spec, "cuda:0", "float32", tune=False) == first
+    given = resolve_model(
+        RunConfig(inputs=("x",), output="o", model=str(tiny_st("mean")), max_batch_tokens=4096)
+    )
+    assert read_ahead_budget(given, "cuda:0", "float32", tune=False) == 4096
     # A later run of the same model on the same device: no probe, the memory free now.
     memory["free"] = 2 * 2**30
     again = on_a_gpu(torch.float32).tune_batch_tokens()
@@ -230,9 +244,17 @@ def test_the_memory_a_token_takes_is_probed_once_then_replayed_at_the_memory_fre
     # Another dtype (or device, model, library version) probes again.
     on_a_gpu(torch.bfloat16).tune_batch_tokens()
     assert len(probes) == 2
-    recorded = list((tmp_path / "cache" / "budget-probes").glob("*.json"))
-    assert len(recorded) == 2
-    assert json.loads(recorded[0].read_text())["bytes_per_token"] == 100_000
+    # Each probe keeps its memory per token, and the budget it gave for reading ahead.
+    recorded = [
+        json.loads(p.read_text()) for p in (tmp_path / "cache" / "budget-probes").glob("*.json")
+    ]
+    assert sorted(map(sorted, recorded)) == [
+        ["budget"],
+        ["budget"],
+        ["bytes_per_token"],
+        ["bytes_per_token"],
+    ]
+    assert {r.get("bytes_per_token") for r in recorded} == {None, 100_000}
 
 
 def test_flat_batches_on_cuda_probe_their_budget_unless_one_was_given(tiny_st, monkeypatch):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import os
 from abc import abstractmethod
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
@@ -161,13 +162,23 @@ class Encoder(DeviceRuntime):
     def _choose_kernel(self, model: Any) -> None:
         """Take the attention kernel of a flat `model` on this device (`kernel_choice`),
         and say how it was chosen where a check measured it."""
-        from bulkembed.encoders.kernel_choice import AttentionShape, choose_kernel
+        from bulkembed.encoders.kernel_choice import (
+            FORMER_KERNEL_VARIABLE,
+            KERNEL_VARIABLE,
+            AttentionShape,
+            choose_kernel,
+        )
 
         shape = AttentionShape.of(model, self.spec.max_length)
         choice = choose_kernel(self.device, self.dtype, shape)
         self.attention_kernel = choice.name
         if choice.how == "measured":
             self.remarks.append(choice.describe())
+        if os.environ.get(FORMER_KERNEL_VARIABLE):
+            self.notices.append(
+                f"{FORMER_KERNEL_VARIABLE} is no longer read: set {KERNEL_VARIABLE} "
+                "(flash-attention-3, varlen_attn, flash-attn-2, cudnn-jagged or reference)"
+            )
 
     def _flat_family(self, model: Any) -> FlatFamily | str:
         """The family that runs `model` on flat batches for this encoder, or why none can."""
@@ -278,6 +289,15 @@ class Encoder(DeviceRuntime):
             if timed is not None:
                 timed[1].record(compute)
             return Landing(outputs, inputs.batch.lengths, timed, self._landings)
+
+    def budget_key(self) -> dict[str, Any] | None:
+        """`DeviceRuntime.budget_key`, with what runs the batches: the backend, the layout
+        and the attention kernel."""
+        key = super().budget_key()
+        if key is None:
+            return None
+        ran = {"backend": self.backend.value, "flat": self.unpadded}
+        return key | ran | {"kernel": self.attention_kernel}
 
     def close(self) -> None:  # noqa: B027 (an encoder in this process has nothing to stop)
         """Nothing to stop: the model goes with this object."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import os
+import uuid
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -74,7 +74,8 @@ def record_decision(kind: str, key: dict[str, Any] | None, found: dict[str, Any]
     if key is None:
         return
     path = decision_path(kind, key)
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    # Unique across the hosts that share a cache folder.
+    temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         temporary.write_text(json.dumps(found), encoding="utf-8")

@@ -43,6 +43,8 @@ if TYPE_CHECKING:
     QKV = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
 KERNEL_VARIABLE = "BULKEMBED_ATTENTION_KERNEL"
+# What chose between flash-attention 3 and 2 before: a run that sets it is told it is not read.
+FORMER_KERNEL_VARIABLE = "BULKEMBED_FLASH_ATTENTION"
 # The largest relative error of a kernel's output against the float32 reference; half
 # precision kernels land near 0.003 (see docs/benchmarks.md).
 CHECK_ERROR = 0.02
@@ -121,15 +123,28 @@ def choose_kernel(device: str, dtype: torch.dtype, shape: AttentionShape) -> Ker
             )
         return KernelChoice(asked, "asked", {})
     key = {"format": _RECORD_FORMAT, **device_key(device, dtype), "shape": asdict(shape)}
-    key["kernels"] = names
+    key |= {"kernels": names, "libraries": _kernel_libraries()}
     found = read_decision(_KIND, key)
+    recorded = found.get("seconds") if found is not None else None
     if found is not None and found.get("kernel") in (*names, REFERENCE):
-        return KernelChoice(found["kernel"], "recorded", dict(found.get("seconds", {})))
+        seconds = recorded if isinstance(recorded, dict) else {}
+        return KernelChoice(found["kernel"], "recorded", seconds)
     seconds = measure(names, device, dtype, shape)
     passed = {name: spent for name, spent in seconds.items() if spent is not None}
     name = min(passed, key=lambda n: passed[n]) if passed else REFERENCE
     record_decision(_KIND, key, {"kernel": name, "seconds": seconds})
     return KernelChoice(name, "measured", seconds)
+
+
+def _kernel_libraries() -> dict[str, Any]:
+    """The versions of the libraries the kernels come from (PyTorch's is in every key)."""
+    import torch
+
+    from bulkembed.export_cache import installed_version
+
+    names = ("flash_attn", "flash_attn_3")
+    found: dict[str, Any] = {name: installed_version(name) for name in names}
+    return found | {"cudnn": torch.backends.cudnn.version()}
 
 
 def check_lengths(longest: int, seed: int) -> np.ndarray:
@@ -164,10 +179,12 @@ def measure(
         sequences = Sequences.on_host(check_lengths(shape.longest, seed))
         sequences = sequences.to(lambda t: t.to(device))
         tokens = int(sequences.cu_seqlens[-1])
-        query, key, value = (
-            torch.randn(tokens, heads, shape.size, device=device, dtype=dtype)
-            for heads in (shape.heads, shape.key_heads, shape.key_heads)
-        )
+        # Views of one fused projection, strided as a flat layer's queries, keys and
+        # values are.
+        heads = (shape.heads, shape.key_heads, shape.key_heads)
+        fused = torch.randn(tokens, sum(heads) * shape.size, device=device, dtype=dtype)
+        parts = fused.split([h * shape.size for h in heads], dim=-1)
+        query, key, value = (part.view(tokens, -1, shape.size) for part in parts)
         sets.append((sequences, (query, key, value)))
     checked, (query, key, value) = sets[0]
     upcast = (query.float(), key.float(), value.float())

@@ -89,3 +89,24 @@ def tunes_budget(encoder: Encoder, tune: bool) -> bool:
         return False
     cuda = encoder.device.startswith("cuda")
     return cuda and encoder.unpadded and not encoder.spec.budget_given
+
+
+def read_ahead_budget(spec: ModelSpec, device: str, dtype: str, tune: bool) -> int:
+    """The budget a run reads ahead by before its model loads: where it will probe its
+    budget (`tune`, or flat batches on CUDA under a budget nobody gave, as `tunes_budget`
+    decides once the model is loaded; the layout as `choose_attention` expects it), the
+    one an earlier run's probe found on this device (`runtime.recorded_budget`); else the
+    spec's."""
+    import torch
+
+    from bulkembed.config import Attention
+    from bulkembed.encoders.backend import choose_attention
+    from bulkembed.encoders.runtime import recorded_budget
+
+    if not device.startswith("cuda"):
+        return spec.max_batch_tokens
+    flat = choose_attention(spec, device, getattr(torch, dtype))[0] is Attention.FLAT
+    tuned = os.environ.get(FLAT_BUDGET_VARIABLE, "tuned").lower() != "recipe"
+    if tune or (flat and tuned and not spec.budget_given):
+        return recorded_budget(spec, device, dtype) or spec.max_batch_tokens
+    return spec.max_batch_tokens

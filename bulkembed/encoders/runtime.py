@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
@@ -67,9 +67,16 @@ def recorded_budget(spec: ModelSpec, device: str, dtype: str) -> int | None:
 
     if not device.startswith("cuda"):
         return None
-    found = read_decision(BUDGET_KIND, model_key(spec, device, getattr(torch, dtype)))
+    found = read_decision(BUDGET_KIND, _read_ahead_key(spec, device, getattr(torch, dtype)))
     budget = found.get("budget") if found else None
     return budget if isinstance(budget, int) and budget > 0 else None
+
+
+def _read_ahead_key(spec: ModelSpec, device: str, dtype: torch.dtype) -> dict[str, Any] | None:
+    """Where the budget a probe found is kept for reading ahead: under what a run knows
+    before its model loads (`decisions.model_key`)."""
+    key = model_key(spec, device, dtype)
+    return None if key is None else {**key, "read_ahead": True}
 
 
 def torch_out_of_memory() -> type[BaseException]:
@@ -293,14 +300,13 @@ class DeviceRuntime(ABC):
         """A token budget that fills this GPU's free memory: the memory a token of a batch
         takes, in this encoder's dtype, scaled to the memory free now. That memory is
         measured by one probe (`probe_batch`: the peak it took per token), or taken from an
-        earlier run's probe under the same key (`decisions.model_key`: the model's settings
-        and exact files, the device, the dtype, the libraries' versions, which settle the
-        backend and the layout). None on the CPU, where memory does not bound batches."""
+        earlier run's probe under the same key (`budget_key`). None on the CPU, where
+        memory does not bound batches."""
         import torch
 
         if not self.device.startswith("cuda"):
             return None
-        key = model_key(self.spec, self.device, self.dtype)
+        key = self.budget_key()
         recorded = read_decision(BUDGET_KIND, key)
         per_token = recorded.get("bytes_per_token") if recorded else None
         torch.cuda.synchronize(self.device)
@@ -309,7 +315,9 @@ class DeviceRuntime(ABC):
         torch.cuda.empty_cache()
         free, _ = torch.cuda.mem_get_info(self.device)
         budget = tuned_batch_tokens(free, per_token, self.spec.max_length)
-        record_decision(BUDGET_KIND, key, {"bytes_per_token": per_token, "budget": budget})
+        record_decision(BUDGET_KIND, key, {"bytes_per_token": per_token})
+        read_ahead = _read_ahead_key(self.spec, self.device, self.dtype)
+        record_decision(BUDGET_KIND, read_ahead, {"budget": budget})
         return budget
 
     def _probe_bytes_per_token(self) -> float:
@@ -323,3 +331,9 @@ class DeviceRuntime(ABC):
         self.embed_batch(probe)
         peak = torch.cuda.max_memory_allocated(self.device) - before
         return peak / self.cost(probe)
+
+    def budget_key(self) -> dict[str, Any] | None:
+        """What the memory a token takes depends on: the model's settings and exact files,
+        the device, the dtype and the libraries' versions (`decisions.model_key`); None
+        where the model's files are not pinned."""
+        return model_key(self.spec, self.device, self.dtype)

@@ -26,7 +26,7 @@ from bulkembed.admission import (
 )
 from bulkembed.config import Attention, OnBadRecord
 from bulkembed.devices import cpu_threads_per_worker
-from bulkembed.encoders.runtime import recorded_budget
+from bulkembed.encoders.registry import read_ahead_budget
 from bulkembed.engine.ahead import ReadAhead
 from bulkembed.engine.in_process import Writing, embed_in_process, start_counting
 from bulkembed.engine.modes import RunMode
@@ -102,9 +102,10 @@ def embed_locally(
     devices = list(plan.devices)
     stats = RunStats(started=plan.started)
     chunks = stats.timed_iterator("read", plan.reader.read(skip=SkippedUnits(done, plan.my_units)))
-    # Read ahead by the budget the run will batch by: the one an earlier run's probe found
-    # on this device, where one did.
-    budget = recorded_budget(plan.spec, devices[0], plan.dtype) or plan.spec.max_batch_tokens
+    # Read ahead by the budget the run will batch by (an earlier run's probe's, where one
+    # found it on this device and this run probes too).
+    tune = plan.config.tune_batch_tokens
+    budget = read_ahead_budget(plan.spec, devices[0], plan.dtype, tune)
     output_format = resumed_output_format(plan.output_format, run, done)
     carrier = mode.carrier()
     if mode.sizes() is None:

@@ -9,7 +9,7 @@ from helpers import embed_texts, sample_texts
 
 from bulkembed.config import RunConfig
 from bulkembed.contracts import RUN_DIRECTORY
-from bulkembed.encoders import base
+from bulkembed.encoders import base, compiling
 from bulkembed.encoders.compiling import (
     BYTES_PER_TOKEN,
     CACHE_VARIABLE,
@@ -63,3 +63,21 @@ def test_the_compilers_cache_is_kept_in_the_cache_folder_unless_set(tmp_path, mo
     monkeypatch.setenv(CACHE_VARIABLE, str(tmp_path / "mine"))
     compiled(torch.nn.Linear(2, 2))
     assert os.environ[CACHE_VARIABLE] == str(tmp_path / "mine")
+
+
+def test_the_run_compiles_where_the_rule_says_so(tmp_path, tiny_st, monkeypatch):
+    decided = []
+    monkeypatch.setattr(base, "compiled", lambda module: decided.append(module) or module)
+    rules = []
+
+    def rule(spec, device, input_bytes):
+        rules.append((device, input_bytes))
+        return True
+
+    monkeypatch.setattr(compiling, "compiles_by_default", rule)
+    texts = sample_texts(6)
+    _, out = embed_texts(tmp_path / "ruled", tiny_st("mean"), texts, "--backend", "torch")
+    summary = json.loads((out / RUN_DIRECTORY / "summary.json").read_text())
+    corpus = tmp_path / "ruled" / "c.jsonl"
+    assert rules == [("cpu", corpus.stat().st_size)]
+    assert summary["compile"] is True and len(decided) == 1

@@ -140,9 +140,11 @@ def test_windowed_and_grouped_attention_equals_attention_by_hand(
 def test_varlen_attention_calls_the_kernel_its_sequences_name(monkeypatch):
     called = []
 
-    def stand_in(query, key, value, cu_q, cu_k, max_q, max_k, window_size=(-1, -1)):
+    def stand_in(query, key, value, cu_q, cu_k, max_q, max_k, *, is_causal=False):
+        """A kernel that masks causally and by no window (PyTorch 2.9's)."""
         called.append(max_q)
-        return _by_reference(query, key, value, cu_q, cu_k, max_q, max_k)
+        lengths = Sequences.on_host(np.diff(cu_q.numpy()))
+        return reference_attention(query, key, value, lengths, is_causal)
 
     monkeypatch.setattr(kernels, "_torch_varlen", lambda: stand_in)
     query, key, value = torch.randn(3, 6, 2, 4).unbind(0)
@@ -153,8 +155,11 @@ def test_varlen_attention_calls_the_kernel_its_sequences_name(monkeypatch):
     torch.testing.assert_close(varlen.varlen_attention(query, key, value, named), expected)
     assert called == [4]
     # A kernel that cannot mask as asked leaves the call to the reference.
-    assert varlen.varlen_attention(query, key, value, named, False, (1, 1)) is not None
-    assert called == [4, 4]
+    windowed = varlen.varlen_attention(query, key, value, named, False, (1, 1))
+    assert called == [4]
+    expected = reference_attention(query, key, value, named, False, (1, 1))
+    torch.testing.assert_close(windowed, expected)
+    assert not torch.allclose(windowed, varlen.varlen_attention(query, key, value, named))
     refused = Sequences.on_host(np.array([4, 2]), kernels.CUDNN_JAGGED)
     found = varlen.varlen_attention(query, key, value, refused, True)
     torch.testing.assert_close(found, reference_attention(query, key, value, refused, True))
@@ -364,3 +369,16 @@ def test_a_cuda_model_takes_a_kernel_that_passes_its_check(tmp_path, monkeypatch
     choice = choose_kernel("cuda:0", torch.bfloat16, AttentionShape.of(module, 512))
     assert choice.how == "measured"
     assert choice.seconds[choice.name] is not None
+
+
+def test_the_former_kernel_variable_is_said_to_be_no_longer_read(tiny_st, monkeypatch):
+    from bulkembed.encoders import build_encoder
+
+    spec = _spec(tiny_st("cls"), attention="flat", backend="torch")
+    monkeypatch.delenv("BULKEMBED_FLASH_ATTENTION", raising=False)
+    assert build_encoder(spec, "cpu", torch.float32).notices == []
+    monkeypatch.setenv("BULKEMBED_FLASH_ATTENTION", "fa2")
+    assert build_encoder(spec, "cpu", torch.float32).notices == [
+        "BULKEMBED_FLASH_ATTENTION is no longer read: set BULKEMBED_ATTENTION_KERNEL "
+        "(flash-attention-3, varlen_attn, flash-attn-2, cudnn-jagged or reference)"
+    ]
