@@ -287,11 +287,11 @@ def test_sparse_rows_hold_each_document_s_entries_as_a_list_of_vectors_would(doc
 
 
 def test_weights_go_straight_to_a_gpu_and_load_alike_that_way(tiny_splade, monkeypatch):
-    from bulkembed.encoders import backend
-
     import importlib.util
 
     import transformers
+
+    from bulkembed.encoders import backend
 
     assert backend.placement("cpu") == {}
     # transformers 5 places weights alone; before, with accelerate installed.
