@@ -9,7 +9,9 @@ repays it: on CUDA, in PyTorch, when the inputs hold about five minutes of work 
 an H100-class GPU. The work is estimated before the model loads from the inputs' bytes
 (`BYTES_PER_TOKEN` to a token) and the model's config (`layer_parameters`): 2 FLOPs per
 parameter of its layers per token, against `COMPILE_WORK_FLOPS`. Inputs of unknown size (a
-streamed dataset, stdin) count as none. `--compile` and `--no-compile` decide it outright.
+streamed dataset, stdin) count as none. With `--engine ray` the devices are the cluster's,
+unknown here: the default there compiles only where `--devices` names CUDA. `--compile`
+and `--no-compile` decide it outright.
 
 The compiler keeps what it built in a cache: `TORCHINDUCTOR_CACHE_DIR` where it is set,
 else `torch-compile/` in bulkembed's cache folder (next to the converted models and the
