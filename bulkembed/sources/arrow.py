@@ -39,12 +39,27 @@ class ArrowFormat(TabularFormat):
     def read(
         self, index: int, file: InputFile, settings: ReadSettings, skip: Container[str]
     ) -> Iterator[Chunk]:
+        batches: Iterator[tuple[pa.RecordBatch, list[str]]] = (
+            (batch, []) for batch in self.batches(file)
+        )
+        return self.read_batches(index, file, settings, skip, batches)
+
+    def read_batches(
+        self,
+        index: int,
+        file: InputFile,
+        settings: ReadSettings,
+        skip: Container[str],
+        batches: Iterable[tuple[pa.RecordBatch, list[str]]],
+    ) -> Iterator[Chunk]:
+        """`read`, from the file's `batches`, each with the reasons of the rows the format
+        left out of it (quarantined with the unit its first row is in, at that row)."""
         per_unit = settings.records_per_unit
         pending: Chunk | None = None
         read = 0
         bad: list[BadRecord] = []
         try:
-            for first, rows in _pieces(self.batches(file), settings):
+            for first, rows, left_out in _pieces(batches, settings):
                 unit = first // per_unit
                 if pending is not None:
                     pending.last_in_unit = pending.unit != unit
@@ -52,6 +67,8 @@ class ArrowFormat(TabularFormat):
                     pending = None
                 if part_name(index, unit) not in skip:
                     pending = self.chunk(index, unit, file, rows, first, settings)
+                    source = str(file.path)
+                    pending.bad.extend(BadRecord(source, why, row=first) for why in left_out)
                 read = first + rows.num_rows
         except READ_ERRORS as e:
             stop_on_store_failure(file.path, e)
@@ -72,13 +89,16 @@ class ArrowFormat(TabularFormat):
 
 
 def _pieces(
-    batches: Iterable[pa.RecordBatch], settings: ReadSettings
-) -> Iterator[tuple[int, pa.RecordBatch]]:
-    """(first row, rows) of a file's `batches`: at most `chunk_size` rows, within one
-    unit."""
+    batches: Iterable[tuple[pa.RecordBatch, list[str]]], settings: ReadSettings
+) -> Iterator[tuple[int, pa.RecordBatch, list[str]]]:
+    """(first row, rows, reasons left out) of a file's `batches`: at most `chunk_size`
+    rows, within one unit; a batch's reasons go with its first piece (an empty one, for a
+    batch of no row)."""
     per_unit = settings.records_per_unit
     row = 0
-    for batch in batches:
+    for batch, left_out in batches:
+        if not batch.num_rows and left_out:
+            yield row, batch, left_out
         start = 0
         texts = batch.column(settings.text_column)
         rows = settings.chunk_rows(texts.nbytes, batch.num_rows)
@@ -86,6 +106,6 @@ def _pieces(
             at = row + start
             unit_end = (at // per_unit + 1) * per_unit
             size = min(rows, unit_end - at, batch.num_rows - start)
-            yield at, batch.slice(start, size)
+            yield at, batch.slice(start, size), left_out if start == 0 else []
             start += size
         row += batch.num_rows
