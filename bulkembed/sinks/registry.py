@@ -99,7 +99,10 @@ class SinkKind:
     """A kind of output: `parse` takes an `--output` value and returns its target, or None
     when the value is not of this kind (`options` reach object storage); `open` makes the
     sink that writes a target. `in_place`, for a kind that can be synced in place, gives
-    what the sync needs of an opened sink."""
+    what the sync needs of an opened sink. A kind's settings of its own ride on its
+    target: `parse` returns a frozen subclass of `OutputTarget` with fields of its own,
+    read from the `--output` value's query (`kind://NAME?setting=...`) or from
+    `BULKEMBED_<KIND>_<SETTING>`, and refuses a wrong one with a `UsageError`."""
 
     name: str
     parse: Callable[[str, StorageOptions | None], OutputTarget | None]
