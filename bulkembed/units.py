@@ -21,6 +21,22 @@ class SkippedUnits:
         return part in self.done or (self.mine is not None and part not in self.mine)
 
 
+@dataclass(frozen=True, slots=True)
+class PendingUnits:
+    """The units a run still embeds: those not done, and with `--shard` only its own."""
+
+    done: Container[str]
+    mine: Container[str] | None
+
+    def __contains__(self, part: object) -> bool:
+        return part not in self.done and (self.mine is None or part in self.mine)
+
+    @property
+    def skipped(self) -> SkippedUnits:
+        """The units the reader passes over."""
+        return SkippedUnits(self.done, self.mine)
+
+
 def counted_units(files: list[InputFile], records_per_unit: int) -> list[str]:
     """Every unit of the inputs, in order, for runs that share them out up front."""
     if any(format_of(s).streamed for s in files):

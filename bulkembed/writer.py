@@ -6,11 +6,9 @@ its part is committed (labelled with the run's id and the unit's counts and bad 
 that a lost marker can be taken back from it), and then the run directory is told: its bad
 records go to the quarantine and its done-marker, with the same counts and bad records, to
 the ledger. With several devices each device's process writes and commits its own parts,
-and tells the run's process, which keeps the ledger.
-
-With `--since` and a Parquet output, the embedded rows of each unit (new and changed, not
-carried over) also go to a second sink, the change set's upserts, committed just before
-the unit's part: a unit is marked done only once both are in place.
+and tells the run's process, which keeps the ledger. A run mode that keeps the embedded
+rows elsewhere too (`--since`: its change set, see `bulkembed.engine.modes`) derives its
+writer.
 """
 
 from __future__ import annotations
@@ -74,6 +72,8 @@ def _carried_batch(carried: Carried, schema: pa.Schema) -> pa.RecordBatch:
 
 # What is told of a committed unit: its record and its bad records.
 Committed = Callable[[UnitRecord, list[dict[str, Any]]], None]
+# A part's label (`Sink.commit`).
+Label = dict[str, Any]
 
 
 class PartWriter:
@@ -81,8 +81,8 @@ class PartWriter:
     run's id (`run_id`); `committed` is told of each unit once its part is in place (the run
     directory's `RunDirectory.committed`: quarantine, then done-marker). The sinks run
     `fence` right before each commit, and it raises if the run no longer holds the output
-    (a lost lease). `upserts`, when given, receives each unit's embedded rows (the change
-    set of `--since`)."""
+    (a lost lease). A subclass may keep each unit's embedded rows elsewhere too
+    (`embedded`)."""
 
     def __init__(
         self,
@@ -91,15 +91,11 @@ class PartWriter:
         schema: pa.Schema,
         committed: Committed,
         fence: Callable[[], None],
-        upserts: Sink | None = None,
     ) -> None:
         self.run_id = run_id
         self.committed = committed
         self.schema = schema
         self.sink = sink
-        self.upserts = upserts
-        if upserts is not None:
-            upserts.start(schema, fence)
         self.tallies: dict[str, _Tally] = {}
         # Bad records go to the quarantine with their unit's commit, so that a unit written
         # twice (a Ray actor lost halfway) does not report them twice.
@@ -128,8 +124,7 @@ class PartWriter:
                 record_batch(chunk.ids, embeddings, self.schema, chunk.hashes, chunk.columns)
             )
             counts.append(RowCounts(tokenized.lengths, tokenized.truncated_rows))
-            if self.upserts is not None:
-                self.upserts.write(chunk.part, batches[0])
+            self.embedded(chunk.part, batches[0])
         if carried is not None and carried.embeddings is not None:
             batches.append(_carried_batch(carried, self.schema))
             counts.append(carried.counts)
@@ -158,25 +153,30 @@ class PartWriter:
             rows = RowCounts.joined(self.counts.pop(chunk.part, []))
             self.commit(record, [b.fields() for b in self.bad.pop(chunk.part)], rows)
 
+    def embedded(self, part: str, batch: pa.RecordBatch) -> None:
+        """The rows of `part` that the model embedded (not carried over), as they are
+        written; the part writer keeps them in the part alone."""
+
+    def label(self, record: UnitRecord, bad: list[dict[str, Any]], counts: RowCounts) -> Label:
+        """The label of the part of `record`: the run's id, the unit's counts and `bad`,
+        its bad records (while they are small), and its rows' counts."""
+        kept = bad if len(json.dumps(bad, default=str)) <= LABEL_BAD_RECORDS_BYTES else None
+        return {
+            "run": self.run_id,
+            "unit": {**asdict(record), "bad": kept},
+            "counts": counts.encode(),
+        }
+
     def _write_deferred(self, part: str) -> None:
         """Write the records of `part` carried over without their vectors, read now."""
         for carried in self.deferred.pop(part, []):
             self.sink.write(part, _carried_batch(carried, self.schema))
 
     def commit(self, record: UnitRecord, bad: list[dict[str, Any]], counts: RowCounts) -> None:
-        """Commit the part of `record` (and its upserts), labelled with the run's id, the
-        unit's counts and `bad`, its bad records, and its rows' counts; then tell
-        `committed`. A unit whose rows are all carried over without their vectors is, if
-        they are a part of the previous output whole, a copy of it (`Sink.adopt`)."""
-        kept = bad if len(json.dumps(bad, default=str)) <= LABEL_BAD_RECORDS_BYTES else None
-        label = {
-            "run": self.run_id,
-            "unit": {**asdict(record), "bad": kept},
-            "counts": counts.encode(),
-        }
-        if self.upserts is not None:
-            # The upserts hold the unit's embedded rows only: the rows' counts are the part's.
-            self.upserts.commit(record.part, {k: v for k, v in label.items() if k != "counts"})
+        """Commit the part of `record`, labelled (`label`); then tell `committed`. A unit
+        whose rows are all carried over without their vectors is, if they are a part of the
+        previous output whole, a copy of it (`Sink.adopt`)."""
+        label = self.label(record, bad, counts)
         if self._adopted(record, label):
             found: dict[str, Any] = {}
         else:
@@ -198,8 +198,6 @@ class PartWriter:
 
     def close(self) -> None:
         self.sink.close()
-        if self.upserts is not None:
-            self.upserts.close()
 
 
 class KeptUnits:

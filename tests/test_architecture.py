@@ -1,5 +1,6 @@
-"""The package's import graph: no cycles, and the engines independent of each other; no
-module over 400 lines, no function body over 80."""
+"""The package's import graph (imports for annotations alone left out: they run nowhere):
+no cycles, and the engines independent of each other; no module over 400 lines, no
+function body over 80."""
 
 import ast
 
@@ -43,7 +44,7 @@ def _cycles(graph: grimp.ImportGraph) -> list[list[str]]:
 
 
 def test_no_module_imports_itself_through_others():
-    graph = grimp.build_graph("bulkembed")
+    graph = grimp.build_graph("bulkembed", exclude_type_checking_imports=True)
     assert "bulkembed.engine.run" in graph.modules
     assert _cycles(graph) == []
 
@@ -59,7 +60,7 @@ def test_the_cycle_finder_finds_a_cycle():
 
 
 def test_no_engine_imports_another():
-    graph = grimp.build_graph("bulkembed")
+    graph = grimp.build_graph("bulkembed", exclude_type_checking_imports=True)
     for engine, other in [("local", "ray"), ("ray", "local")]:
         chain = graph.find_shortest_chain(f"bulkembed.engine.{engine}", f"bulkembed.engine.{other}")
         assert chain is None, chain

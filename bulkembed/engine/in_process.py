@@ -16,7 +16,7 @@ import numpy as np
 import pyarrow as pa
 
 from bulkembed.contracts import Embeddings
-from bulkembed.engine.modes import RunMode
+from bulkembed.engine.modes import RunMode, part_writer
 from bulkembed.engine.plan import RunOutcome, RunPlan
 from bulkembed.engine.session import DeviceSession
 from bulkembed.engine.stream import (
@@ -132,8 +132,8 @@ def _start_writing(
     progress starts with it."""
     run = writing.run
     schema = _writer_schema(plan, writing, sizes)
-    upserts = writing.mode.upserts()()
-    writer = PartWriter(run.run_id, writing.sink, schema, run.committed, run.lock.check, upserts)
+    upserts = writing.mode.upserts()
+    writer = part_writer(upserts, run.run_id, writing.sink, schema, run.committed, run.lock.check)
     reporter.start(stats)
     if plan.my_units is None:
         start_counting(plan, reporter)

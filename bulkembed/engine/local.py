@@ -40,7 +40,6 @@ from bulkembed.engine.unit_pool import Counts, UnitPool, UnitWork
 from bulkembed.progress import Reporter, RunStats
 from bulkembed.sources import SeenIds
 from bulkembed.tokenize import TokenizedChunk, TokenizerPool
-from bulkembed.units import SkippedUnits
 from bulkembed.windows import share_of_window
 
 if TYPE_CHECKING:
@@ -101,7 +100,7 @@ def embed_locally(
     is tokenized while the model loads."""
     devices = list(plan.devices)
     stats = RunStats(started=plan.started)
-    chunks = stats.timed_iterator("read", plan.reader.read(skip=SkippedUnits(done, plan.my_units)))
+    chunks = stats.timed_iterator("read", plan.reader.read(skip=mode.pending(done).skipped))
     # Read ahead by the budget the run will batch by (an earlier run's probe's, where one
     # found it on this device and this run probes too).
     tune = plan.config.tune_batch_tokens

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from bulkembed.config import Engine, RunConfig, default_tokenize_workers
+from bulkembed.engine.modes import RunMode, choose_mode
 from bulkembed.errors import UsageError
 from bulkembed.outputs import OutputFormat
 from bulkembed.run_dir.files import CONFIG_FILE
@@ -42,7 +43,7 @@ class RunPlan:
     the command started, on the monotonic clock (see `RunStats`). `unread_directories`
     are input directories that could not be listed (their files are left out). `id_key`
     keys the hashes that every process of the run finds ids by (`IdKey`), drawn anew for
-    each run."""
+    each run. `mode` is the run's mode (`bulkembed.engine.modes`), picked once here."""
 
     config: RunConfig
     spec: ModelSpec
@@ -55,6 +56,7 @@ class RunPlan:
     workers: int
     all_units: tuple[str, ...] | None
     my_units: frozenset[str] | None
+    mode: RunMode
     storage_options: StorageOptions = StorageOptions()
     started: float = 0.0
     unread_directories: tuple[str, ...] = ()
@@ -194,6 +196,7 @@ def plan_run(config: RunConfig, reporter: Reporter, started: float) -> RunPlan:
         )
     _check_target(config, target)
     _check_since(config, target, options)
+    mode = choose_mode(config, target, options)
     meta = target.run_directory
     earlier = meta is not None and (meta / CONFIG_FILE).exists()
     if STDIN in config.inputs and earlier and not config.overwrite:
@@ -251,6 +254,7 @@ def plan_run(config: RunConfig, reporter: Reporter, started: float) -> RunPlan:
         my_units=None
         if units is None or config.shard is None
         else shard_parts(units, config.shard),
+        mode=mode,
         storage_options=options,
         started=started,
         unread_directories=tuple(directory for directory, _ in skipped),

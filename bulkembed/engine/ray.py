@@ -20,7 +20,7 @@ import contextlib
 import functools
 import logging
 import pickle
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Container, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -35,7 +35,7 @@ from bulkembed.admission import (
 from bulkembed.carry import CarryOver
 from bulkembed.config import DType, OnBadRecord, ShardSpec
 from bulkembed.contracts import UnitRecord, part_unit
-from bulkembed.engine.modes import RunMode, UpsertSinks
+from bulkembed.engine.modes import RunMode, UpsertSinks, part_writer
 from bulkembed.engine.plan import RunOutcome, RunPlan
 from bulkembed.engine.ray_cluster import actors as pool_actors
 from bulkembed.engine.ray_cluster import connect
@@ -56,7 +56,6 @@ from bulkembed.sources import IdKey, RecordReader, SeenIds
 from bulkembed.storage import AnyPath
 from bulkembed.tokenize import TokenizedChunk, TokenizerPool, TokenizerSettings
 from bulkembed.wording import counted
-from bulkembed.writer import PartWriter
 
 if TYPE_CHECKING:
     from bulkembed.model_spec import ModelSpec
@@ -155,8 +154,9 @@ class _UnitEmbedder:
         output = work.output
         schema = part_schema(work.reader, work.spec, self.session.embedder, work.output_format)
         run = RunDirectory(output, meta=work.meta, shard=work.shard)
-        sink, upserts = work.sink(), work.upserts()
-        self.writer = PartWriter(run.run_id, sink, schema, run.committed, work.fence, upserts)
+        self.writer = part_writer(
+            work.upserts, run.run_id, work.sink(), schema, run.committed, work.fence
+        )
 
     def _write(self, window: EmbeddedWindow) -> None:
         for _ in window.write(self.writer):
@@ -196,12 +196,12 @@ class _UnitEmbedder:
         return rows
 
 
-def _pending(plan: RunPlan, done: dict[str, UnitRecord]) -> list[dict[str, Any]]:
-    """The units to embed, each with the byte offset where it starts in an uncompressed
-    JSONL file (-1 elsewhere), so that its task reads only its own lines."""
+def _pending(plan: RunPlan, remaining: Container[str]) -> list[dict[str, Any]]:
+    """The units to embed (those in `remaining`), each with the byte offset where it starts
+    in an uncompressed JSONL file (-1 elsewhere), so that its task reads only its own
+    lines."""
     assert plan.all_units is not None
-    mine = plan.my_units
-    pending = [u for u in plan.all_units if u not in done and (mine is None or u in mine)]
+    pending = [u for u in plan.all_units if u in remaining]
     offsets: dict[int, list[int] | None] = {}
     items = []
     for part in pending:
@@ -230,7 +230,7 @@ def embed_on_ray(
         import ray.data
     except ImportError as e:
         raise BulkembedError("--engine ray needs Ray Data: pip install 'bulkembed[ray]'") from e
-    pending = _pending(plan, done)
+    pending = _pending(plan, mode.pending(done))
     started = connect(plan.config.ray_address)
     try:
         device, actors, threads = pool_actors(plan.config.devices)

@@ -3,17 +3,17 @@
 The table's own run directory (`PATH/_bulkembed/T/`) keeps the run that wrote it, and is
 locked for the whole sync. The sync is a run of its own, whose output is `sync/` below it:
 a Parquet part per unit holding only the unit's ids (`IdParts`), and its run directory
-(`sync/_bulkembed/`: configuration, ledger, summary). The previous content is the table at
-the version it had when the sync began (`previous_version` in the sync's configuration,
+(`sync/_bulkembed/`: configuration, mode's file, ledger, summary). The previous content is
+the table at the version it had when the sync began (`previous_version` in the mode's file,
 read again on resume), so that a resumed sync classifies every document as the first
 attempt did.
 
 For each unit, in this order: its new and changed rows are merged into the table by id
 (`TableMerge`), its id part is committed, its done-marker written. A unit replayed after a
 crash merges the same rows again, which changes nothing. Once every unit is done the sync
-decides what it deletes (`bulkembed.engine.since`, `bulkembed.deletions`): the ids the table
-holds beyond the input units' ids are what the previous version held beyond them; those the
-input no longer has are deleted (the decision is noted in the sync's configuration first,
+decides what it deletes (`bulkembed.engine.modes.in_place`, `bulkembed.deletions`): the ids
+the table holds beyond the input units' ids are what the previous version held beyond them;
+those the input no longer has are deleted (the decision is noted in the mode's file first,
 so that a crash halfway finishes the same deletes), those it could not read, or whose
 deletes were withheld, are kept as id parts of their own. Then the table is compacted (and
 indexed, with `--index`), and the sync is marked complete. A crash before that repeats the
@@ -26,12 +26,11 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from bulkembed.config import Engine
-from bulkembed.engine.plan import RunPlan
+from bulkembed.config import Engine, RunConfig
 from bulkembed.errors import UsageError
 from bulkembed.incremental import PreviousTable
 from bulkembed.run_dir import LockedError, RunDirectory, describe_changes
@@ -47,6 +46,10 @@ from bulkembed.sinks import (
     sink_of,
 )
 from bulkembed.sources import IdKey
+from bulkembed.storage import StorageOptions
+
+if TYPE_CHECKING:
+    from bulkembed.engine.plan import RunPlan
 
 # The sync's run directory, below the table's.
 SYNC_DIRECTORY = "sync"
@@ -55,16 +58,14 @@ SYNC_DIRECTORY = "sync"
 SHARD_START_SECONDS = 120.0
 
 
-def syncs_in_place(plan: RunPlan) -> bool:
+def syncs_in_place(config: RunConfig, target: OutputTarget, options: StorageOptions) -> bool:
     """Whether `--since` names the `--output` table (then updated in place); a `--since`
     of a kind synced in place that names another output is refused."""
-    config = plan.config
     if config.since is None:
         return False
-    since = parse_output(config.since, plan.storage_options)
+    since = parse_output(config.since, options)
     if not since.capabilities.in_place:
         return False
-    target = plan.target
     if (since.kind, since.label) != (target.kind, target.label):
         raise UsageError(
             f"--since {config.since}: a {since.kind} output can only be synced in place: "
@@ -186,7 +187,7 @@ class TableSync:
     def previous(self, id_key: IdKey) -> PreviousTable:
         """The table as it was when the sync began (its ids hashed with `id_key`)."""
         if self.run.config_path.exists():
-            self.version = self.run.read_config().get("previous_version")
+            self.version = self.run.read_mode_state().get("previous_version")
         self.version = self.version or self.table.version()
         found = self.table.dataset(self.version)
         label = self.table_run.label

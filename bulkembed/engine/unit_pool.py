@@ -28,13 +28,12 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from bulkembed.config import DType
-from bulkembed.engine.modes import UpsertSinks, no_upserts
+from bulkembed.engine.modes import UpsertSinks, no_upserts, part_writer
 from bulkembed.engine.pool import BATCHES_PER_WORKER, Ready, start_device_workers
 from bulkembed.engine.session import DeviceSession
 from bulkembed.engine.stream import EmbeddedWindow, embed_windows, part_schema
 from bulkembed.progress import QuietReporter, RunStats
 from bulkembed.workers import WorkerPool, report
-from bulkembed.writer import PartWriter
 
 if TYPE_CHECKING:
     from bulkembed.contracts import UnitRecord
@@ -119,9 +118,8 @@ class _UnitWorker:
             work.spec, [work.device], work.dtype, work.threads, work.tune, _Heartbeat()
         )
         schema = part_schema(work.reader, work.spec, self.session.embedder, work.output_format)
-        upserts = work.upserts()
-        self.writer = PartWriter(
-            work.run_id, work.sink(), schema, self._committed, work.fence, upserts
+        self.writer = part_writer(
+            work.upserts, work.run_id, work.sink(), schema, self._committed, work.fence
         )
         self.writes = ThreadPoolExecutor(1, thread_name_prefix="bulkembed-writer")
         self.last: Future[None] | None = None

@@ -37,6 +37,7 @@ from bulkembed.errors import (
 from bulkembed.run_dir.files import (
     CONFIG_FILE,
     MARKER,
+    MODE_FILE,
     OWN_FILES,
     OWN_NAMES,
     TEMPORARY,
@@ -79,6 +80,7 @@ class RunDirectory:
         self.shard = shard
         self.config_path = self.meta / CONFIG_FILE
         self.summary_path = self.meta / "summary.json"
+        self.mode_path = self.meta / MODE_FILE
         self.failure_path = self.meta / "failed.json"
         self.shards_path = self.meta / "shards.json"
         # A shard writes no snapshot as it goes: the others' markers are not its to vouch for.
@@ -349,6 +351,16 @@ class RunDirectory:
 
     def write_config(self, config: dict[str, Any]) -> None:
         write_json_atomically(self.config_path, {**config, "run": self.run_id})
+
+    def read_mode_state(self) -> dict[str, Any]:
+        """What the run's mode keeps across restarts ({} for none); a run directory of an
+        earlier version kept it in the configuration."""
+        if self.mode_path.exists():
+            return dict(read_json(self.mode_path))
+        return self.read_config() if self.config_path.exists() else {}
+
+    def write_mode_state(self, state: dict[str, Any]) -> None:
+        write_json_atomically(self.mode_path, state)
 
     def write_summary(self, summary: dict[str, Any]) -> None:
         write_json_atomically(self.summary_path, summary)

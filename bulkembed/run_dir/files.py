@@ -16,10 +16,13 @@ from bulkembed.storage import AnyPath, ObjectPath
 _OBJECT_READS = 3
 
 CONFIG_FILE = "config.json"
+# What a run mode keeps across restarts (an incremental run's deletes decision).
+MODE_FILE = "mode.json"
 # What bulkembed writes in a run directory besides the configuration and the ledger: all
 # that `--overwrite` removes there. Anything else is left alone.
 OWN_FILES = (
     "summary.json",
+    MODE_FILE,
     "complete",
     "vocab.json",
     "quantization.json",

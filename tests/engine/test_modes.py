@@ -1,6 +1,7 @@
 """Run modes on their own: what a plain and an incremental run answer the engines, with no
 model running (the previous output is made by a run beforehand)."""
 
+import json
 import pickle
 import time
 
@@ -10,12 +11,9 @@ import pytest
 from helpers import incremental_corpora, run_cli
 
 from bulkembed.config import RunConfig
-from bulkembed.engine.modes import PlainRun, no_upserts
+from bulkembed.engine.modes import ChangeSetRun, PlainRun, no_upserts
 from bulkembed.engine.plan import plan_run
-from bulkembed.engine.since import Incremental, mode_of
 from bulkembed.progress import QuietReporter
-from bulkembed.run_dir import RunDirectory, fingerprint
-from bulkembed.sinks import SinkSettings, make_sink
 from bulkembed.sources import Chunk
 from bulkembed.tokenize import TextTokenizer
 
@@ -32,12 +30,9 @@ def _plan(tmp_path, model, since=None):
     return plan_run(config, QuietReporter(), time.monotonic())
 
 
-def _mode(plan):
-    run = RunDirectory.for_target(plan.target, None)
-    sink = make_sink(plan.target, SinkSettings.of(plan.config, plan.spec.normalize, None))
-    settings = fingerprint(plan.config, plan.spec, list(plan.files))
-    run.open(settings, False, sink, None)
-    return mode_of(plan, run, sink, settings), run
+def _open(plan):
+    """The plan's mode, opening the output as a run does."""
+    return plan.mode.open(plan, QuietReporter())
 
 
 def _tokenized(plan, ids, texts, lookup=None):
@@ -54,20 +49,22 @@ def _tokenized(plan, ids, texts, lookup=None):
 def test_a_plain_run_carries_nothing_and_ends_with_nothing(tmp_path, tiny_st):
     incremental_corpora(tmp_path)
     plan = _plan(tmp_path, tiny_st("mean"))
-    mode, run = _mode(plan)
-    try:
-        assert isinstance(mode, PlainRun)
-        assert mode.start({}, False) is False and mode.start({}, True) is True
+    mode = plan.mode
+    assert isinstance(mode, PlainRun)
+    with _open(plan) as opened:
+        assert (opened.done, opened.complete) == ({}, False)
         assert (mode.carrier().lookup, mode.describe(), mode.changes()) == (None, "", None)
         assert mode.upserts() is no_upserts and no_upserts() is None
         assert mode.end(print) is None
-        assert mode.state() == {"previous_rows": None}
+        pending = mode.pending({"part-00000-000000": None})
+        assert "part-00000-000001" in pending and "part-00000-000000" not in pending
         chunk = _tokenized(plan, ["a", "b"], ["one text", "another text"])
         assert list(mode.carrier().carry([chunk])) == [chunk]
         assert chunk.chunk.carried is None and len(chunk.lengths) == 2
-    finally:
-        mode.close()
-        run.release_lock()
+        assert opened.run.lock_holder() is not None
+        # A plain run keeps no state of its mode.
+        assert not opened.run.mode_path.exists()
+    assert opened.run.lock_holder() is None
 
 
 def test_an_incremental_run_carries_unchanged_rows_and_ends_with_the_deletes(tmp_path, tiny_st):
@@ -80,10 +77,11 @@ def test_an_incremental_run_carries_unchanged_rows_and_ends_with_the_deletes(tmp
     texts = _texts(tmp_path / "v1")
 
     plan = _plan(tmp_path, model, since=tmp_path / "out-v1")
-    mode, run = _mode(plan)
-    try:
-        assert isinstance(mode, Incremental)
-        assert mode.start({}, False) is False
+    mode = plan.mode
+    assert isinstance(mode, ChangeSetRun)
+    with _open(plan) as opened:
+        run = opened.run
+        assert opened.complete is False
         assert mode.changes().rows == 1000
         assert "reusing the vectors of 1,000 documents" in mode.describe()
         assert mode.upserts() is not no_upserts
@@ -115,18 +113,31 @@ def test_an_incremental_run_carries_unchanged_rows_and_ends_with_the_deletes(tmp
         assert kept.counts.tokens.tolist() == full.lengths.tolist()
         assert carried.carried_tokens == int(full.lengths.sum())
 
-        # The end step is a change set's: the deletes once every unit is done.
+        # The end step is a change set's: the deletes once every unit is done. What the
+        # mode keeps across restarts is in its own file, not in the configuration.
         assert mode.end(print) is not None
-        assert mode.state()["previous_rows"] == 1000
-        assert mode.state()["ended"] is False
-        # Another shard began the end step meanwhile: its decision is kept, not written over.
-        noted = {"deleted": 2, "kept": 0, "withheld": 0, "held_by": None}
-        run.write_config({"fingerprint": {}, "deletions": noted, "ended": True})
-        assert (mode.state()["deletions"], mode.state()["ended"]) == (noted, True)
-    finally:
-        mode.close()
-        run.release_lock()
+        state = json.loads(run.mode_path.read_text())
+        assert state == {"previous_rows": 1000, "deletions": None, "ended": False}
+        assert "previous_rows" not in run.read_config()
+    assert run.lock_holder() is None
     assert not mode.carrier().lookup.folder.exists()
+
+
+def test_an_end_step_another_shard_began_is_kept(tmp_path, tiny_st):
+    model = tiny_st("mean")
+    incremental_corpora(tmp_path)
+    assert run_cli(tmp_path / "v1", model, tmp_path / "out-v1", "--dtype", "float32").exit_code == 0
+    plan = _plan(tmp_path, model, since=tmp_path / "out-v1")
+    with _open(plan) as opened:
+        pass
+    # Another shard began the end step meanwhile: its decision is kept, not written over.
+    noted = {"deleted": 2, "kept": 0, "withheld": 0, "held_by": None}
+    state = {"previous_rows": 1000, "deletions": None, "ended": True}
+    opened.run.write_mode_state({**state, "deletions": noted})
+    again = _plan(tmp_path, model, since=tmp_path / "out-v1")
+    with _open(again):
+        assert (again.mode.deletions.as_dict(), again.mode.ended) == (noted, True)
+    assert json.loads(opened.run.mode_path.read_text())["deletions"] == noted
 
 
 def _batches(path):
@@ -141,8 +152,6 @@ def _columns(table, *names):
 
 def _texts(folder):
     """The texts of a corpus written by `incremental_corpora`, by id."""
-    import json
-
     import pyarrow.parquet as pq
 
     table = pq.read_table(folder / "a.parquet")
@@ -163,10 +172,5 @@ def test_an_incremental_run_with_a_limit_deletes_nothing(tmp_path, tiny_st, limi
         from dataclasses import replace
 
         plan = replace(plan, config=replace(plan.config, limit=limit))
-    mode, run = _mode(plan)
-    try:
-        mode.start({}, False)
-        assert (mode.end(print) is None) == (limit is not None)
-    finally:
-        mode.close()
-        run.release_lock()
+    with _open(plan):
+        assert (plan.mode.end(print) is None) == (limit is not None)

@@ -416,7 +416,7 @@ def test_a_run_over_its_bad_record_limit_deletes_nothing_until_the_limit_allows(
 def test_a_table_reopened_for_its_deletes_and_stopped_before_deciding_goes_on_later(
     previous, tmp_path, monkeypatch
 ):
-    from bulkembed.engine import since
+    from bulkembed.engine.modes import in_place
 
     model, corpus, _, db = _copies(previous, tmp_path, "jsonl")
     _edit(corpus, removed=(3, 4))
@@ -427,7 +427,7 @@ def test_a_table_reopened_for_its_deletes_and_stopped_before_deciding_goes_on_la
         def stopped(*arguments):
             raise OSError(5, "Input/output error")
 
-        patched.setattr(since, "missing_ids", stopped)
+        patched.setattr(in_place, "missing_ids", stopped)
         assert _sync(model, corpus, uri, uri, "--max-deletes", "all").exit_code == 1
     # The version the sync began from was compacted away: the end step reads the table.
     allowed = _sync(model, corpus, uri, uri, "--max-deletes", "all")

@@ -1,0 +1,106 @@
+"""A `--since` run into a new output: unchanged rows carried over from the previous output,
+and, where the output's kind keeps one (`capabilities.change_set`), a change set beside it:
+each unit's new and changed rows written a second time (the upserts), and once every unit
+is done the deletes (`bulkembed.engine.modes.incremental`)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+from bulkembed.carry import reading_previous
+from bulkembed.deletions import missing_ids
+from bulkembed.engine.modes.base import OpenedRun, opened_directory, own_output
+from bulkembed.engine.modes.incremental import Incremental, share_quantization
+from bulkembed.errors import OutputError
+from bulkembed.incremental import ChangeSet, PreviousOutput
+from bulkembed.schema import CONTENT_HASH, EMBEDDING_COLUMNS
+from bulkembed.storage import location, parquet_file
+from bulkembed.wording import counted
+
+if TYPE_CHECKING:
+    from bulkembed.contracts import UnitRecord
+    from bulkembed.engine.plan import RunPlan
+    from bulkembed.progress import Reporter
+
+
+class ChangeSetRun(Incremental):
+    """A `--since` run whose output is not the previous one."""
+
+    @contextlib.contextmanager
+    def open(self, plan: RunPlan, reporter: Reporter) -> Iterator[OpenedRun]:
+        with own_output(plan) as (run, sink):
+            self.change_set = ChangeSet(run.meta)
+
+            def start(settings: dict[str, Any], done: dict[str, UnitRecord], whole: bool) -> bool:
+                self._begin(plan, run, sink, settings)
+                return self._start(done, whole)
+
+            try:
+                with opened_directory(plan, run, sink, reporter, start) as opened:
+                    yield opened
+            finally:
+                self.close_previous()
+
+    def prepare(self, complete: bool) -> None:
+        """Read the previous output while input units are pending: to carry rows over, and
+        for the change set's end step."""
+        if complete:
+            return
+        plan = self.plan
+        since = location(plan.config.since or "", plan.storage_options)
+        self.previous = PreviousOutput(since, self.settings, plan.id_key)
+        if plan.target.capabilities.change_set:
+            self.change_set.open(plan.my_units)
+            self._upserts = self.change_set.upserts
+            self.previous.carrier.keeps_unread = plan.config.limit is None
+        self.previous_rows = self.previous.rows
+        share_quantization(plan, self.run, self.previous)
+
+    def end(self, phase: Callable[[str], None]) -> Callable[[], None] | None:
+        """The change set's deletes and the kept rows (None without a change set, or with
+        `--limit`)."""
+        if self.plan.config.limit is not None or not self.plan.target.capabilities.change_set:
+            return None
+        return self._end
+
+    def _end(self) -> None:
+        """The deletes of the change set, and the rows kept in the new output."""
+        assert self.previous is not None
+        inputs, unread, over = self.start_end()
+        ids = self.sink.committed_ids(inputs)
+        missing = list(missing_ids(self.previous, ids, unread, self.plan.id_key))
+        deletions = self.decide(missing, over)
+        if self.previous.other_weights and (deletions.kept or deletions.withheld):
+            raise OutputError(
+                f"--since {self.previous.path} was made with other weights, and "
+                f"{counted(deletions.kept + deletions.withheld, 'row')} of it would stay in "
+                "this output as it is (a record that could not be read, or a delete "
+                "--max-deletes held), with a vector of those weights; read every input whole "
+                "and allow the deletes, then run again (or run without --since)"
+            )
+        self.note(deletions)
+        if deletions.kept or deletions.withheld:
+            schema = self._part_schema(inputs)
+            self.keep(missing, deletions, schema, self.previous.rows_at)
+        gone = [m.ids.filter(pa.array(m.gone)) for m in missing if deletions.deleted]
+        kind = missing[0].ids.type if missing else self.plan.reader.id_type or pa.string()
+        self.change_set.write_deletes(pa.chunked_array([c for g in gone for c in g.chunks], kind))
+
+    def _part_schema(self, inputs: dict[str, UnitRecord]) -> pa.Schema:
+        """The schema of the output's parts: an input part's, or, with none (no input
+        unit has a row), the previous output's with this run's passthrough columns."""
+        assert self.previous is not None
+        for part, record in inputs.items():
+            schema = self.sink.part_schema(part) if record.rows else None
+            if schema is not None:
+                return schema
+        with reading_previous(self.previous.parts[0]):
+            first = parquet_file(self.previous.parts[0]).schema_arrow
+        fields = [f for f in first if f.name in ("id", *EMBEDDING_COLUMNS, CONTENT_HASH)]
+        types = self.plan.reader.column_types
+        fields += [pa.field(name, kind) for name, kind in types.items()]
+        return pa.schema(fields, metadata=first.metadata)
