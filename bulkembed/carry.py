@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     import pyarrow.parquet as pq
 
     from bulkembed.lookup import PreviousLookup
+    from bulkembed.sinks import OutputRows
     from bulkembed.sources import Chunk
     from bulkembed.tokenize import TokenizedChunk
 
@@ -231,28 +232,26 @@ class CarryOver:
 
 
 class TableCarryOver(CarryOver):
-    """Carries rows over from a LanceDB table, `dataset` (its rows found by their offset),
+    """Carries rows over from an output synced in place, `rows` (found by their offset),
     in the run's process."""
 
-    def __init__(self, lookup: PreviousLookup, dataset: Any) -> None:
+    def __init__(self, lookup: PreviousLookup, rows: OutputRows) -> None:
         super().__init__(lookup, [], keeps_unread=True)
-        self._dataset = dataset
+        self._rows = rows
 
     def __getstate__(self) -> dict[str, Any]:
-        raise TypeError("a LanceDB table's rows are carried over in the run's process only")
+        raise TypeError("a synced table's rows are carried over in the run's process only")
 
     def sharing(self, lookup: PreviousLookup) -> CarryOver:
-        raise TypeError("a LanceDB table's rows are carried over in the run's process only")
+        raise TypeError("a synced table's rows are carried over in the run's process only")
 
     def _source(self, chunk: Chunk, entries: np.ndarray, same: np.ndarray) -> PreviousRows | None:
         return None
 
     def embeddings(self, entries: np.ndarray) -> pa.Table:
         assert self.lookup is not None
-        names = self._dataset.schema.names
-        columns = [c for c in ("vector", *EMBEDDING_COLUMNS) if c in names]
-        rows = self._dataset.take(self.lookup.rows[entries].tolist(), columns=columns)
-        return rows.rename_columns(["dense" if c == "vector" else c for c in columns])
+        columns = [c for c in EMBEDDING_COLUMNS if c in self._rows.names]
+        return self._rows.take(self.lookup.rows[entries].tolist(), columns)
 
 
 def _runs(values: np.ndarray) -> list[tuple[int, int]]:

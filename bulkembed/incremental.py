@@ -38,7 +38,7 @@ import os
 import secrets
 from collections.abc import Collection, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -62,6 +62,9 @@ _FREE_SETTINGS = ("inputs", "limit", "units", "keep_columns", "since")
 CHANGES = "changes"
 UPSERTS = "upserts"
 DELETES = "deletes.parquet"
+
+if TYPE_CHECKING:
+    from bulkembed.sinks import OutputRows
 
 
 # The setting of the model's weights: a `--since` output made with other weights is taken,
@@ -264,7 +267,7 @@ class PreviousTable(PreviousOutput):
     def __init__(
         self,
         run: RunDirectory,
-        dataset: Any,
+        rows: OutputRows,
         fingerprint: dict[str, Any],
         label: str,
         id_key: IdKey,
@@ -274,18 +277,18 @@ class PreviousTable(PreviousOutput):
         self.other_weights = check_previous(run, label, fingerprint)
         self.path = label
         self.parts = []
-        self._dataset = dataset
+        self._rows = rows
         self._start()
 
     def _carrier(self) -> CarryOver:
-        return TableCarryOver(self.lookup, self._dataset)
+        return TableCarryOver(self.lookup, self._rows)
 
     def _labelled_tables(
         self, columns: list[str]
     ) -> Iterator[tuple[pa.Table, dict[str, Any] | None]]:
         """The table's `columns`, whole (its rows are found by their offset), with no
         counts."""
-        yield self._dataset.to_table(columns=columns), None
+        yield self._rows.read(columns), None
 
     def sizes(self) -> KnownSizes | None:
         """Not read from a table: the model gives them."""

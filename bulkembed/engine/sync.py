@@ -50,6 +50,7 @@ from bulkembed.storage import StorageOptions
 
 if TYPE_CHECKING:
     from bulkembed.engine.plan import RunPlan
+    from bulkembed.sinks import OutputRows
 
 # The sync's run directory, below the table's.
 SYNC_DIRECTORY = "sync"
@@ -189,7 +190,7 @@ class TableSync:
         if self.run.config_path.exists():
             self.version = self.run.read_mode_state().get("previous_version")
         self.version = self.version or self.table.version()
-        found = self.table.dataset(self.version)
+        found = self.table.rows(self.version)
         label = self.table_run.label
         return PreviousTable(self.table_run, found, self.settings, label, id_key)
 
@@ -199,7 +200,7 @@ class TableSync:
 
     def current(self) -> CurrentTable:
         """The table as it is now: the previous version's rows and those merged since."""
-        return CurrentTable(self.table.dataset())
+        return CurrentTable(self.table.rows())
 
     def delete(self, ids: list[pa.ChunkedArray]) -> None:
         """Delete the rows of `ids` from the table (ids gone already are no matter)."""
@@ -217,9 +218,9 @@ class CurrentTable:
     """A LanceDB table's ids as they are now, as one table; `id_schema` is the schema of
     its `id` column alone."""
 
-    def __init__(self, dataset: Any) -> None:
-        self._dataset = dataset
-        self.id_schema = pa.schema([dataset.schema.field("id")])
+    def __init__(self, rows: OutputRows) -> None:
+        self._rows = rows
+        self.id_schema = pa.schema([rows.id_field()])
 
     def id_tables(self) -> Iterator[pa.Table]:
-        yield self._dataset.to_table(columns=["id"])
+        yield self._rows.read(["id"])

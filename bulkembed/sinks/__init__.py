@@ -4,7 +4,7 @@ registered by `register_sink` (`bulkembed.sinks.registry`).
 `--output` names the target: a directory, `lancedb://PATH[?table=NAME]`, or `-`.
 """
 
-from bulkembed.sinks.base import InPlaceSync, IntentLog, Recovered, Sink
+from bulkembed.sinks.base import InPlaceSync, IntentLog, OutputRows, Recovered, Sink
 from bulkembed.sinks.builtin import register_builtin_sinks
 from bulkembed.sinks.registry import (
     Capabilities,
@@ -25,6 +25,7 @@ register_builtin_sinks()
 __all__ = [
     "Capabilities",
     "InPlaceSync",
+    "OutputRows",
     "IntentLog",
     "OutputTarget",
     "Recovered",

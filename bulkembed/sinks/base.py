@@ -143,6 +143,29 @@ class Sink(ABC):
         """Drop parts that were not committed."""
 
 
+class OutputRows(Protocol):
+    """An output's rows at one version, in the output contract's column names (`id`,
+    `dense`, `content_hash`, ...), whatever the store calls them; rows are found by their
+    offset."""
+
+    @property
+    def names(self) -> list[str]:
+        """The columns it has."""
+        ...
+
+    def id_field(self) -> pa.Field:
+        """The `id` column's field."""
+        ...
+
+    def read(self, columns: list[str]) -> pa.Table:
+        """Every row's `columns`, in offset order."""
+        ...
+
+    def take(self, offsets: list[int], columns: list[str]) -> pa.Table:
+        """The `columns` of the rows at `offsets`, in that order."""
+        ...
+
+
 class InPlaceSync(ABC):
     """What an output that `--since` may sync in place offers (`Capabilities.in_place`):
     its versions, the rows at one of them, a sink that merges units' rows by id, deletes
@@ -153,9 +176,8 @@ class InPlaceSync(ABC):
         """The output's latest version."""
 
     @abstractmethod
-    def dataset(self, version: int | None = None) -> Any:
-        """The output at `version` (the latest: None), readable as a Lance dataset is:
-        `schema`, `to_table(columns=...)`, `take(rows, columns=...)`."""
+    def rows(self, version: int | None = None) -> OutputRows:
+        """The output's rows at `version` (the latest: None)."""
 
     @abstractmethod
     def merging(self) -> Callable[[], Sink]:

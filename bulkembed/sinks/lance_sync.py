@@ -27,6 +27,39 @@ from bulkembed.storage import AnyPath, StorageOptions
 DELETE_BATCH = 1000
 
 
+# The table's name for the output contract's `dense` column (what LanceDB searches).
+_STORED = {"dense": "vector"}
+_CONTRACT = {stored: name for name, stored in _STORED.items()}
+
+
+class LanceRows:
+    """A Lance dataset's rows in the output contract's column names (`OutputRows`)."""
+
+    def __init__(self, dataset: Any) -> None:
+        self._dataset = dataset
+
+    @property
+    def names(self) -> list[str]:
+        return [_CONTRACT.get(name, name) for name in self._dataset.schema.names]
+
+    def id_field(self) -> pa.Field:
+        return self._dataset.schema.field("id")
+
+    def read(self, columns: list[str]) -> pa.Table:
+        return self._named(self._dataset.to_table(columns=self._stored(columns)))
+
+    def take(self, offsets: list[int], columns: list[str]) -> pa.Table:
+        return self._named(self._dataset.take(offsets, columns=self._stored(columns)))
+
+    @staticmethod
+    def _stored(columns: list[str]) -> list[str]:
+        return [_STORED.get(name, name) for name in columns]
+
+    @staticmethod
+    def _named(table: pa.Table) -> pa.Table:
+        return table.rename_columns([_CONTRACT.get(n, n) for n in table.column_names])
+
+
 def _literal(value: Any) -> str:
     """An id as a SQL literal of LanceDB's filters."""
     if isinstance(value, str):
@@ -134,8 +167,8 @@ class TableInPlace(InPlaceSync):
     def version(self) -> int:
         return int(self.table.dataset().version)
 
-    def dataset(self, version: int | None = None) -> Any:
-        return self.table.dataset(version)
+    def rows(self, version: int | None = None) -> LanceRows:
+        return LanceRows(self.table.dataset(version))
 
     def merging(self) -> functools.partial[TableMerge]:
         table = self.table
