@@ -38,13 +38,13 @@ import torch
 from corpus import build
 from throughput import machine
 
-from bulkembed.batching import input_order, pack_batches
+from bulkembed.batching.packing import input_order, pack_batches
+from bulkembed.batching.tokenize import TextTokenizer, TokenizerSettings
 from bulkembed.config import RunConfig
 from bulkembed.contracts import Embeddings, TokenBatch
 from bulkembed.encoders import build_encoder
 from bulkembed.encoders.base import Encoder
-from bulkembed.model_spec import resolve_model
-from bulkembed.tokenize import TextTokenizer, TokenizerSettings
+from bulkembed.models.model_spec import resolve_model
 
 
 def _versions() -> dict[str, str]:

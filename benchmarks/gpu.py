@@ -113,9 +113,9 @@ def corpus_flops(model: str, texts: list[str]) -> tuple[int, list[int], int]:
     import torch
     from transformers import AutoConfig, AutoModel
 
+    from bulkembed.batching.tokenize import TextTokenizer, TokenizerSettings
     from bulkembed.config import RunConfig
-    from bulkembed.model_spec import resolve_model
-    from bulkembed.tokenize import TextTokenizer, TokenizerSettings
+    from bulkembed.models.model_spec import resolve_model
 
     spec = resolve_model(RunConfig(inputs=("-",), output="-", model=model))
     settings = TokenizerSettings(

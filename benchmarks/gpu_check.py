@@ -100,7 +100,7 @@ class Setting:
 
 def _spec(model: Path, recipe: str, **options: Any) -> Any:
     from bulkembed.config import RunConfig
-    from bulkembed.model_spec import resolve_model
+    from bulkembed.models.model_spec import resolve_model
 
     return resolve_model(
         RunConfig(inputs=("-",), output="-", model=str(model), recipe=recipe, **options)
@@ -115,7 +115,7 @@ def _cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 def _documents(spec: Any) -> list[np.ndarray]:
     """The token ids of each document of the sample, as `spec` tokenizes them."""
-    from bulkembed.tokenize import TextTokenizer, TokenizerSettings
+    from bulkembed.batching.tokenize import TextTokenizer, TokenizerSettings
 
     settings = TokenizerSettings(spec.tokenizer_json, spec.max_length, spec.prompt)
     ids, lengths, _ = TextTokenizer(settings)(sample_texts())
@@ -628,7 +628,7 @@ def _setting(smoke: bool, folder: Path) -> Setting:
         return Setting(True, "cpu", torch.float32, folder, 3, 256, 120)
     if not torch.cuda.is_available():
         raise SystemExit("no CUDA device: run with --smoke for the CPU check of this script")
-    from bulkembed.devices import cuda_supports_bfloat16
+    from bulkembed.models.devices import cuda_supports_bfloat16
 
     dtype = torch.bfloat16 if cuda_supports_bfloat16("cuda:0") else torch.float16
     return Setting(False, "cuda:0", dtype, folder, 40, 16384, 2100)

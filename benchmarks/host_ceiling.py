@@ -143,10 +143,10 @@ def build_model(
 
 def tokenizer_rate(corpus: list[Path], model: Path, workers: int) -> dict:
     """Read and tokenize the corpus as a run does, on `workers` processes; discard it."""
+    from bulkembed.batching.tokenize import TokenizerPool
     from bulkembed.config import RunConfig
     from bulkembed.engine.plan import plan_run
-    from bulkembed.progress import QuietReporter
-    from bulkembed.tokenize import TokenizerPool
+    from bulkembed.reporting.progress import QuietReporter
 
     config = RunConfig(
         inputs=tuple(map(str, corpus)),

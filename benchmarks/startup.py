@@ -78,7 +78,7 @@ def _steps(model: Path, recipe: str, device: str, dtype: Any) -> dict[str, Any]:
     from bulkembed.config import RunConfig
     from bulkembed.contracts import TokenBatch
     from bulkembed.encoders import build_encoder
-    from bulkembed.model_spec import resolve_model
+    from bulkembed.models.model_spec import resolve_model
 
     config = RunConfig(inputs=("-",), output="-", model=str(model), recipe=recipe)
     spec = resolve_model(config)

@@ -58,8 +58,8 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bulkembed-digest-") as tmp:
         os.environ["BULKEMBED_CACHE_DIR"] = str(Path(tmp) / "cache")
-        from bulkembed import file_digests
-        from bulkembed.model_files import model_version
+        from bulkembed.models import file_digests
+        from bulkembed.models.model_files import model_version
 
         folder = Path(tmp) / "model"
         folder.mkdir()

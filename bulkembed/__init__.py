@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from bulkembed.api import TextEncoder
     from bulkembed.config import RunConfig
     from bulkembed.contracts import Embeddings, SparseRows, SparseVector
-    from bulkembed.summary import Summary
+    from bulkembed.reporting.summary import Summary
 
 # Names imported on first use, so that `import bulkembed` imports neither torch nor numpy.
 _LAZY = {

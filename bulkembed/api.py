@@ -30,11 +30,11 @@ from bulkembed.contracts import Embeddings, SparseRows
 from bulkembed.errors import ModelError, UsageError, one_line
 
 if TYPE_CHECKING:
+    from bulkembed.batching.tokenize import TextTokenizer, TokenizedChunk
     from bulkembed.engine.session import DeviceSession
     from bulkembed.engine.stream import EmbeddedWindow
-    from bulkembed.model_spec import ModelSpec
-    from bulkembed.outputs import OutputFormat
-    from bulkembed.tokenize import TextTokenizer, TokenizedChunk
+    from bulkembed.models.model_spec import ModelSpec
+    from bulkembed.output.format import OutputFormat
 
 # The settings of `RunConfig` that `load` takes: those that decide what a vector is, and
 # where and how fast it is computed.
@@ -83,13 +83,13 @@ def load(model: str | os.PathLike[str], /, **settings: Any) -> TextEncoder:
 
     Or `model` is an output that `bulkembed run` wrote (a Parquet folder, local or on object
     storage, or `lancedb://PATH?table=NAME`): the encoder it was made with, every setting
-    that shapes a vector read from it (`bulkembed.recorded`), int8/uint8 scale included.
+    that shapes a vector read from it (`bulkembed.output.recorded`), int8/uint8 scale included.
     Those settings may not be given then; the others may, and `model` (where the model's
     files are now, if they moved) and `storage_options` (a dict, as `--storage-option`).
     Weights other than those the output was made with are refused.
 
     The model is loaded here, once; see `TextEncoder` for what each call does."""
-    from bulkembed.recorded import names_output
+    from bulkembed.output.recorded import names_output
 
     if names_output(model):
         return _made(os.fspath(model), settings)
@@ -98,7 +98,7 @@ def load(model: str | os.PathLike[str], /, **settings: Any) -> TextEncoder:
 
 def _made(output: str, settings: dict[str, Any]) -> TextEncoder:
     """The encoder that made `output`, with `settings` of where and how fast it runs."""
-    from bulkembed.recorded import output_encoder
+    from bulkembed.output.recorded import output_encoder
     from bulkembed.storage import StorageOptions
 
     pairs = (settings.pop("storage_options", None) or {}).items()
@@ -120,12 +120,12 @@ def load_recorded(
     ranges: list[list[float]] | None,
     settings: dict[str, Any],
 ) -> TextEncoder:
-    """The encoder that `label` records (`bulkembed.recorded.encoder_record`), with its
+    """The encoder that `label` records (`bulkembed.output.recorded.encoder_record`), with its
     int8/uint8 `ranges`, `settings` of where and how fast it runs and, as `model` and
     `revision`, where the model's files are now; weights other than the recorded ones are
     refused. Its documents take the recorded prompt, and its queries the recorded query
     prompt."""
-    from bulkembed.recorded import RECORDED
+    from bulkembed.output.recorded import RECORDED
 
     version = str(record.get("version"))
     values = {**{k: record[k] for k in RECORDED}, **settings}
@@ -181,11 +181,11 @@ class TextEncoder:
     be given wherever LangChain takes an embedding model."""
 
     def __init__(self, config: RunConfig, ranges: list[list[float]] | None = None) -> None:
-        from bulkembed.devices import resolve_devices
         from bulkembed.engine.session import DeviceSession
-        from bulkembed.model_spec import resolve_model
-        from bulkembed.outputs import OutputFormat
-        from bulkembed.progress import QuietReporter
+        from bulkembed.models.devices import resolve_devices
+        from bulkembed.models.model_spec import resolve_model
+        from bulkembed.output.format import OutputFormat
+        from bulkembed.reporting.progress import QuietReporter
 
         self.config = config
         self.spec: ModelSpec = resolve_model(config)
@@ -278,7 +278,7 @@ class TextEncoder:
 
     def _embed(self, texts: str | Sequence[str], prompt: str) -> Embeddings:
         from bulkembed.engine.stream import embed_windows, gather_windows
-        from bulkembed.progress import RunStats
+        from bulkembed.reporting.progress import RunStats
 
         listed = _text_list(texts)
         if not listed:
@@ -303,8 +303,8 @@ class TextEncoder:
 
     def _tokenized(self, texts: list[str], prompt: str) -> Iterator[TokenizedChunk]:
         """`texts` tokenized with `prompt` in chunks of `TEXTS_PER_CHUNK`, as one unit."""
+        from bulkembed.batching.tokenize import TextTokenizer, TokenizedChunk, TokenizerSettings
         from bulkembed.sources import Chunk
-        from bulkembed.tokenize import TextTokenizer, TokenizedChunk, TokenizerSettings
 
         tokenizer = self._tokenizers.get(prompt)
         if tokenizer is None:

@@ -25,7 +25,7 @@ OUTPUTS = ("dense", "sparse", "multivector")
 # Column names the output uses for itself (`vector` is the dense column in LanceDB).
 RESERVED_COLUMNS = ("id", *OUTPUTS, "content_hash", "vector")
 # The model's settings that shape its vectors, by their `RunConfig` names: what an output
-# records of its encoder besides the model (`bulkembed.recorded`).
+# records of its encoder besides the model (`bulkembed.output.recorded`).
 VECTOR_SETTINGS = (
     "revision",
     "recipe",
@@ -53,7 +53,7 @@ class Pooling(str, Enum):
 
 class DType(str, Enum):
     """Compute precision of the model. `auto` is bfloat16 or float16 on CUDA, bfloat16 on
-    CPUs with bfloat16 units, else float32 (see `bulkembed.devices.dtype_choice`)."""
+    CPUs with bfloat16 units, else float32 (see `bulkembed.models.devices.dtype_choice`)."""
 
     AUTO = "auto"
     FLOAT32 = "float32"

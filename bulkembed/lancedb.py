@@ -23,7 +23,7 @@ from bulkembed.sinks import lance_function
 
 
 def _load(record: dict[str, Any]) -> TextEncoder:
-    """The encoder of a table's record (`bulkembed.recorded.encoder_record`)."""
+    """The encoder of a table's record (`bulkembed.output.recorded.encoder_record`)."""
     device = os.environ.get("BULKEMBED_DEVICE", "auto")
     return load_recorded("the LanceDB table's vector column", record, None, {"device": device})
 

@@ -29,7 +29,7 @@ SPARSE_TYPE = pa.struct(
 EMBEDDING_COLUMNS = ("dense", "sparse", "multivector")
 CONTENT_HASH = "content_hash"
 # The schema metadata key of the settings of the encoder that made the vectors
-# (`bulkembed.recorded`).
+# (`bulkembed.output.recorded`).
 ENCODER_KEY = "bulkembed.encoder"
 # The name of bulkembed's embedding function in LanceDB's registry, which tables name. A
 # process that has not registered it gets LanceDB's `KeyError` of this name: it says what to

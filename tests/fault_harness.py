@@ -25,9 +25,10 @@ import traceback
 
 from lancedb.table import LanceTable
 
-from bulkembed import cli, tokenize
+from bulkembed import cli
+from bulkembed.batching import tokenize
 from bulkembed.encoders.base import Encoder
-from bulkembed.incremental import ChangeSet
+from bulkembed.incremental.previous import ChangeSet
 from bulkembed.run_dir import RunDirectory
 from bulkembed.sinks.lance import LanceSink
 from bulkembed.sinks.lance_sync import TableMerge

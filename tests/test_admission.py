@@ -5,10 +5,15 @@ import numpy as np
 import pytest
 from helpers import write_jsonl, write_parquet
 
-from bulkembed.admission import drop_duplicate_ids, fail_on_bad_records, leave_id_hashes, take
+from bulkembed.batching.admission import (
+    drop_duplicate_ids,
+    fail_on_bad_records,
+    leave_id_hashes,
+    take,
+)
+from bulkembed.batching.tokenize import TokenizedChunk
 from bulkembed.errors import InputError
 from bulkembed.sources import IdKey, RecordReader, SeenIds, list_inputs
-from bulkembed.tokenize import TokenizedChunk
 
 KEY = IdKey.fresh()
 

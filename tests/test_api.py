@@ -400,7 +400,8 @@ def test_quantize_with_float16_out_is_a_conflict(tmp_path, tiny_st):
 
 
 def test_auto_dtype_is_checked_on_the_first_call(monkeypatch, capsys, tiny_st):
-    from bulkembed import devices, precision
+    from bulkembed.engine import precision
+    from bulkembed.models import devices
 
     monkeypatch.setattr(devices, "cpu_accelerates_bfloat16", lambda: True)
     monkeypatch.setattr(precision, "PARITY_THRESHOLD", 1.5)  # no dtype can pass

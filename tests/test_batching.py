@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from bulkembed.batching import input_order, pack_batches
+from bulkembed.batching.packing import input_order, pack_batches
 
 
 def _random_lengths(seed: int, n: int = 2000) -> np.ndarray:
@@ -78,9 +78,9 @@ def test_budget_must_be_positive():
 def test_a_chunk_larger_than_a_window_is_cut_and_keeps_its_unit_end():
     import pyarrow as pa
 
+    from bulkembed.batching.tokenize import TokenizedChunk
+    from bulkembed.batching.windows import windows
     from bulkembed.sources import BadRecord, Chunk
-    from bulkembed.tokenize import TokenizedChunk
-    from bulkembed.windows import windows
 
     lengths = np.array([5, 5, 5, 5, 5, 5, 5], dtype=np.int32)
     chunk = Chunk(
@@ -99,7 +99,7 @@ def test_a_chunk_larger_than_a_window_is_cut_and_keeps_its_unit_end():
 
 
 def test_multivector_windows_are_bounded_by_bytes():
-    from bulkembed.windows import MULTIVECTOR_WINDOW_BYTES, window_tokens
+    from bulkembed.batching.windows import MULTIVECTOR_WINDOW_BYTES, window_tokens
 
     assert window_tokens(16384, None) == 32 * 16384
     assert window_tokens(16384, 1024) * 1024 * 4 == MULTIVECTOR_WINDOW_BYTES
@@ -111,10 +111,10 @@ def _carried_chunk(unit, positions, embedded=()):
     whose records at `embedded` are to embed (5 tokens each)."""
     import pyarrow as pa
 
+    from bulkembed.batching.tokenize import TokenizedChunk
     from bulkembed.contracts import RowCounts
     from bulkembed.sources import Chunk
     from bulkembed.sources.records import Carried
-    from bulkembed.tokenize import TokenizedChunk
 
     def rows(where):
         chunk = Chunk(0, unit, pa.array([f"d{p}" for p in where]), pa.array([], pa.string()), False)
@@ -135,7 +135,7 @@ def _carried_chunk(unit, positions, embedded=()):
 
 
 def test_windows_close_on_carried_bytes_too(monkeypatch):
-    from bulkembed import windows as module
+    from bulkembed.batching import windows as module
 
     monkeypatch.setattr(module, "CARRIED_WINDOW_BYTES", 4096)  # two 2 kB chunks
     chunks = [_carried_chunk(unit, [0, 1]) for unit in range(5)]
@@ -144,7 +144,7 @@ def test_windows_close_on_carried_bytes_too(monkeypatch):
 
 
 def test_carried_records_go_with_the_piece_they_precede():
-    from bulkembed.windows import split_chunk
+    from bulkembed.batching.windows import split_chunk
 
     tokenized = _carried_chunk(0, [0, 3, 4, 9], embedded=[1, 2, 5, 6, 7, 8])
     pieces = split_chunk(tokenized, 10)
@@ -159,7 +159,7 @@ def test_carried_records_go_with_the_piece_they_precede():
 def test_device_idle_fraction_is_the_time_outside_the_model_after_start_up():
     import time
 
-    from bulkembed.progress import RunStats
+    from bulkembed.reporting.progress import RunStats
 
     now = time.monotonic()
     stats = RunStats(started=now - 30.0, embedding=now - 10.0, encode_seconds=7.5)
@@ -175,7 +175,7 @@ def test_device_busy_fraction_is_the_gpu_time_timed_by_cuda_events_over_the_embe
     import time
 
     from bulkembed.contracts import DeviceCounts
-    from bulkembed.progress import RunStats
+    from bulkembed.reporting.progress import RunStats
 
     now = time.monotonic()
     # A CPU run times nothing with CUDA events: no figure rather than 0.

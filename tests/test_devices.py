@@ -7,16 +7,21 @@ import torch
 from helpers import cosines, embed_texts, sample_texts, write_jsonl
 from typer.testing import CliRunner
 
+from bulkembed.batching.tokenize import TextTokenizer, TokenizerSettings
 from bulkembed.cli import app
 from bulkembed.config import DEFAULT_MAX_BATCH_TOKENS, DType, RunConfig
-from bulkembed.devices import cpu_threads_per_worker, resolve_device, resolve_devices, resolve_dtype
 from bulkembed.encoders import TokenBatch, build_encoder
 from bulkembed.encoders.backend import attention_implementation
 from bulkembed.encoders.runtime import recorded_budget, tuned_batch_tokens
 from bulkembed.errors import BulkembedError
-from bulkembed.model_spec import resolve_model
+from bulkembed.models.devices import (
+    cpu_threads_per_worker,
+    resolve_device,
+    resolve_devices,
+    resolve_dtype,
+)
+from bulkembed.models.model_spec import resolve_model
 from bulkembed.sources import Chunk
-from bulkembed.tokenize import TextTokenizer, TokenizerSettings
 
 CUDA = torch.cuda.is_available()
 
@@ -53,7 +58,7 @@ def test_device_errors(devices, message):
 
 
 def test_auto_dtype_is_bfloat16_on_cpus_that_accelerate_it(monkeypatch):
-    from bulkembed import devices
+    from bulkembed.models import devices
 
     monkeypatch.setattr(devices, "cpu_accelerates_bfloat16", lambda: False)
     assert resolve_dtype(DType.AUTO, "cpu") is torch.float32
@@ -77,11 +82,11 @@ def test_auto_dtype_on_cuda_is_bfloat16_from_compute_capability_8_and_float16_be
 
 
 def test_the_reference_of_the_dtype_check_runs_without_tf32(tiny_st, monkeypatch):
-    from bulkembed import precision
+    from bulkembed.batching.tokenize import TokenizedChunk
     from bulkembed.config import RunConfig
     from bulkembed.encoders import build_encoder
-    from bulkembed.model_spec import resolve_model
-    from bulkembed.tokenize import TokenizedChunk
+    from bulkembed.engine import precision
+    from bulkembed.models.model_spec import resolve_model
 
     spec = resolve_model(RunConfig(inputs=("x",), output="o", model=str(tiny_st("mean"))))
     reference = build_encoder(spec, "cpu", torch.float32)
@@ -110,10 +115,11 @@ def test_the_reference_of_the_dtype_check_runs_without_tf32(tiny_st, monkeypatch
 def test_device_seconds_of_the_float32_start_stay_counted_when_the_check_keeps_half(
     tiny_st, monkeypatch
 ):
-    from bulkembed import devices, precision
+    from bulkembed.batching.tokenize import TokenizedChunk
+    from bulkembed.engine import precision
     from bulkembed.engine.session import DeviceSession
-    from bulkembed.progress import QuietReporter
-    from bulkembed.tokenize import TokenizedChunk
+    from bulkembed.models import devices
+    from bulkembed.reporting.progress import QuietReporter
 
     monkeypatch.setattr(devices, "cpu_accelerates_bfloat16", lambda: True)
     monkeypatch.setattr(precision, "PARITY_THRESHOLD", 0.9)
@@ -133,7 +139,7 @@ def test_device_seconds_of_the_float32_start_stay_counted_when_the_check_keeps_h
 
 
 def test_float32_on_cuda_uses_tensor_cores():
-    from bulkembed.devices import allow_tensor_cores
+    from bulkembed.models.devices import allow_tensor_cores
 
     before = torch.get_float32_matmul_precision()
     try:

@@ -15,9 +15,15 @@ from helpers import content_hash, cosines, run_cli, sample_texts, write_jsonl, w
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from bulkembed.batching.tokenize import (
+    CUT,
+    NOT_CUT_EXACTLY,
+    WHOLE,
+    TextTokenizer,
+    TokenizerSettings,
+)
 from bulkembed.sources import Chunk
 from bulkembed.sources.long_texts import MARGIN, TextCut, reader_bound, tokenizer_bound
-from bulkembed.tokenize import CUT, NOT_CUT_EXACTLY, WHOLE, TextTokenizer, TokenizerSettings
 
 MAX_LENGTH = 64
 

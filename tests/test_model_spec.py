@@ -4,8 +4,8 @@ import pytest
 
 from bulkembed.config import Pooling, RunConfig
 from bulkembed.errors import ModelError, UsageError
-from bulkembed.model_spec import resolve_model
-from bulkembed.recipes import list_recipes
+from bulkembed.models.model_spec import resolve_model
+from bulkembed.models.recipes import list_recipes
 
 
 def _config(model, **options) -> RunConfig:
@@ -61,7 +61,7 @@ def test_a_recipe_s_length_is_held_to_the_positions_of_the_model_it_is_applied_t
     ],
 )
 def test_the_positions_a_model_takes(config, limit):
-    from bulkembed.model_spec import _position_limit
+    from bulkembed.models.model_spec import _position_limit
 
     assert _position_limit(config) == limit
 
@@ -146,7 +146,7 @@ def test_bundled_recipes_parse_and_name_hub_models():
 def test_the_tokenizer_is_read_once_and_again_when_its_files_change(tiny_st, tmp_path, monkeypatch):
     import shutil
 
-    from bulkembed import tokenizer_facts
+    from bulkembed.models import tokenizer_facts
 
     model = tmp_path / "model"
     shutil.copytree(tiny_st("mean"), model)

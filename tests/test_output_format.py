@@ -177,8 +177,8 @@ def test_layer_norm_before_the_cut_when_the_recipe_says_so(tiny_bert):
     import torch.nn.functional as F
 
     from bulkembed.config import RunConfig
-    from bulkembed.model_spec import resolve_model
-    from bulkembed.outputs import OutputFormat
+    from bulkembed.models.model_spec import resolve_model
+    from bulkembed.output.format import OutputFormat
 
     config = RunConfig(
         inputs=("x",),

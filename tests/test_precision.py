@@ -8,9 +8,10 @@ import pyarrow.parquet as pq
 import pytest
 from helpers import read_output, records, run_cli, write_jsonl
 
-from bulkembed import devices, precision
 from bulkembed.contracts import SparseRows
 from bulkembed.encoders import Embeddings, Encoder, SparseVector, decisions
+from bulkembed.engine import precision
+from bulkembed.models import devices
 
 
 def _embed(tmp_path, model, out, *extra, shown=None):

@@ -12,9 +12,9 @@ from helpers import ROOT, records, write_jsonl
 from typer.testing import CliRunner
 
 from bulkembed.cli import app
-from bulkembed.printing import summary_lines
-from bulkembed.progress import LogReporter, RunStats
-from bulkembed.rates import RunProgress
+from bulkembed.reporting.printing import summary_lines
+from bulkembed.reporting.progress import LogReporter, RunStats
+from bulkembed.reporting.rates import RunProgress
 
 # 2026-11-25T10:41:07Z
 WALL = calendar.timegm((2026, 11, 25, 10, 41, 7, 0, 0, 0))
@@ -203,7 +203,7 @@ def test_the_terminal_bar_shows_the_percentage_counts_rates_and_eta():
 
     from rich.console import Console
 
-    from bulkembed.progress import BarReporter
+    from bulkembed.reporting.progress import BarReporter
 
     clock = FakeClock()
     reporter = BarReporter()

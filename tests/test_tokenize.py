@@ -8,9 +8,9 @@ import pyarrow as pa
 import pytest
 from helpers import sample_texts
 
+from bulkembed.batching.tokenize import TextTokenizer, TokenizerPool, TokenizerSettings
 from bulkembed.errors import WorkerError
 from bulkembed.sources import Chunk, IdKey
-from bulkembed.tokenize import TextTokenizer, TokenizerPool, TokenizerSettings
 
 
 def _settings(folder, max_length=32, prompt="", lowercase=False) -> TokenizerSettings:
@@ -100,7 +100,7 @@ def test_dead_worker_is_an_error_not_a_hang(tiny_bert):
 
 
 def test_a_stuck_worker_times_out_and_is_killed(tiny_bert, monkeypatch):
-    monkeypatch.setattr("bulkembed.tokenize.RESULT_TIMEOUT_SECONDS", 2)
+    monkeypatch.setattr("bulkembed.batching.tokenize.RESULT_TIMEOUT_SECONDS", 2)
     texts = sample_texts(50)
     started = time.monotonic()
     late = "tokenizer on process 0 took more than 2 s for one chunk"

@@ -16,9 +16,9 @@ import pytest
 from helpers import cosines, run_cli, sample_texts, write_jsonl
 
 import bulkembed
-from bulkembed import file_digests
 from bulkembed.errors import ModelError
-from bulkembed.model_files import model_version
+from bulkembed.models import file_digests
+from bulkembed.models.model_files import model_version
 
 MIB = 1 << 20
 CHANGED = "embeddings.word_embeddings.weight"

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from bulkembed.writer import WriteBehind
+from bulkembed.engine.writer import WriteBehind
 
 
 def test_items_are_written_in_order_on_another_thread_and_finish_waits_for_them():

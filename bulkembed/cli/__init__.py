@@ -26,8 +26,8 @@ from bulkembed.errors import (
     UsageError,
     one_line,
 )
-from bulkembed.printing import print_error
-from bulkembed.recipes import find_recipe, list_recipes
+from bulkembed.models.recipes import find_recipe, list_recipes
+from bulkembed.reporting.printing import print_error
 
 app = typer.Typer(
     help="Turn a text corpus into embeddings, in bulk.",
@@ -116,7 +116,7 @@ def run(
 
     def action() -> None:
         from bulkembed.engine.run import embed_corpus
-        from bulkembed.progress import make_reporter
+        from bulkembed.reporting.progress import make_reporter
 
         groups = (model_options, input_options, output_options, execution)
         settings = {k: v for group in groups for k, v in group.settings().items()}
@@ -145,7 +145,7 @@ def status(
 
     def action() -> None:
         from bulkembed.engine.sync import latest_run
-        from bulkembed.printing import print_status
+        from bulkembed.reporting.printing import print_status
         from bulkembed.run_dir.status import run_status
         from bulkembed.sinks import parse_output
         from bulkembed.storage import StorageOptions

@@ -123,7 +123,7 @@ def embed_command(guarded: Callable[[Callable[[], Any]], Any]) -> Callable[..., 
                 _check_output(target, overwrite)
             settings = model_options.settings()
             if like is not None:
-                from bulkembed.recorded import names_output
+                from bulkembed.output.recorded import names_output
 
                 if not names_output(like):
                     raise UsageError(

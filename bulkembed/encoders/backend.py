@@ -14,7 +14,7 @@ from bulkembed.errors import ModelError, UsageError
 if TYPE_CHECKING:
     import torch
 
-    from bulkembed.model_spec import ModelSpec
+    from bulkembed.models.model_spec import ModelSpec
 
 _NOT_TENSORS = (
     "its pickle holds more than tensors, and bulkembed runs no code from model files "

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
     from bulkembed.encoders.flat import FlatFamily
     from bulkembed.encoders.transfer import DeviceInputs, DeviceOutputs, Landing
-    from bulkembed.model_spec import ModelSpec
+    from bulkembed.models.model_spec import ModelSpec
 
 
 class VectorSizes(Protocol):

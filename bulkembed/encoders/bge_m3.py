@@ -27,11 +27,11 @@ from bulkembed.encoders.transfer import DeviceInputs, DeviceOutputs
 from bulkembed.errors import ModelError
 
 if TYPE_CHECKING:
-    from bulkembed.model_spec import ModelSpec
+    from bulkembed.models.model_spec import ModelSpec
 
 
 def _load_head(spec: ModelSpec, filename: str, hidden: int, dtype: torch.dtype) -> torch.nn.Linear:
-    from bulkembed.model_files import model_file
+    from bulkembed.models.model_files import model_file
 
     path = model_file(spec.source, spec.revision, filename)
     if path is None:

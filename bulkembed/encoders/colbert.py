@@ -18,10 +18,10 @@ from bulkembed.encoders.backend import load_state
 from bulkembed.encoders.base import Encoder
 from bulkembed.encoders.transfer import DeviceInputs, DeviceOutputs
 from bulkembed.errors import ModelError
-from bulkembed.model_files import model_file, read_json
+from bulkembed.models.model_files import model_file, read_json
 
 if TYPE_CHECKING:
-    from bulkembed.model_spec import ModelSpec
+    from bulkembed.models.model_spec import ModelSpec
 
 _IDENTITY = ("torch.nn.modules.linear.Identity", "torch.nn.Identity")
 

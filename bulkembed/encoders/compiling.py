@@ -23,11 +23,11 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
-from bulkembed.file_digests import cache_root
-from bulkembed.model_files import find_model_config, read_json
+from bulkembed.models.file_digests import cache_root
+from bulkembed.models.model_files import find_model_config, read_json
 
 if TYPE_CHECKING:
-    from bulkembed.model_spec import ModelSpec
+    from bulkembed.models.model_spec import ModelSpec
 
 # About five minutes of an H100-class GPU at 330 TFLOP/s (bfloat16 at MFU 0.33), against a
 # compile of about 20 s from nothing and a few seconds from its cache.

@@ -20,16 +20,16 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bulkembed.devices import device_identity
-from bulkembed.export_cache import installed_version, key_digest
-from bulkembed.file_digests import cache_root
-from bulkembed.model_files import exact_files
+from bulkembed.models.devices import device_identity
+from bulkembed.models.export_cache import installed_version, key_digest
+from bulkembed.models.file_digests import cache_root
+from bulkembed.models.model_files import exact_files
 from bulkembed.version import __version__
 
 if TYPE_CHECKING:
     import torch
 
-    from bulkembed.model_spec import ModelSpec
+    from bulkembed.models.model_spec import ModelSpec
 
 
 def device_key(device: str, dtype: torch.dtype) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from bulkembed.encoders.pooling import pool
 from bulkembed.encoders.transfer import DeviceInputs, DeviceOutputs
 
 if TYPE_CHECKING:
-    from bulkembed.model_spec import ModelSpec
+    from bulkembed.models.model_spec import ModelSpec
 
 
 class DenseEncoder(Encoder):

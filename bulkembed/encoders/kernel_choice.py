@@ -140,7 +140,7 @@ def _kernel_libraries() -> dict[str, Any]:
     """The versions of the libraries the kernels come from (PyTorch's is in every key)."""
     import torch
 
-    from bulkembed.export_cache import installed_version
+    from bulkembed.models.export_cache import installed_version
 
     names = ("flash_attn", "flash_attn_3")
     found: dict[str, Any] = {name: installed_version(name) for name in names}

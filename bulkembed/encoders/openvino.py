@@ -23,14 +23,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bulkembed.errors import ModelError
-from bulkembed.export_cache import converted, installed_version
-from bulkembed.model_files import find_model_config, read_json
+from bulkembed.models.export_cache import converted, installed_version
+from bulkembed.models.model_files import find_model_config, read_json
 from bulkembed.version import __version__
 
 if TYPE_CHECKING:
     import torch
 
-    from bulkembed.model_spec import ModelSpec
+    from bulkembed.models.model_spec import ModelSpec
 
 # The architectures whose conversion is tested against PyTorch and the reference libraries:
 # `--backend auto` takes OpenVINO for these only.

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     import torch
 
     from bulkembed.encoders.base import Encoder
-    from bulkembed.model_spec import ModelSpec
+    from bulkembed.models.model_spec import ModelSpec
 
 _BUILT_IN = {
     "dense": "bulkembed.encoders.dense:DenseEncoder",
@@ -58,7 +58,7 @@ def start_encoder(
     each worker of the several-devices pool and each Ray actor start encoders here."""
     import torch
 
-    from bulkembed.devices import allow_tensor_cores, keep_memory_flat
+    from bulkembed.models.devices import allow_tensor_cores, keep_memory_flat
 
     if device == "cpu" and threads is not None:
         torch.set_num_threads(threads)

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     import torch
 
     from bulkembed.encoders.transfer import DeviceInputs, Landing
-    from bulkembed.model_spec import ModelSpec
+    from bulkembed.models.model_spec import ModelSpec
 
 # What a caller tags each batch of a stream with (`embed_stream`), to know it when it lands.
 Key = TypeVar("Key")

@@ -18,7 +18,7 @@ from bulkembed.encoders.sparse import keep_top_k, splade_pool
 from bulkembed.encoders.transfer import DeviceInputs, DeviceOutputs
 
 if TYPE_CHECKING:
-    from bulkembed.model_spec import ModelSpec
+    from bulkembed.models.model_spec import ModelSpec
 
 LOGITS_BYTES = 512 * 1024 * 1024
 

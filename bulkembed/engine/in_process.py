@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pyarrow as pa
 
+from bulkembed.batching.tokenize import TokenizedChunk
 from bulkembed.contracts import Embeddings
 from bulkembed.engine.modes import RunMode, part_writer
 from bulkembed.engine.plan import RunOutcome, RunPlan
@@ -26,16 +27,15 @@ from bulkembed.engine.stream import (
     gather_windows,
     part_schema,
 )
+from bulkembed.engine.writer import PartWriter, WriteBehind
 from bulkembed.errors import BulkembedError, OutputError
-from bulkembed.progress import Reporter, RunStats
+from bulkembed.reporting.progress import Reporter, RunStats
 from bulkembed.sources import count_records
-from bulkembed.tokenize import TokenizedChunk
-from bulkembed.writer import PartWriter, WriteBehind
 
 if TYPE_CHECKING:
     from bulkembed.contracts import UnitRecord
     from bulkembed.encoders.base import VectorSizes
-    from bulkembed.outputs import OutputFormat
+    from bulkembed.output.format import OutputFormat
     from bulkembed.run_dir import RunDirectory
     from bulkembed.sinks import Sink
 

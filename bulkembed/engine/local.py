@@ -17,15 +17,16 @@ from dataclasses import replace
 from itertools import chain
 from typing import TYPE_CHECKING
 
-from bulkembed.admission import (
+from bulkembed.batching.admission import (
     drop_duplicate_ids,
     fail_on_bad_records,
     leave_id_hashes,
     set_aside_uncut,
     take,
 )
+from bulkembed.batching.tokenize import TokenizedChunk, TokenizerPool
+from bulkembed.batching.windows import share_of_window
 from bulkembed.config import Attention, OnBadRecord
-from bulkembed.devices import cpu_threads_per_worker
 from bulkembed.encoders.registry import read_ahead_budget
 from bulkembed.engine.ahead import ReadAhead
 from bulkembed.engine.in_process import Writing, embed_in_process, start_counting
@@ -37,15 +38,14 @@ from bulkembed.engine.stream import (
     resumed_output_format,
 )
 from bulkembed.engine.unit_pool import Counts, UnitPool, UnitWork
-from bulkembed.progress import Reporter, RunStats
+from bulkembed.models.devices import cpu_threads_per_worker
+from bulkembed.reporting.progress import Reporter, RunStats
 from bulkembed.sources import SeenIds
-from bulkembed.tokenize import TokenizedChunk, TokenizerPool
-from bulkembed.windows import share_of_window
 
 if TYPE_CHECKING:
-    from bulkembed.carry import CarryOver
     from bulkembed.contracts import UnitRecord
-    from bulkembed.outputs import OutputFormat
+    from bulkembed.incremental.carry import CarryOver
+    from bulkembed.output.format import OutputFormat
     from bulkembed.run_dir import RunDirectory
     from bulkembed.sinks import Sink
 

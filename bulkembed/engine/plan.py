@@ -9,27 +9,27 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from bulkembed.batching.tokenize import TokenizerSettings
+from bulkembed.batching.units import counted_units, shard_parts
 from bulkembed.config import Engine, RunConfig, default_tokenize_workers
 from bulkembed.engine.modes import RunMode, choose_mode
 from bulkembed.errors import UsageError
-from bulkembed.outputs import OutputFormat
+from bulkembed.output.format import OutputFormat
 from bulkembed.run_dir.files import CONFIG_FILE
-from bulkembed.script_guard import MAIN_GUARD_ADVICE, script_reruns
 from bulkembed.sinks import OutputTarget, parse_output
 from bulkembed.sources import IdKey, InputFile, RecordReader, list_inputs
 from bulkembed.sources.files import STDIN
 from bulkembed.sources.long_texts import TextCut, reader_bound
 from bulkembed.sources.reader import SHORT_CHUNK_SIZE
 from bulkembed.storage import ObjectPath, StorageOptions, location
-from bulkembed.tokenize import TokenizerSettings
-from bulkembed.units import counted_units, shard_parts
 from bulkembed.wording import counted
+from bulkembed.workers.script_guard import MAIN_GUARD_ADVICE, script_reruns
 
 if TYPE_CHECKING:
     from bulkembed.encoders import VectorSizes
-    from bulkembed.model_spec import ModelSpec
-    from bulkembed.precision import PrecisionCheck
-    from bulkembed.progress import Reporter, RunStats
+    from bulkembed.engine.precision import PrecisionCheck
+    from bulkembed.models.model_spec import ModelSpec
+    from bulkembed.reporting.progress import Reporter, RunStats
 
 
 @dataclass(frozen=True)
@@ -180,9 +180,9 @@ def _check_since(config: RunConfig, target: OutputTarget, options: StorageOption
 def plan_run(config: RunConfig, reporter: Reporter, started: float) -> RunPlan:
     """Find the inputs and check their columns, resolve the model and the devices, for a
     command that `started` at that time (monotonic clock)."""
-    from bulkembed.devices import dtype_choice, resolve_devices
     from bulkembed.encoders.compiling import compiles_by_default
-    from bulkembed.model_spec import resolve_model
+    from bulkembed.models.devices import dtype_choice, resolve_devices
+    from bulkembed.models.model_spec import resolve_model
 
     reporter.phase("listing the inputs")
     options = StorageOptions.parse(config.storage_options)

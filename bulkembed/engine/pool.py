@@ -24,7 +24,7 @@ from bulkembed.workers import WorkerPool
 
 if TYPE_CHECKING:
     from bulkembed.encoders import Encoder
-    from bulkembed.model_spec import ModelSpec
+    from bulkembed.models.model_spec import ModelSpec
 
 Key = TypeVar("Key")
 Task = TypeVar("Task")

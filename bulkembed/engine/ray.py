@@ -26,17 +26,18 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from bulkembed.admission import (
+from bulkembed.batching.admission import (
     drop_duplicate_ids,
     fail_on_bad_records,
     leave_id_hashes,
     set_aside_uncut,
 )
-from bulkembed.carry import CarryOver
+from bulkembed.batching.tokenize import TokenizedChunk, TokenizerPool, TokenizerSettings
 from bulkembed.config import DType, OnBadRecord, ShardSpec
 from bulkembed.contracts import UnitRecord, part_unit
 from bulkembed.engine.modes import RunMode, UpsertSinks, part_writer
 from bulkembed.engine.plan import RunOutcome, RunPlan
+from bulkembed.engine.precision import PrecisionCheck
 from bulkembed.engine.ray_cluster import actors as pool_actors
 from bulkembed.engine.ray_cluster import connect
 from bulkembed.engine.session import DeviceSession
@@ -47,18 +48,17 @@ from bulkembed.engine.stream import (
     part_schema,
 )
 from bulkembed.errors import BulkembedError
-from bulkembed.lookup import PreviousLookup
-from bulkembed.outputs import OutputFormat
-from bulkembed.precision import PrecisionCheck
-from bulkembed.progress import QuietReporter, Reporter, RunStats
+from bulkembed.incremental.carry import CarryOver
+from bulkembed.incremental.lookup import PreviousLookup
+from bulkembed.output.format import OutputFormat
+from bulkembed.reporting.progress import QuietReporter, Reporter, RunStats
 from bulkembed.run_dir import RunDirectory
 from bulkembed.sources import IdKey, RecordReader, SeenIds
 from bulkembed.storage import AnyPath
-from bulkembed.tokenize import TokenizedChunk, TokenizerPool, TokenizerSettings
 from bulkembed.wording import counted
 
 if TYPE_CHECKING:
-    from bulkembed.model_spec import ModelSpec
+    from bulkembed.models.model_spec import ModelSpec
     from bulkembed.sinks import Sink
 
 # The columns Ray Data hands back, one row per unit: counts add up into the run's.

@@ -23,14 +23,14 @@ from bulkembed.config import Engine, RunConfig
 from bulkembed.engine.modes import OpenedRun, RunMode
 from bulkembed.engine.plan import RunOutcome, RunPlan, plan_run
 from bulkembed.errors import Interrupted
-from bulkembed.progress import QuietReporter, Reporter, RunStats
+from bulkembed.reporting.progress import QuietReporter, Reporter, RunStats
+from bulkembed.reporting.summary import Summary, check_bad_records, check_deletes, summarize
 from bulkembed.run_dir import LockedError
 from bulkembed.run_dir.intents import finishing
-from bulkembed.summary import Summary, check_bad_records, check_deletes, summarize
 from bulkembed.wording import counted
 
 if TYPE_CHECKING:
-    from bulkembed.precision import PrecisionCheck
+    from bulkembed.engine.precision import PrecisionCheck
 
 
 @contextlib.contextmanager

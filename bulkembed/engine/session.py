@@ -13,16 +13,16 @@ from typing import TYPE_CHECKING
 
 from bulkembed.config import Attention, DType
 from bulkembed.contracts import DeviceCounts
-from bulkembed.progress import Reporter
+from bulkembed.reporting.progress import Reporter
 
 if TYPE_CHECKING:
     import torch
 
+    from bulkembed.batching.tokenize import TokenizedChunk
+    from bulkembed.batching.windows import EmbeddedHead
     from bulkembed.encoders import Embedder
-    from bulkembed.model_spec import ModelSpec
-    from bulkembed.precision import PrecisionCheck
-    from bulkembed.tokenize import TokenizedChunk
-    from bulkembed.windows import EmbeddedHead
+    from bulkembed.engine.precision import PrecisionCheck
+    from bulkembed.models.model_spec import ModelSpec
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -53,9 +53,9 @@ class DeviceSession:
     ) -> None:
         import torch
 
-        from bulkembed.devices import resolve_dtype
         from bulkembed.encoders import start_encoder
-        from bulkembed.precision import recorded_check
+        from bulkembed.engine.precision import recorded_check
+        from bulkembed.models.devices import resolve_dtype
 
         self.spec = spec
         self.devices = devices
@@ -118,8 +118,8 @@ class DeviceSession:
 
     def _start_pool(self) -> Embedder:
         """One encoder process per device, in the run's dtype."""
-        from bulkembed.devices import cpu_threads_per_worker
         from bulkembed.engine.pool import EncoderPool
+        from bulkembed.models.devices import cpu_threads_per_worker
 
         threads = cpu_threads_per_worker(self.devices)
         pool = EncoderPool(
@@ -157,7 +157,7 @@ class DeviceSession:
 
         from bulkembed.encoders import Encoder
         from bulkembed.encoders.registry import tunes_budget
-        from bulkembed.precision import check_on_window, record_check, replay_on_window
+        from bulkembed.engine.precision import check_on_window, record_check, replay_on_window
 
         if not self.checking:
             return True
@@ -249,9 +249,9 @@ def settle_dtype(
     sample's documents included)."""
     import torch
 
-    from bulkembed.devices import resolve_dtype
-    from bulkembed.precision import SAMPLE_DOCUMENTS, recorded_check
-    from bulkembed.windows import share_of_window
+    from bulkembed.batching.windows import share_of_window
+    from bulkembed.engine.precision import SAMPLE_DOCUMENTS, recorded_check
+    from bulkembed.models.devices import resolve_dtype
 
     candidate = resolve_dtype(dtype, device)
     if dtype is not DType.AUTO or candidate == torch.float32:

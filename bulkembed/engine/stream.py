@@ -15,26 +15,26 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from bulkembed.batching.windows import embed_packed, window_tokens, windows
 from bulkembed.contracts import DeviceCounts, Embeddings
+from bulkembed.engine.writer import PartWriter, write_window
 from bulkembed.errors import OutputError
-from bulkembed.recorded import encoder_record
+from bulkembed.output.recorded import encoder_record
 from bulkembed.schema import ENCODER_KEY, output_schema
 from bulkembed.version import __version__
-from bulkembed.windows import embed_packed, window_tokens, windows
-from bulkembed.writer import PartWriter, write_window
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
+    from bulkembed.batching.tokenize import TokenizedChunk
     from bulkembed.contracts import UnitRecord
     from bulkembed.encoders import VectorSizes
     from bulkembed.engine.session import DeviceSession
-    from bulkembed.model_spec import ModelSpec
-    from bulkembed.outputs import OutputFormat
-    from bulkembed.progress import Reporter, RunStats
+    from bulkembed.models.model_spec import ModelSpec
+    from bulkembed.output.format import OutputFormat
+    from bulkembed.reporting.progress import Reporter, RunStats
     from bulkembed.run_dir import RunDirectory
     from bulkembed.sources import RecordReader
-    from bulkembed.tokenize import TokenizedChunk
 
 
 class CalibratingFormat:

@@ -9,16 +9,16 @@ read again on resume), so that a resumed sync classifies every document as the f
 attempt did.
 
 For each unit, in this order: its new and changed rows are merged into the table by id
-(`TableMerge`), its id part is committed, its done-marker written. A unit replayed after a
-crash merges the same rows again, which changes nothing. Once every unit is done the sync
-decides what it deletes (`bulkembed.engine.modes.in_place`, `bulkembed.deletions`): the ids
-the table holds beyond the input units' ids are what the previous version held beyond them;
-those the input no longer has are deleted (the decision is noted in the mode's file first,
-so that a crash halfway finishes the same deletes), those it could not read, or whose
-deletes were withheld, are kept as id parts of their own. Then the table is compacted (and
-indexed, with `--index`), and the sync is marked complete. A crash before that repeats the
-end step; once it has begun the previous version is not read again (the compaction may
-have removed it). The next sync with other inputs starts its run directory over.
+(`TableMerge`), its id part is committed, its done-marker written. A unit replayed after a crash
+merges the same rows again, which changes nothing. Once every unit is done the sync decides what it
+deletes (`bulkembed.engine.modes.in_place`, `bulkembed.incremental.deletions`): the ids the table
+holds beyond the input units' ids are what the previous version held beyond them; those the input no
+longer has are deleted (the decision is noted in the mode's file first, so that a crash halfway
+finishes the same deletes), those it could not read, or whose deletes were withheld, are kept as id
+parts of their own. Then the table is compacted (and indexed, with `--index`), and the sync is
+marked complete. A crash before that repeats the end step; once it has begun the previous version is
+not read again (the compaction may have removed it). The next sync with other inputs starts its run
+directory over.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import pyarrow as pa
 
 from bulkembed.config import Engine, RunConfig
 from bulkembed.errors import UsageError
-from bulkembed.incremental import PreviousTable
+from bulkembed.incremental.previous import PreviousTable
 from bulkembed.run_dir import LockedError, RunDirectory, describe_changes
 from bulkembed.run_dir.intents import Intents
 from bulkembed.run_dir.lease import directory_lock

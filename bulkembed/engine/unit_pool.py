@@ -32,19 +32,19 @@ from bulkembed.engine.modes import UpsertSinks, no_upserts, part_writer
 from bulkembed.engine.pool import BATCHES_PER_WORKER, Ready, start_device_workers
 from bulkembed.engine.session import DeviceSession
 from bulkembed.engine.stream import EmbeddedWindow, embed_windows, part_schema
-from bulkembed.progress import QuietReporter, RunStats
+from bulkembed.reporting.progress import QuietReporter, RunStats
 from bulkembed.workers import WorkerPool, report
 
 if TYPE_CHECKING:
+    from bulkembed.batching.tokenize import TokenizedChunk
     from bulkembed.contracts import UnitRecord
-    from bulkembed.model_spec import ModelSpec
-    from bulkembed.outputs import OutputFormat
+    from bulkembed.models.model_spec import ModelSpec
+    from bulkembed.output.format import OutputFormat
     from bulkembed.sinks import Sink
     from bulkembed.sources import RecordReader
-    from bulkembed.tokenize import TokenizedChunk
 
 # Windows of tokenized chunks from one unit's start to a unit's end, as the run's process
-# hands them to a device process (`bulkembed.windows.windows` keeps it about a unit long).
+# hands them to a device process (`bulkembed.batching.windows.windows` keeps it about a unit long).
 UnitGroup = list[list["TokenizedChunk"]]
 
 

@@ -14,7 +14,7 @@ from bulkembed.storage import is_uri, location
 
 if TYPE_CHECKING:
     from bulkembed.config import RunConfig
-    from bulkembed.model_spec import ModelSpec
+    from bulkembed.models.model_spec import ModelSpec
     from bulkembed.sources import InputFile
 
 

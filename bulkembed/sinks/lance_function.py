@@ -1,7 +1,7 @@
 """bulkembed's entry in LanceDB's registry of embedding functions (`schema.EMBEDDING_FUNCTION`).
 
 A table that `bulkembed run` writes names this function in its schema for its `vector`
-column, with the settings its vectors were made with (`bulkembed.recorded`) as its fields.
+column, with the settings its vectors were made with (`bulkembed.output.recorded`) as its fields.
 LanceDB reads that entry whenever it writes to the table or embeds text for it, and fails on
 a name it does not know: so every process of bulkembed that opens a database registers it
 (`lance_index.lance_modules`), and so does `import bulkembed.lancedb`, which also gives the

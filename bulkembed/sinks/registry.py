@@ -32,7 +32,7 @@ class Capabilities:
       actors) may commit parts into the output at the same time, each through its own sink
       (`Sink.process_copies`). Without it every row is written by the run's own process.
     - `change_set`: a `--since` run into it writes the change set beside the output
-      (`bulkembed.incremental`), and ends by writing the previous rows it keeps as parts:
+      (`bulkembed.incremental.previous`), and ends by writing the previous rows it keeps as parts:
       its sink lists committed ids (`committed_ids`), gives a part's schema (`part_schema`)
       and discards parts (`discard`).
     - `indexes`: it builds vector and full-text indexes (`--index`, `--fts`).

@@ -1,12 +1,12 @@
 """The hashes that ids are found by: keyed, 128 bits, computed on whole Arrow arrays.
 
-A run finds ids by hash where it would otherwise hold them all: repeated ids (`SeenIds`),
-the previous output's rows of an incremental run (`bulkembed.lookup`), the ids it may
-delete (`bulkembed.deletions`). Ids come from users' data, which may come from anyone, so
-a hash that anyone can compute would let two ids be made to collide, and one of them be
-dropped as a repeat or take the other's row. These hashes are SipHash-1-3 with 128-bit
-output, keyed by a secret drawn for each run (`IdKey.fresh`): without the key, no collision
-can be crafted, and by chance two of n ids share a hash with odds of about n² / 2¹²⁹.
+A run finds ids by hash where it would otherwise hold them all: repeated ids (`SeenIds`), the
+previous output's rows of an incremental run (`bulkembed.incremental.lookup`), the ids it may delete
+(`bulkembed.incremental.deletions`). Ids come from users' data, which may come from anyone, so a
+hash that anyone can compute would let two ids be made to collide, and one of them be dropped as a
+repeat or take the other's row. These hashes are SipHash-1-3 with 128-bit output, keyed by a secret
+drawn for each run (`IdKey.fresh`): without the key, no collision can be crafted, and by chance two
+of n ids share a hash with odds of about n² / 2¹²⁹.
 
 A hash is two uint64 words, a row of an [ids, 2] array: the first indexes (sorted arrays
 are searched by it), the second confirms.

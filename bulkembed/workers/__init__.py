@@ -40,9 +40,9 @@ from multiprocessing.connection import Connection, wait
 from typing import Any, Generic, TypeVar
 
 from bulkembed.errors import WorkerError
-from bulkembed.script_guard import MAIN_GUARD_ADVICE, script_reruns
 from bulkembed.wording import counted
 from bulkembed.workers.child import Message, report, work
+from bulkembed.workers.script_guard import MAIN_GUARD_ADVICE, script_reruns
 
 __all__ = ["WorkerPool", "report"]
 

@@ -218,7 +218,7 @@ def test_recipes_list_and_show():
 def test_the_summary_table_shows_stage_seconds_on_one_line():
     from rich.console import Console
 
-    from bulkembed.printing import summary_table
+    from bulkembed.reporting.printing import summary_table
 
     console = Console(width=120, record=True)
     console.print(summary_table({"stage_seconds": {"read": 0.5, "write": 1.25}, "docs": 1000}))

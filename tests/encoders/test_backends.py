@@ -12,15 +12,15 @@ import pytest
 import torch
 from helpers import cosines, embed_texts, mixed_texts, records, run_cli, sample_texts, write_jsonl
 
+from bulkembed.batching.tokenize import TextTokenizer, TokenizerSettings
 from bulkembed.config import Backend, RunConfig
-from bulkembed.devices import cpu_accelerates_bfloat16
 from bulkembed.encoders import TokenBatch, build_encoder
 from bulkembed.encoders import openvino as ov_backend
 from bulkembed.encoders.backend import choose_backend
 from bulkembed.errors import ModelError, UsageError
-from bulkembed.export_cache import MANIFEST, cached, key_digest, problem
-from bulkembed.model_spec import resolve_model
-from bulkembed.tokenize import TextTokenizer, TokenizerSettings
+from bulkembed.models.devices import cpu_accelerates_bfloat16
+from bulkembed.models.export_cache import MANIFEST, cached, key_digest, problem
+from bulkembed.models.model_spec import resolve_model
 
 
 def _spec(folder: Path, **options):
@@ -282,7 +282,7 @@ def test_two_runs_converting_the_same_model_at_once_both_embed(tmp_path, tiny_st
     script = (
         "import sys, time, json, numpy as np\n"
         "from bulkembed.config import RunConfig\n"
-        "from bulkembed.model_spec import resolve_model\n"
+        "from bulkembed.models.model_spec import resolve_model\n"
         "from bulkembed.encoders import build_encoder, TokenBatch\n"
         "import torch\n"
         f"spec = resolve_model(RunConfig(inputs=('x',), output='o', model={str(folder)!r}))\n"

@@ -18,7 +18,7 @@ from bulkembed.encoders.compiling import (
     compiles_by_default,
     layer_parameters,
 )
-from bulkembed.model_spec import resolve_model
+from bulkembed.models.model_spec import resolve_model
 
 
 def _spec(folder, **options):

@@ -11,15 +11,15 @@ from helpers import cosines, sample_texts
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from bulkembed.batching.tokenize import TextTokenizer, TokenizedChunk, TokenizerSettings
+from bulkembed.batching.windows import embed_packed
 from bulkembed.config import DType, RunConfig
 from bulkembed.contracts import SparseRows, SparseVector
 from bulkembed.encoders import DeviceInputs, DeviceOutputs, Encoder, TokenBatch, build_encoder
 from bulkembed.encoders.sparse import keep_top_k, max_weight_per_id
-from bulkembed.model_spec import resolve_model
-from bulkembed.progress import QuietReporter, RunStats
+from bulkembed.models.model_spec import resolve_model
+from bulkembed.reporting.progress import QuietReporter, RunStats
 from bulkembed.sources.records import Chunk
-from bulkembed.tokenize import TextTokenizer, TokenizedChunk, TokenizerSettings
-from bulkembed.windows import embed_packed
 
 
 def _per_document(weights, token_ids, excluded, top_k=None) -> SparseVector:
@@ -206,7 +206,7 @@ def test_batches_run_back_to_back_give_what_each_gives_alone(tiny_bge_m3, dtype_
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("attention", ["flat", "padded"])
 def test_cuda_batches_run_back_to_back_in_half_precision_match_the_cpu(tiny_bge_m3, attention):
-    from bulkembed.devices import resolve_dtype
+    from bulkembed.models.devices import resolve_dtype
 
     spec = resolve_model(
         RunConfig(inputs=("x",), output="o", model=str(tiny_bge_m3), attention=attention)

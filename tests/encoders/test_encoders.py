@@ -3,6 +3,7 @@ import pytest
 import torch
 from helpers import cosines, sample_texts
 
+from bulkembed.batching.tokenize import TextTokenizer, TokenizerSettings
 from bulkembed.config import RunConfig
 from bulkembed.encoders import (
     DeviceInputs,
@@ -15,8 +16,7 @@ from bulkembed.encoders import (
 from bulkembed.encoders.pooling import cls_pool, last_token_pool, mean_pool
 from bulkembed.encoders.varlen import Sequences
 from bulkembed.errors import ModelError
-from bulkembed.model_spec import resolve_model
-from bulkembed.tokenize import TextTokenizer, TokenizerSettings
+from bulkembed.models.model_spec import resolve_model
 
 
 def _embed(folder, texts, **options) -> np.ndarray:

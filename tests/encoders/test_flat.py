@@ -22,6 +22,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from bulkembed import embed_corpus
+from bulkembed.batching.tokenize import TextTokenizer, TokenizerSettings
 from bulkembed.config import Attention, Backend, DType, RunConfig
 from bulkembed.contracts import RUN_DIRECTORY
 from bulkembed.encoders import TokenBatch, build_encoder
@@ -29,9 +30,8 @@ from bulkembed.encoders.backend import choose_backend
 from bulkembed.encoders.openvino import openvino_installed
 from bulkembed.encoders.varlen import Sequences
 from bulkembed.errors import UsageError
-from bulkembed.model_spec import resolve_model
-from bulkembed.printing import summary_lines
-from bulkembed.tokenize import TextTokenizer, TokenizerSettings
+from bulkembed.models.model_spec import resolve_model
+from bulkembed.reporting.printing import summary_lines
 
 
 def _spec(folder: Path, **options):

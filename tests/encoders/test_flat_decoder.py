@@ -18,7 +18,7 @@ from flat_models import (
 from bulkembed.encoders.flat import flat_family, flat_module
 from bulkembed.encoders.flat.decoder import DECODER_FAMILY, SLIDING_ATTENTION
 from bulkembed.encoders.varlen import FULL
-from bulkembed.recipes import find_recipe
+from bulkembed.models.recipes import find_recipe
 
 # Documents past the sliding window (32 tokens), within it, of one token.
 LENGTHS = [300, 257, 64, 17, 2, 1]

@@ -19,7 +19,7 @@ from flat_models import (
 from bulkembed.encoders.flat import flat_family, flat_module
 from bulkembed.encoders.flat.modernbert import LOCAL, MODERNBERT_FAMILY
 from bulkembed.encoders.varlen import FULL
-from bulkembed.recipes import find_recipe
+from bulkembed.models.recipes import find_recipe
 
 # Documents past the local window (16 tokens: 8 each side), at it, within it, of one token.
 LENGTHS = [300, 257, 64, 17, 16, 15, 2, 1]

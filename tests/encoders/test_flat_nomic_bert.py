@@ -21,7 +21,7 @@ from flat_models import (
 from bulkembed.encoders.flat import flat_family, flat_module
 from bulkembed.encoders.flat.nomic_bert import NOMIC_BERT_FAMILY
 from bulkembed.encoders.varlen import Sequences
-from bulkembed.recipes import find_recipe
+from bulkembed.models.recipes import find_recipe
 
 LENGTHS = [300, 257, 64, 17, 2, 1]
 VOCABULARY = 400

@@ -16,7 +16,7 @@ from bulkembed.encoders.kernel_choice import AttentionShape, choose_kernel
 from bulkembed.encoders.kernels import FULL
 from bulkembed.encoders.varlen import Sequences, reference_attention
 from bulkembed.errors import UsageError
-from bulkembed.model_spec import resolve_model
+from bulkembed.models.model_spec import resolve_model
 
 CUDA = torch.cuda.is_available()
 

@@ -11,7 +11,7 @@ from tokenizers import Tokenizer
 from typer.testing import CliRunner
 
 from bulkembed.cli import app
-from bulkembed.model_files import model_version
+from bulkembed.models.model_files import model_version
 from bulkembed.version import __version__
 
 runner = CliRunner()
@@ -180,7 +180,7 @@ def test_heads_not_asked_for_are_not_loaded(tiny_bge_m3):
 
     from bulkembed.config import RunConfig
     from bulkembed.encoders import build_encoder
-    from bulkembed.model_spec import resolve_model
+    from bulkembed.models.model_spec import resolve_model
 
     config = RunConfig(inputs=("x",), output="o", model=str(tiny_bge_m3), outputs=("dense",))
     encoder = build_encoder(resolve_model(config), "cpu", torch.float32)

@@ -5,12 +5,12 @@ import pytest
 import torch
 from helpers import sample_texts
 
+from bulkembed.batching.tokenize import TextTokenizer, TokenizerSettings
 from bulkembed.config import RunConfig
 from bulkembed.contracts import TokenBatch
 from bulkembed.encoders import build_encoder
 from bulkembed.encoders.transfer import DeviceInputs, bucketed_width
-from bulkembed.model_spec import resolve_model
-from bulkembed.tokenize import TextTokenizer, TokenizerSettings
+from bulkembed.models.model_spec import resolve_model
 
 
 def _encoder_and_batch(folder, **options):

@@ -120,7 +120,7 @@ class _SmallMemoryEncoder(Encoder):
 
 def test_out_of_memory_halves_the_batch_until_it_fits(tiny_st):
     from bulkembed.config import RunConfig
-    from bulkembed.model_spec import resolve_model
+    from bulkembed.models.model_spec import resolve_model
 
     spec = resolve_model(RunConfig(inputs=("x",), output="o", model=str(tiny_st("mean"))))
     encoder = _SmallMemoryEncoder(spec, "cpu", torch.float32)
@@ -176,7 +176,7 @@ class _LeavesActivations(_SmallMemoryEncoder):
 @pytest.mark.parametrize("streamed", [False, True])
 def test_the_halves_of_a_batch_run_after_the_failed_pass_let_go_of_its_memory(tiny_st, streamed):
     from bulkembed.config import RunConfig
-    from bulkembed.model_spec import resolve_model
+    from bulkembed.models.model_spec import resolve_model
 
     spec = resolve_model(RunConfig(inputs=("x",), output="o", model=str(tiny_st("mean"))))
     encoder = _LeavesActivations(spec, "cpu", torch.float32)
@@ -193,7 +193,7 @@ def test_the_halves_of_a_batch_run_after_the_failed_pass_let_go_of_its_memory(ti
 
 def test_a_batch_that_ran_out_of_memory_is_remembered_for_the_rest_of_the_run(tiny_st):
     from bulkembed.config import RunConfig
-    from bulkembed.model_spec import resolve_model
+    from bulkembed.models.model_spec import resolve_model
 
     spec = resolve_model(RunConfig(inputs=("x",), output="o", model=str(tiny_st("mean"))))
     encoder = _TokenMemoryEncoder(spec, "cpu", torch.float32)
@@ -225,7 +225,7 @@ class _NotFiniteInHalfPrecision(_SmallMemoryEncoder):
 
 def test_a_batch_not_finite_on_a_gpu_is_embedded_again_in_float32_and_counted(tiny_st, monkeypatch):
     from bulkembed.config import RunConfig
-    from bulkembed.model_spec import resolve_model
+    from bulkembed.models.model_spec import resolve_model
 
     class OnGPU(_NotFiniteInHalfPrecision):
         calls: list = []
@@ -251,7 +251,7 @@ def test_a_batch_not_finite_on_a_gpu_is_embedded_again_in_float32_and_counted(ti
 
 def test_a_batch_that_is_not_finite_is_embedded_again_in_float32_or_refused(tiny_st):
     from bulkembed.config import RunConfig
-    from bulkembed.model_spec import resolve_model
+    from bulkembed.models.model_spec import resolve_model
 
     spec = resolve_model(RunConfig(inputs=("x",), output="o", model=str(tiny_st("mean"))))
     batch = TokenBatch.from_sequences([np.arange(n) for n in (3, 2, 1)])

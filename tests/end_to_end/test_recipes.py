@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from helpers import embed_texts, sample_texts
 
-from bulkembed.recipes import list_recipes
+from bulkembed.models.recipes import list_recipes
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 

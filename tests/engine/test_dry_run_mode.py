@@ -13,13 +13,13 @@ from pathlib import Path
 from helpers import run_cli, sample_texts, write_jsonl
 
 from bulkembed import RunConfig
+from bulkembed.batching.units import counted_units
 from bulkembed.engine.modes import Mode, OpenedRun
 from bulkembed.engine.plan import RunPlan, plan_run
 from bulkembed.engine.run import run_plan
-from bulkembed.progress import QuietReporter, Reporter
+from bulkembed.reporting.progress import QuietReporter, Reporter
 from bulkembed.run_dir import RunDirectory
 from bulkembed.sinks import sink_of
-from bulkembed.units import counted_units
 
 
 class ListPending(Mode):

@@ -23,10 +23,12 @@ import pytest
 import torch
 from helpers import records, run_cli, write_corpus
 
-from bulkembed import devices, embed_corpus, precision, windows
+from bulkembed import embed_corpus
+from bulkembed.batching import windows
 from bulkembed.config import RunConfig
-from bulkembed.engine import pool, unit_pool
+from bulkembed.engine import pool, precision, unit_pool
 from bulkembed.errors import BulkembedError
+from bulkembed.models import devices
 from bulkembed.sinks.parquet import ParquetSink
 
 # What a faulty device process (`_start_faulty_unit`) does, and the file its first fault claims.

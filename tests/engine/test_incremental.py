@@ -249,7 +249,7 @@ def test_a_finished_incremental_run_does_not_read_the_previous_output_again(tmp_
 
 def _count_tokenized_texts(monkeypatch):
     """Texts passed through the tokenizer (`--tokenize-workers 0`: in this process)."""
-    from bulkembed.tokenize import TextTokenizer
+    from bulkembed.batching.tokenize import TextTokenizer
 
     return record_calls(
         monkeypatch, TextTokenizer, "_encoded", lambda _, inputs, *_cut: len(inputs)

@@ -10,12 +10,12 @@ import pyarrow as pa
 import pytest
 from helpers import incremental_corpora, run_cli
 
+from bulkembed.batching.tokenize import TextTokenizer
 from bulkembed.config import RunConfig
 from bulkembed.engine.modes import ChangeSetRun, PlainRun, no_upserts
 from bulkembed.engine.plan import plan_run
-from bulkembed.progress import QuietReporter
+from bulkembed.reporting.progress import QuietReporter
 from bulkembed.sources import Chunk
-from bulkembed.tokenize import TextTokenizer
 
 
 def _plan(tmp_path, model, since=None):
@@ -38,7 +38,7 @@ def _open(plan):
 def _tokenized(plan, ids, texts, lookup=None):
     """A chunk of `texts` tokenized as a tokenizer process would, with `lookup` (a
     previous output's) leaving the unchanged ones untokenized."""
-    from bulkembed.tokenize import _tokenized
+    from bulkembed.batching.tokenize import _tokenized
 
     chunk = Chunk(0, 0, pa.array(ids), pa.array(texts), True)
     chunk.positions = np.arange(len(ids), dtype=np.int64)

@@ -212,7 +212,7 @@ def _over_the_limit_message(withheld: int, share: str, limit: str) -> str:
 
 def test_a_few_deletes_over_the_limit_are_shown_as_a_share_that_is_not_none():
     from bulkembed.config import RunConfig
-    from bulkembed.deletions import Deletions
+    from bulkembed.incremental.deletions import Deletions
     from bulkembed.spellings import delete_limit as _delete_limit
 
     # `-0` is 0, from the command line and from Python.

@@ -257,7 +257,7 @@ def test_a_part_of_another_output_is_refused_not_taken_in(finished, tiny_st, tmp
 def test_a_part_whose_bad_records_were_too_many_for_its_footer_is_not_taken_back(
     tmp_path, tiny_st, monkeypatch
 ):
-    monkeypatch.setattr("bulkembed.writer.LABEL_BAD_RECORDS_BYTES", 10)
+    monkeypatch.setattr("bulkembed.engine.writer.LABEL_BAD_RECORDS_BYTES", 10)
     corpus, _ = _corpus(tmp_path)
     out = tmp_path / "out"
     assert run_cli(corpus, tiny_st("mean"), out, *FLOAT32).exit_code == 0

@@ -365,8 +365,8 @@ def _chunk_records(chunks):
 def test_a_jsonl_unit_read_from_its_offset_equals_the_unit_read_from_the_start(tmp_path, lines):
     """Units of 10 lines, with blank, malformed and multi-byte lines among them; 30 lines
     end exactly at a unit boundary."""
+    from bulkembed.batching.units import SkippedUnits
     from bulkembed.sources import unit_offsets
-    from bulkembed.units import SkippedUnits
 
     path = tmp_path / "c.jsonl"
     with open(path, "w", encoding="utf-8") as f:

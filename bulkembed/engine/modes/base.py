@@ -16,24 +16,24 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from bulkembed.carry import CarryOver
+from bulkembed.batching.units import PendingUnits
 from bulkembed.engine.modes.upserts import UpsertSinks, no_upserts
 from bulkembed.errors import BulkembedError, Interrupted, OutputLocked, exit_status, one_line
-from bulkembed.incremental import ChangeSet
-from bulkembed.recorded import encoder_record
+from bulkembed.incremental.carry import CarryOver
+from bulkembed.incremental.previous import ChangeSet
+from bulkembed.output.recorded import encoder_record
 from bulkembed.run_dir import RunDirectory, fingerprint
 from bulkembed.run_dir.intents import Intents
 from bulkembed.sinks import Sink, SinkSettings, make_sink
 from bulkembed.storage import remove_scratch
-from bulkembed.units import PendingUnits
 from bulkembed.version import __version__
 
 if TYPE_CHECKING:
     from bulkembed.contracts import UnitRecord
     from bulkembed.encoders.base import VectorSizes
     from bulkembed.engine.plan import RunPlan
-    from bulkembed.progress import Reporter
-    from bulkembed.summary import PreviousCounts, Summary
+    from bulkembed.reporting.progress import Reporter
+    from bulkembed.reporting.summary import PreviousCounts, Summary
 
 
 @dataclass(frozen=True)
@@ -66,8 +66,9 @@ class RunMode(Protocol):
         ...
 
     def carrier(self) -> CarryOver:
-        """What carries unchanged records over from a previous output (`bulkembed.carry`);
-        its lookup lets tokenizers leave unchanged texts untokenized."""
+        """What carries unchanged records over from a previous output
+        (`bulkembed.incremental.carry`); its lookup lets tokenizers leave unchanged texts
+        untokenized."""
         ...
 
     def sizes(self) -> VectorSizes | None:

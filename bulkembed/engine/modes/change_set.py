@@ -11,12 +11,12 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from bulkembed.carry import reading_previous
-from bulkembed.deletions import missing_ids
 from bulkembed.engine.modes.base import OpenedRun, opened_directory, own_output
 from bulkembed.engine.modes.incremental import Incremental, share_quantization
 from bulkembed.errors import OutputError
-from bulkembed.incremental import ChangeSet, PreviousOutput
+from bulkembed.incremental.carry import reading_previous
+from bulkembed.incremental.deletions import missing_ids
+from bulkembed.incremental.previous import ChangeSet, PreviousOutput
 from bulkembed.schema import CONTENT_HASH, EMBEDDING_COLUMNS
 from bulkembed.storage import location, parquet_file
 from bulkembed.wording import counted
@@ -24,7 +24,7 @@ from bulkembed.wording import counted
 if TYPE_CHECKING:
     from bulkembed.contracts import UnitRecord
     from bulkembed.engine.plan import RunPlan
-    from bulkembed.progress import Reporter
+    from bulkembed.reporting.progress import Reporter
 
 
 class ChangeSetRun(Incremental):

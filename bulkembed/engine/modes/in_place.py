@@ -15,17 +15,17 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from bulkembed.deletions import missing_ids
 from bulkembed.engine.modes.base import OpenedRun, opened_directory
 from bulkembed.engine.modes.incremental import Incremental, share_quantization
 from bulkembed.engine.sync import TableSync
+from bulkembed.incremental.deletions import missing_ids
 from bulkembed.run_dir import fingerprint
 
 if TYPE_CHECKING:
     from bulkembed.contracts import UnitRecord
     from bulkembed.engine.plan import RunPlan
-    from bulkembed.progress import Reporter
-    from bulkembed.summary import Summary
+    from bulkembed.reporting.progress import Reporter
+    from bulkembed.reporting.summary import Summary
 
 
 class InPlaceSync(Incremental):

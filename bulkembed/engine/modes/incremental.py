@@ -1,13 +1,13 @@
 """What the two `--since` modes share (`change_set`, `in_place`): the previous output read
 before units run, the state kept across restarts in the mode's file, and the end step.
 
-Once every input unit is done (`bulkembed.deletions`), ids gone are deleted (or listed as
-deletes) if the run is within its limits, and the previous rows it keeps with no input unit
-to hold them (their record or file could not be read, or the deletes were withheld) are
-written as units of their own (`KeptUnits`), so that the output holds every row a store
-holds once the changes are applied. That end step can be repeated: it starts by discarding
-the kept units of an earlier attempt and comes to the same result, but for deletes that
-have begun to be applied (their decision is noted in the mode's file first, and kept).
+Once every input unit is done (`bulkembed.incremental.deletions`), ids gone are deleted (or listed
+as deletes) if the run is within its limits, and the previous rows it keeps with no input unit to
+hold them (their record or file could not be read, or the deletes were withheld) are written as
+units of their own (`KeptUnits`), so that the output holds every row a store holds once the changes
+are applied. That end step can be repeated: it starts by discarding the kept units of an earlier
+attempt and comes to the same result, but for deletes that have begun to be applied (their decision
+is noted in the mode's file first, and kept).
 
 A finished output whose deletes were withheld takes them up again when it is run with
 limits that allow them (`reopens`).
@@ -21,15 +21,15 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from bulkembed.carry import CarryOver
-from bulkembed.deletions import Deletions, Missing, Unread, decide, kept_rows
-from bulkembed.deletions import allowed_deletes as allowed
 from bulkembed.engine.modes.base import Mode
 from bulkembed.engine.modes.upserts import UpsertSinks, no_upserts
+from bulkembed.engine.writer import KeptUnits, PartWriter
 from bulkembed.errors import OutputError
-from bulkembed.summary import PreviousCounts, over_bad_record_limit
+from bulkembed.incremental.carry import CarryOver
+from bulkembed.incremental.deletions import Deletions, Missing, Unread, decide, kept_rows
+from bulkembed.incremental.deletions import allowed_deletes as allowed
+from bulkembed.reporting.summary import PreviousCounts, over_bad_record_limit
 from bulkembed.wording import counted
-from bulkembed.writer import KeptUnits, PartWriter
 
 if TYPE_CHECKING:
     import numpy as np
@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from bulkembed.contracts import UnitRecord
     from bulkembed.encoders.base import VectorSizes
     from bulkembed.engine.plan import RunPlan
-    from bulkembed.incremental import PreviousOutput
+    from bulkembed.incremental.previous import PreviousOutput
     from bulkembed.run_dir import RunDirectory
     from bulkembed.sinks import Sink
 

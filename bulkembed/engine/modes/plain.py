@@ -13,7 +13,7 @@ from bulkembed.engine.sync import refuse_synced
 if TYPE_CHECKING:
     from bulkembed.contracts import UnitRecord
     from bulkembed.engine.plan import RunPlan
-    from bulkembed.progress import Reporter
+    from bulkembed.reporting.progress import Reporter
 
 
 class PlainRun(Mode):

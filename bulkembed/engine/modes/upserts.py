@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from bulkembed.writer import Committed, Label, PartWriter
+from bulkembed.engine.writer import Committed, Label, PartWriter
 
 if TYPE_CHECKING:
     import pyarrow as pa

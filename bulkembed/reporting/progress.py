@@ -21,8 +21,8 @@ from rich.progress import BarColumn, Progress, ProgressColumn, Task, TaskID, Tex
 from rich.text import Text
 
 from bulkembed.contracts import DeviceCounts
-from bulkembed.printing import summary_lines
-from bulkembed.rates import RunProgress, duration
+from bulkembed.reporting.printing import summary_lines
+from bulkembed.reporting.rates import RunProgress, duration
 
 Item = TypeVar("Item")
 LOG_INTERVAL_SECONDS = 10.0

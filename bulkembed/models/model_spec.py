@@ -14,7 +14,7 @@ from typing import Any
 
 from bulkembed.config import DEFAULT_MAX_BATCH_TOKENS, Pooling, RunConfig
 from bulkembed.errors import ModelError, UsageError
-from bulkembed.model_files import (
+from bulkembed.models.model_files import (
     BGE_M3_HEAD_FILES,
     find_model_config,
     is_local,
@@ -22,15 +22,15 @@ from bulkembed.model_files import (
     model_version,
     read_json,
 )
-from bulkembed.recipes import (
+from bulkembed.models.recipes import (
     Recipe,
     find_recipe,
     list_recipes,
     load_recipe_file,
     recipe_reference,
 )
-from bulkembed.st_folder import SentenceTransformersInfo, read_sentence_transformers_info
-from bulkembed.tokenizer_facts import TokenizerFacts, tokenizer_facts
+from bulkembed.models.st_folder import SentenceTransformersInfo, read_sentence_transformers_info
+from bulkembed.models.tokenizer_facts import TokenizerFacts, tokenizer_facts
 
 # What each family of encoder can produce; with no `--outputs`, all of it.
 FAMILY_OUTPUTS = {

@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from bulkembed.errors import ModelError
-from bulkembed.export_cache import converted, installed_version
-from bulkembed.model_files import exact_files
-from bulkembed.st_folder import SentenceTransformersInfo
+from bulkembed.models.export_cache import converted, installed_version
+from bulkembed.models.model_files import exact_files
+from bulkembed.models.st_folder import SentenceTransformersInfo
 from bulkembed.version import __version__
 
 # Bumped when what is kept changes.

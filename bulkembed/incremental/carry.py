@@ -1,10 +1,10 @@
 """Carrying unchanged rows over from a previous output (`--since PREV`), chunk by chunk.
 
-`CarryOver` needs only PREV's lookup (`bulkembed.lookup`) and the paths of its parts, so it
-runs wherever chunks are tokenized: in the run's process, or pickled into a Ray task (its
-lookup is then read from Ray's object store). PREV's vectors are read a row group at a
-time, as the records that need them come; the run's own order of units usually matches
-PREV's, so each row group is read once.
+`CarryOver` needs only PREV's lookup (`bulkembed.incremental.lookup`) and the paths of its parts, so
+it runs wherever chunks are tokenized: in the run's process, or pickled into a Ray task (its lookup
+is then read from Ray's object store). PREV's vectors are read a row group at a time, as the records
+that need them come; the run's own order of units usually matches PREV's, so each row group is read
+once.
 
 Records that are, so far in their unit, the rows of one of PREV's parts from its first, in
 order, are carried without their vectors (`Carried.source`): a unit found to be such a part
@@ -40,10 +40,10 @@ from bulkembed.version import __version__
 if TYPE_CHECKING:
     import pyarrow.parquet as pq
 
-    from bulkembed.lookup import PreviousLookup
+    from bulkembed.batching.tokenize import TokenizedChunk
+    from bulkembed.incremental.lookup import PreviousLookup
     from bulkembed.sinks import OutputRows
     from bulkembed.sources import Chunk
-    from bulkembed.tokenize import TokenizedChunk
 
 # PREV's row groups held in memory at once.
 _CACHED_GROUPS = 4

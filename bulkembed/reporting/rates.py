@@ -1,5 +1,5 @@
 """Where a run stands, apart from how it is shown: the phase it is in, documents done of
-how many, rates over a recent window, and the ETA. `bulkembed.progress` shows it."""
+how many, rates over a recent window, and the ETA. `bulkembed.reporting.progress` shows it."""
 
 from __future__ import annotations
 

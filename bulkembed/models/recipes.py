@@ -37,7 +37,7 @@ class Recipe:
 def _recipe_dirs() -> list[Path]:
     """Recipes ship inside the wheel; in a source checkout they live at the repository root."""
     packaged = Path(str(resources.files("bulkembed"))) / "recipes"
-    checkout = Path(__file__).resolve().parent.parent / "recipes"
+    checkout = Path(__file__).resolve().parents[2] / "recipes"
     return [d for d in (packaged, checkout) if d.is_dir()]
 
 

@@ -29,7 +29,7 @@ from bulkembed.workers import WorkerPool
 
 
 class KnownTexts(Protocol):
-    """What a tokenizer asks of a previous output (`bulkembed.lookup.PreviousLookup` is
+    """What a tokenizer asks of a previous output (`bulkembed.incremental.lookup.PreviousLookup` is
     one): which documents, by their id keys and text digests, need no tokenizing."""
 
     def counted(self, keys: np.ndarray, hashes: np.ndarray) -> np.ndarray: ...
@@ -136,7 +136,7 @@ WHOLE, CUT, NOT_CUT_EXACTLY = 0, 1, 2
 class TextTokenizer:
     """The model's fast tokenizer with truncation on and padding off. `timed`, for a run's
     chunks, also hashes their ids with the run's `id_key`; with `previous`, the lookup of a
-    previous output (`bulkembed.lookup`), it leaves alone the texts that output holds
+    previous output (`bulkembed.incremental.lookup`), it leaves alone the texts that output holds
     unchanged with their counts."""
 
     def __init__(

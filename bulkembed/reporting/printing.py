@@ -1,6 +1,6 @@
 """What bulkembed prints once a run ends, or for `bulkembed status`: the closing summary in a
 few lines, the full figures as a table, and one-line errors, all outside the progress
-display (`bulkembed.progress`)."""
+display (`bulkembed.reporting.progress`)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from bulkembed.rates import duration
+from bulkembed.reporting.rates import duration
 from bulkembed.wording import counted
 
 # The closing summary's width: it fits a terminal of 80 columns.

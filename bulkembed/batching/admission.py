@@ -14,11 +14,11 @@ from collections.abc import Iterable, Iterator
 
 import numpy as np
 
+from bulkembed.batching.tokenize import NOT_CUT_EXACTLY, TokenizedChunk
 from bulkembed.errors import InputError
 from bulkembed.sources import BadRecord, Chunk, InputFile, SeenIds, format_of
 from bulkembed.sources.long_texts import MARGIN
 from bulkembed.sources.records import DUPLICATE_ID
-from bulkembed.tokenize import NOT_CUT_EXACTLY, TokenizedChunk
 
 NOT_CUT_EXACTLY_REASON = (
     "text too long to read whole, whose first tokens do not end {margin} characters "

@@ -2,17 +2,17 @@
 
 Every output row keeps `content_hash`: BLAKE2b-128 of the exact text the model read (prompt
 included, lowercased where the model lowercases), computed where the text is tokenized
-(`tokenize.content_digest`). An incremental run reads PREV's ids and hashes once, into a
-lookup on disk (`bulkembed.lookup`, 41 bytes per document), and then, chunk by chunk, after
+(`tokenize.content_digest`). An incremental run reads PREV's ids and hashes once, into a lookup on
+disk (`bulkembed.incremental.lookup`, 41 bytes per document), and then, chunk by chunk, after
 tokenizing:
 
 - an id PREV does not have is new, and embedded;
 - an id whose hash differs is changed, and embedded;
 - an id whose hash is the same is unchanged: its dense, sparse and multi-vector columns are
-  copied from PREV's row (`bulkembed.carry`), and the model never sees it.
+  copied from PREV's row (`bulkembed.incremental.carry`), and the model never sees it.
 
-Ids of PREV that the input no longer has are not written: `bulkembed.deletions` says which
-of them are deleted and which are kept because they could not be read.
+Ids of PREV that the input no longer has are not written: `bulkembed.incremental.deletions` says
+which of them are deleted and which are kept because they could not be read.
 
 With a Parquet output the run also writes the change set that takes PREV to the new output,
 in the run directory (`ChangeSet`):
@@ -22,10 +22,10 @@ in the run directory (`ChangeSet`):
   marked done after both: a unit embedded again after a crash writes the same file again,
   under the same name, so each id is there exactly once, also after any number of restarts.
 - `changes/deletes.parquet`: one column, `id`: PREV's ids that the new output does not hold
-  and that are gone (`bulkembed.deletions`: what could not be read is kept, not deleted).
-  It is written once every unit is done, before the output is marked complete, from PREV's
-  parts and the output's: a run resumed after a crash computes the same list. With `--limit`
-  it is not written (the documents past the limit were not read).
+  and that are gone (`bulkembed.incremental.deletions`: what could not be read is kept, not
+  deleted). It is written once every unit is done, before the output is marked complete, from PREV's
+  parts and the output's: a run resumed after a crash computes the same list. With `--limit` it is
+  not written (the documents past the limit were not read).
 
 A bad record of an incremental run says in `previous` that PREV's rows it may have held are
 not deleted.
@@ -44,10 +44,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from bulkembed.carry import CarryOver, TableCarryOver, reading_previous
 from bulkembed.contracts import RowCounts
 from bulkembed.errors import OutputError, UsageError
-from bulkembed.lookup import PartRows, PreviousLookup
+from bulkembed.incremental.carry import CarryOver, TableCarryOver, reading_previous
+from bulkembed.incremental.lookup import PartRows, PreviousLookup
 from bulkembed.run_dir import RunDirectory, describe_changes
 from bulkembed.schema import CONTENT_HASH, digests
 from bulkembed.sinks.parquet import ParquetSink
@@ -110,7 +110,7 @@ class PreviousOutput:
     """A finished Parquet output made with the same settings, to carry unchanged rows from.
 
     `rows` is its number of documents; `run` its run directory; `lookup` its documents
-    sorted by id hash (keyed by the run's `id_key`), on disk (`bulkembed.lookup`), in a
+    sorted by id hash (keyed by the run's `id_key`), on disk (`bulkembed.incremental.lookup`), in a
     temporary folder removed by `close`; `carrier` carries its unchanged rows over.
 
     An output made with other weights of the same model (a fine-tune, weights changed in

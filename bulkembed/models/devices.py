@@ -125,7 +125,7 @@ def dtype_choice(dtype: DType, device: str) -> str:
     device computes in it (compute capability 8.0 on: float32's range, so no overflow
     whatever the model was saved in), else float16; on a CPU bfloat16 where the CPU
     accelerates it, else float32. A half-precision `auto` choice is checked against
-    float32 at start-up (see `bulkembed.precision`), and a batch that gives values that are
+    float32 at start-up (see `bulkembed.engine.precision`), and a batch that gives values that are
     not finite in it is embedded again in float32. Imports no torch for a CPU."""
     if dtype is not DType.AUTO:
         return dtype.value

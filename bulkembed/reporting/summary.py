@@ -5,18 +5,18 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-from bulkembed.deletions import (
+from bulkembed.errors import TooManyBadRecords, TooManyDeletes
+from bulkembed.incremental.deletions import (
     MAX_BAD_RECORDS_OPTION,
     MAX_DELETES_OPTION,
     Deletions,
     allowed_deletes,
 )
-from bulkembed.errors import TooManyBadRecords, TooManyDeletes
 from bulkembed.wording import counted
 
 if TYPE_CHECKING:
     from bulkembed.contracts import UnitRecord
-    from bulkembed.progress import RunStats
+    from bulkembed.reporting.progress import RunStats
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,11 +23,11 @@ from typing import Any, Generic, TypeVar
 import numpy as np
 import pyarrow as pa
 
+from bulkembed.batching.tokenize import TokenizedChunk
 from bulkembed.contracts import Embeddings, RowCounts, UnitRecord, part_name
 from bulkembed.schema import CONTENT_HASH, hex_strings, record_batch
 from bulkembed.sinks import Sink
 from bulkembed.sources.records import BadRecord, Carried
-from bulkembed.tokenize import TokenizedChunk
 
 Item = TypeVar("Item")
 # A part's label keeps its unit's bad records up to this size (Parquet readers refuse footers
@@ -202,9 +202,9 @@ class PartWriter:
 
 class KeptUnits:
     """Rows of the previous output that an incremental run keeps with no input unit to hold
-    them (`bulkembed.deletions`), written once every input unit is done, as units of their
-    own through `writer`: `part-<file>-<n>`, where `file` is one past the last input file,
-    of up to `per_unit` rows each."""
+    them (`bulkembed.incremental.deletions`), written once every input unit is done, as units of
+    their own through `writer`: `part-<file>-<n>`, where `file` is one past the last input file, of
+    up to `per_unit` rows each."""
 
     def __init__(self, writer: PartWriter, file: int, per_unit: int) -> None:
         self.writer = writer

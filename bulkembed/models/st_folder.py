@@ -14,7 +14,7 @@ from typing import Any
 
 from bulkembed.config import Pooling
 from bulkembed.errors import ModelError
-from bulkembed.model_files import model_file, read_json
+from bulkembed.models.model_files import model_file, read_json
 
 _ST_POOLING_KEYS = {
     "pooling_mode_cls_token": Pooling.CLS,

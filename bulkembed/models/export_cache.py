@@ -32,7 +32,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
-from bulkembed.file_digests import cache_root
+from bulkembed.models.file_digests import cache_root
 from bulkembed.storage import process_alive
 
 MANIFEST = "manifest.json"

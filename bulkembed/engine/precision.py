@@ -28,18 +28,18 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from bulkembed.batching import input_order, pack_batches
-from bulkembed.devices import exact_float32
+from bulkembed.batching.packing import input_order, pack_batches
+from bulkembed.batching.windows import EmbeddedHead
 from bulkembed.encoders import Embeddings, Encoder, TokenBatch
 from bulkembed.encoders.decisions import model_key, read_decision, record_decision
-from bulkembed.windows import EmbeddedHead
+from bulkembed.models.devices import exact_float32
 from bulkembed.wording import counted
 
 if TYPE_CHECKING:
     import torch
 
-    from bulkembed.model_spec import ModelSpec
-    from bulkembed.tokenize import TokenizedChunk
+    from bulkembed.batching.tokenize import TokenizedChunk
+    from bulkembed.models.model_spec import ModelSpec
 
 PARITY_THRESHOLD = 0.9999
 # Multi-vector and sparse cosines are judged at this percentile (the 1st: 99% must pass).

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from bulkembed.errors import ModelError
-from bulkembed.file_digests import file_digests
+from bulkembed.models.file_digests import file_digests
 
 _COMMIT = re.compile(r"[0-9a-f]{40}")
 

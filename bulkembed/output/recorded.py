@@ -27,8 +27,8 @@ from bulkembed.schema import ENCODER_KEY
 from bulkembed.sinks import parse_output, sink_of
 
 if TYPE_CHECKING:
-    from bulkembed.model_spec import ModelSpec
-    from bulkembed.outputs import OutputFormat
+    from bulkembed.models.model_spec import ModelSpec
+    from bulkembed.output.format import OutputFormat
     from bulkembed.sinks import OutputTarget
     from bulkembed.storage import StorageOptions
 

@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from bulkembed.batching import Batch, input_order, pack_batches
+from bulkembed.batching.packing import Batch, input_order, pack_batches
+from bulkembed.batching.tokenize import TokenizedChunk
 from bulkembed.contracts import Embeddings, TokenBatch
-from bulkembed.progress import Reporter, RunStats
-from bulkembed.tokenize import TokenizedChunk
+from bulkembed.reporting.progress import Reporter, RunStats
 
 if TYPE_CHECKING:
     from bulkembed.encoders import Embedder

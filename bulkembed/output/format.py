@@ -27,7 +27,7 @@ from bulkembed.errors import BulkembedError, UsageError
 
 if TYPE_CHECKING:
     from bulkembed.config import RunConfig
-    from bulkembed.model_spec import ModelSpec
+    from bulkembed.models.model_spec import ModelSpec
 
 # int8/uint8 ranges from fewer documents than this would be a guess.
 MIN_CALIBRATION_DOCUMENTS = 2

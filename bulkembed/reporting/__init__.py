@@ -1,0 +1,1 @@
+"""What a run tells: progress, the printed lines, rates, and the summary."""
