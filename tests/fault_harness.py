@@ -28,8 +28,8 @@ from lancedb.table import LanceTable
 from bulkembed import cli
 from bulkembed.batching import tokenize
 from bulkembed.encoders.base import Encoder
-from bulkembed.incremental.previous import ChangeSet
 from bulkembed.run_dir import RunDirectory
+from bulkembed.sinks.change_set import ParquetChangeSet
 from bulkembed.sinks.lance import LanceSink
 from bulkembed.sinks.lance_sync import TableMerge
 from bulkembed.sinks.parquet import ParquetSink
@@ -45,7 +45,7 @@ STAGES = {
     "compacted": (LanceTable, "optimize", True),
     "indexed": (LanceTable, "create_index", True),
     "committed": (ParquetSink, "commit", True),
-    "deletes": (ChangeSet, "write_deletes", True),
+    "deletes": (ParquetChangeSet, "write_deletes", True),
     "merged": (TableMerge, "commit", True),
     "deleted": (LanceTable, "delete", True),
 }

@@ -14,18 +14,8 @@ tokenizing:
 Ids of PREV that the input no longer has are not written: `bulkembed.incremental.deletions` says
 which of them are deleted and which are kept because they could not be read.
 
-With a Parquet output the run also writes the change set that takes PREV to the new output,
-in the run directory (`ChangeSet`):
-
-- `changes/upserts/part-*.parquet`: the new and changed documents, with every output column
-  (the parts' schema). A unit's upserts are committed just before its part, and the unit is
-  marked done after both: a unit embedded again after a crash writes the same file again,
-  under the same name, so each id is there exactly once, also after any number of restarts.
-- `changes/deletes.parquet`: one column, `id`: PREV's ids that the new output does not hold
-  and that are gone (`bulkembed.incremental.deletions`: what could not be read is kept, not
-  deleted). It is written once every unit is done, before the output is marked complete, from PREV's
-  parts and the output's: a run resumed after a crash computes the same list. With `--limit` it is
-  not written (the documents past the limit were not read).
+With an output whose kind keeps one (Parquet), the run also writes the change set that takes
+PREV to the new output, in the run directory (`bulkembed.sinks.change_set`).
 
 A bad record of an incremental run says in `previous` that PREV's rows it may have held are
 not deleted.
@@ -33,38 +23,31 @@ not deleted.
 
 from __future__ import annotations
 
-import io
-import os
-import secrets
-from collections.abc import Collection, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from bulkembed.contracts import RowCounts
-from bulkembed.errors import OutputError, UsageError
+from bulkembed.errors import UsageError
 from bulkembed.incremental.carry import CarryOver, TableCarryOver, reading_previous
 from bulkembed.incremental.lookup import PartRows, PreviousLookup
 from bulkembed.run_dir import RunDirectory, describe_changes
 from bulkembed.schema import CONTENT_HASH, digests
-from bulkembed.sinks.parquet import ParquetSink
-from bulkembed.sinks.part_files import part_label
+from bulkembed.sinks import part_label, part_path
 from bulkembed.sources import IdKey
-from bulkembed.storage import AnyPath, ObjectPath, parquet_file, remove_scratch, scratch_folder
+from bulkembed.storage import AnyPath, parquet_file, remove_scratch, scratch_folder
 
 # Settings that may differ from PREV's: they change which documents there are or which
 # input columns are copied, not what a document's vectors are.
 _FREE_SETTINGS = ("inputs", "limit", "units", "keep_columns", "since")
-# The change set's folder in the run directory, and its files there.
-CHANGES = "changes"
-UPSERTS = "upserts"
-DELETES = "deletes.parquet"
 
 if TYPE_CHECKING:
     from bulkembed.sinks import OutputRows
+
+    pass
 
 
 # The setting of the model's weights: a `--since` output made with other weights is taken,
@@ -122,9 +105,8 @@ class PreviousOutput:
         self.run = RunDirectory(path)
         self.other_weights = check_previous(self.run, str(path), fingerprint, other_weights=True)
         self.path: AnyPath | str = path
-        parts = ParquetSink(path)
         done = self.run.done_units().values()
-        self.parts = [parts.part_path(r.part) for r in done if r.rows]
+        self.parts = [part_path(path, r.part) for r in done if r.rows]
         self._start()
 
     def _start(self) -> None:
@@ -204,60 +186,6 @@ class PreviousOutput:
         with reading_previous(self.parts[number]):
             table = parquet_file(self.parts[number]).read()
         return table.take(pa.array(positions, pa.int64()))
-
-
-class ChangeSet:
-    """The change set of a `--since` run with a Parquet output, in `meta/changes/` (see the
-    module's docstring): upserts a unit at a time, deletes once at the end."""
-
-    def __init__(self, meta: AnyPath) -> None:
-        self.directory = meta / CHANGES
-        self.deletes_path = self.directory / DELETES
-
-    def upserts(self) -> ParquetSink:
-        """A sink for the upserts: one per writing process (its temporary files are its own)."""
-        return ParquetSink(self.directory / UPSERTS)
-
-    def open(self, mine: Collection[str] | None) -> None:
-        """Make the folder, and drop what a crash left half-written (of the units in
-        `mine`, when given). The upserts of a unit whose part was not committed stay: the
-        unit is embedded again and writes the same file again, under the same name."""
-        upserts = self.upserts()
-        upserts.directory.mkdir(parents=True, exist_ok=True)
-        upserts.remove_unfinished(mine)
-        if not isinstance(self.directory, ObjectPath) and self.directory.is_dir():
-            for temporary in self.directory.glob(f".{DELETES}.*.tmp"):
-                temporary.unlink(missing_ok=True)
-
-    def remove(self) -> None:
-        """Delete the change set (`--overwrite`): bulkembed's own files, and nothing else."""
-        upserts = self.upserts()
-        if upserts.directory.is_dir():
-            upserts.remove([])
-        self.deletes_path.unlink(missing_ok=True)
-
-    def write_deletes(self, ids: pa.ChunkedArray) -> None:
-        """Write `deletes.parquet`: the ids of PREV that are gone."""
-        self._write_whole(pa.table({"id": ids}))
-
-    def _write_whole(self, table: pa.Table) -> None:
-        """Write `deletes.parquet` whole or not at all (an object in one upload)."""
-        buffer = io.BytesIO()
-        pq.write_table(table, buffer)
-        self.directory.mkdir(parents=True, exist_ok=True)
-        if isinstance(self.deletes_path, ObjectPath):
-            self.deletes_path.write_bytes(buffer.getvalue())
-            return
-        temporary = self.deletes_path.with_name(f".{DELETES}.{secrets.token_hex(4)}.tmp")
-        try:
-            with open(temporary, "wb") as f:
-                f.write(buffer.getvalue())
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(temporary, self.deletes_path)
-        except OSError as e:
-            temporary.unlink(missing_ok=True)
-            raise OutputError(f"cannot write {self.deletes_path}: {e}") from e
 
 
 class PreviousTable(PreviousOutput):

@@ -4,13 +4,15 @@ registered by `register_sink` (`bulkembed.sinks.registry`).
 `--output` names the target: a directory, `lancedb://PATH[?table=NAME]`, or `-`.
 """
 
-from bulkembed.sinks.base import InPlaceSync, IntentLog, OutputRows, Recovered, Sink
+from bulkembed.sinks.base import ChangeSet, InPlaceSync, IntentLog, OutputRows, Recovered, Sink
 from bulkembed.sinks.builtin import register_builtin_sinks
+from bulkembed.sinks.part_files import part_label, part_path
 from bulkembed.sinks.registry import (
     Capabilities,
     OutputTarget,
     SinkKind,
     SinkSettings,
+    change_set_of,
     in_place,
     make_sink,
     parse_output,
@@ -24,6 +26,7 @@ register_builtin_sinks()
 
 __all__ = [
     "Capabilities",
+    "ChangeSet",
     "InPlaceSync",
     "OutputRows",
     "IntentLog",
@@ -32,9 +35,12 @@ __all__ = [
     "Sink",
     "SinkKind",
     "SinkSettings",
+    "change_set_of",
     "in_place",
     "make_sink",
     "parse_output",
+    "part_label",
+    "part_path",
     "register_sink",
     "sink_kind",
     "sink_of",

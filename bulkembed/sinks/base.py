@@ -166,6 +166,29 @@ class OutputRows(Protocol):
         ...
 
 
+class ChangeSet(ABC):
+    """What a `--since` run writes beside an output whose kind keeps a change set: each
+    unit's new and changed rows (its upserts), and the ids gone, once every unit is done."""
+
+    @abstractmethod
+    def upserts(self) -> Sink:
+        """A sink for the upserts: one per writing process. A bound method of a change set
+        is pickled into device processes and Ray actors, which make their own."""
+
+    @abstractmethod
+    def open(self, mine: Collection[str] | None) -> None:
+        """Make it ready, and drop what a crash left half-written (of the units in `mine`,
+        when given)."""
+
+    @abstractmethod
+    def remove(self) -> None:
+        """Delete it (`--overwrite`): bulkembed's own files, and nothing else."""
+
+    @abstractmethod
+    def write_deletes(self, ids: pa.ChunkedArray) -> None:
+        """Write the ids of the previous output that are gone, whole or not at all."""
+
+
 class InPlaceSync(ABC):
     """What an output that `--since` may sync in place offers (`Capabilities.in_place`):
     its versions, the rows at one of them, a sink that merges units' rows by id, deletes

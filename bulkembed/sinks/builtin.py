@@ -16,6 +16,7 @@ from urllib.parse import parse_qs
 from bulkembed.contracts import RUN_DIRECTORY
 from bulkembed.errors import UsageError
 from bulkembed.sinks.base import Sink
+from bulkembed.sinks.change_set import ParquetChangeSet
 from bulkembed.sinks.lance import LanceSink
 from bulkembed.sinks.lance_index import DEFAULT_TABLE, IndexSettings
 from bulkembed.sinks.lance_sync import in_place
@@ -112,14 +113,14 @@ def _open_stdout(target: OutputTarget, settings: SinkSettings) -> Sink:
 
 
 PARQUET = SinkKind(
-    "parquet", _parquet, _open_parquet, Capabilities(many_writers=True, change_set=True)
+    "parquet",
+    _parquet,
+    _open_parquet,
+    Capabilities(many_writers=True),
+    change_set=ParquetChangeSet,
 )
 LANCEDB = SinkKind(
-    "lancedb",
-    _lancedb,
-    _open_lancedb,
-    Capabilities(many_writers=True, indexes=True, in_place=True),
-    in_place,
+    "lancedb", _lancedb, _open_lancedb, Capabilities(many_writers=True, indexes=True), in_place
 )
 STREAM = SinkKind("stdout", _stdout, _open_stdout, Capabilities(resumable=False))
 

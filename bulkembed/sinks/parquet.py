@@ -35,6 +35,7 @@ from bulkembed.sinks.part_files import (
     FooterError,
     copy_with_entry,
     part_label,
+    part_path,
     writer_options,
 )
 from bulkembed.sources.opening import READ_ERRORS
@@ -97,7 +98,7 @@ class ParquetSink(Sink):
         return str(self.directory)
 
     def part_path(self, part: str) -> AnyPath:
-        return self.directory / f"{part}.parquet"
+        return part_path(self.directory, part)
 
     def _temporary(self, part: str) -> Path:
         """Where a part is written until it is committed: beside it, or a local spool file

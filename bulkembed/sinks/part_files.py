@@ -33,6 +33,8 @@ from bulkembed.schema import CONTENT_HASH, EMBEDDING_COLUMNS
 if TYPE_CHECKING:
     import pyarrow.parquet as pq
 
+    from bulkembed.storage import AnyPath
+
 # The footer key of a part's label.
 LABEL_KEY = "bulkembed.unit"
 MAGIC = b"PAR1"
@@ -41,6 +43,11 @@ _KEY_VALUES = 5
 # Compact-protocol type codes.
 _TRUE, _FALSE, _BYTE, _I16, _I32, _I64, _DOUBLE = 1, 2, 3, 4, 5, 6, 7
 _BINARY, _LIST, _SET, _MAP, _STRUCT, _UUID = 8, 9, 10, 11, 12, 13
+
+
+def part_path(directory: AnyPath, part: str) -> AnyPath:
+    """Where the Parquet part of unit `part` is in an output `directory`."""
+    return directory / f"{part}.parquet"
 
 
 def part_label(metadata: pq.FileMetaData) -> dict[str, Any] | None:

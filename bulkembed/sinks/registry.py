@@ -1,7 +1,8 @@
 """Kinds of output, by registry: what `--output` names, and what each kind can do.
 
 A kind of output (`SinkKind`) parses the `--output` values that are its own into an
-`OutputTarget`, opens the sink that writes there, and declares its `Capabilities`. The
+`OutputTarget`, opens the sink that writes there, and declares its `Capabilities` (those
+that come with something to give, a change set or an in-place sync, follow from giving it). The
 engines, the CLI and the API ask the registry and the capabilities, never a sink's class:
 a new kind of output is one module that declares its kind and calls `register_sink`.
 The built-in kinds (Parquet parts, LanceDB tables, stdout) are in `bulkembed.sinks.builtin`.
@@ -10,14 +11,14 @@ The built-in kinds (Parquet parts, LanceDB tables, stdout) are in `bulkembed.sin
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from bulkembed.config import RunConfig, StreamFormat
 from bulkembed.errors import UsageError
 
 if TYPE_CHECKING:
-    from bulkembed.sinks.base import InPlaceSync, IntentLog, Sink
+    from bulkembed.sinks.base import ChangeSet, InPlaceSync, IntentLog, Sink
     from bulkembed.storage import AnyPath, StorageOptions
 
 
@@ -31,13 +32,16 @@ class Capabilities:
     - `many_writers`: processes beside the run's (device processes, `--shard` runs, Ray
       actors) may commit parts into the output at the same time, each through its own sink
       (`Sink.process_copies`). Without it every row is written by the run's own process.
-    - `change_set`: a `--since` run into it writes the change set beside the output
-      (`bulkembed.incremental.previous`), and ends by writing the previous rows it keeps as parts:
-      its sink lists committed ids (`committed_ids`), gives a part's schema (`part_schema`)
-      and discards parts (`discard`).
+    - `change_set`: a `--since` run into it writes the change set beside the output (the
+      kind's `change_set` makes it), and ends by writing the previous rows it keeps as
+      parts: its sink lists committed ids (`committed_ids`), gives a part's schema
+      (`part_schema`) and discards parts (`discard`).
     - `indexes`: it builds vector and full-text indexes (`--index`, `--fts`).
     - `in_place`: a `--since` naming the output itself updates it in place (the kind's
       `in_place` gives the `InPlaceSync`).
+
+    `change_set` and `in_place` follow from the kind giving what they need; they are not
+    declared.
     """
 
     resumable: bool = True
@@ -99,7 +103,8 @@ class SinkKind:
     """A kind of output: `parse` takes an `--output` value and returns its target, or None
     when the value is not of this kind (`options` reach object storage); `open` makes the
     sink that writes a target. `in_place`, for a kind that can be synced in place, gives
-    what the sync needs of an opened sink. A kind's settings of its own ride on its
+    what the sync needs of an opened sink; `change_set`, for a kind that keeps a change set
+    beside it, makes one in a run directory. A kind's settings of its own ride on its
     target: `parse` returns a frozen subclass of `OutputTarget` with fields of its own,
     read from the `--output` value's query (`kind://NAME?setting=...`) or from
     `BULKEMBED_<KIND>_<SETTING>`, and refuses a wrong one with a `UsageError`."""
@@ -109,14 +114,19 @@ class SinkKind:
     open: Callable[[OutputTarget, SinkSettings], Sink]
     capabilities: Capabilities = Capabilities()
     in_place: Callable[[Sink], InPlaceSync] | None = None
+    change_set: Callable[[AnyPath], ChangeSet] | None = None
 
     def __post_init__(self) -> None:
-        if self.capabilities.in_place != (self.in_place is not None):
-            said = "declared" if self.capabilities.in_place else "not declared"
+        declared = self.capabilities
+        if declared.in_place or declared.change_set:
             raise ValueError(
-                f"sink kind {self.name}: the in_place capability is {said}, so give in_place "
-                "if and only if it is declared"
+                f"sink kind {self.name}: in_place and change_set are not declared: give the "
+                "kind's in_place or change_set, and the capability follows"
             )
+        given = replace(
+            declared, in_place=self.in_place is not None, change_set=self.change_set is not None
+        )
+        object.__setattr__(self, "capabilities", given)
 
 
 # Kinds by name, in the order they were registered; the latest is asked first.
@@ -172,6 +182,13 @@ def sink_of(target: OutputTarget) -> Sink:
     if not target.capabilities.resumable:
         raise UsageError(f"{target.label} keeps no run directory to report on")
     return make_sink(target, SinkSettings())
+
+
+def change_set_of(target: OutputTarget, meta: AnyPath) -> ChangeSet | None:
+    """The change set a `--since` run into `target` keeps in its run directory `meta`; None
+    for a kind that keeps none."""
+    make = sink_kind(target.kind).change_set
+    return None if make is None else make(meta)
 
 
 def in_place(target: OutputTarget, sink: Sink) -> InPlaceSync:

@@ -180,7 +180,9 @@ def test_three_shards_write_one_s3_output_together(tmp_path, s3, tiny_st):
 def test_a_second_run_on_the_same_s3_output_is_refused_while_the_lease_lives(
     tmp_path, s3, tiny_st, monkeypatch
 ):
-    monkeypatch.setenv("BULKEMBED_LEASE_SECONDS", "2")
+    # Long enough that the holder's renewals (every 2.5 s, on a thread of this process) keep
+    # it alive while the refused run starts in this process on a loaded machine.
+    monkeypatch.setenv("BULKEMBED_LEASE_SECONDS", "10")
     corpus = write_jsonl(tmp_path / "c.jsonl", [{"id": "a", "text": "one text"}])
     out = s3.uri("busy")
     meta = location(out) / "_bulkembed"
@@ -200,7 +202,7 @@ def test_a_second_run_on_the_same_s3_output_is_refused_while_the_lease_lives(
             shard.acquire()
         taken = run_cli(corpus, tiny_st("mean"), out, "--break-lock")
         assert taken.exit_code == 0, taken.output
-        time.sleep(1)  # two renewals: the first finds the lease taken
+        time.sleep(6)  # two renewals: the first finds the lease taken
         with pytest.raises(LeaseLost, match="taken over by another run; this run stops here"):
             holder.check()
         with pytest.raises(LeaseLost, match="taken over by another run; this run stops here"):

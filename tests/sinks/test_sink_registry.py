@@ -178,8 +178,19 @@ def test_a_kind_must_say_where_its_ledger_lives_exactly_when_it_resumes(tmp_path
             parse_output("careless://x")
     finally:
         unregister_sink("careless")
-    with pytest.raises(ValueError, match="the in_place capability is declared"):
-        SinkKind("half", parse, lambda t, s: MemorySink({}, []), Capabilities(in_place=True))
+    for declared in (Capabilities(in_place=True), Capabilities(change_set=True)):
+        with pytest.raises(ValueError, match="in_place and change_set are not declared"):
+            SinkKind("half", parse, lambda t, s: MemorySink({}, []), declared)
+
+
+def test_the_capabilities_that_come_with_something_to_give_follow_from_giving_it():
+    from bulkembed.sinks import sink_kind
+
+    parquet, lancedb, stdout = (sink_kind(name) for name in ("parquet", "lancedb", "stdout"))
+    assert (parquet.capabilities.change_set, parquet.capabilities.in_place) == (True, False)
+    assert (lancedb.capabilities.change_set, lancedb.capabilities.in_place) == (False, True)
+    assert (stdout.capabilities.change_set, stdout.capabilities.in_place) == (False, False)
+    assert parquet.change_set is not None and lancedb.in_place is not None
 
 
 def test_a_process_sink_writes_where_this_process_resolved_the_output(tmp_path, monkeypatch):

@@ -20,11 +20,10 @@ from bulkembed.batching.units import PendingUnits
 from bulkembed.engine.modes.upserts import UpsertSinks, no_upserts
 from bulkembed.errors import BulkembedError, Interrupted, OutputLocked, exit_status, one_line
 from bulkembed.incremental.carry import CarryOver
-from bulkembed.incremental.previous import ChangeSet
 from bulkembed.output.recorded import encoder_record
 from bulkembed.run_dir import RunDirectory, fingerprint
 from bulkembed.run_dir.intents import Intents
-from bulkembed.sinks import Sink, SinkSettings, make_sink
+from bulkembed.sinks import Sink, SinkSettings, change_set_of, make_sink
 from bulkembed.storage import remove_scratch
 from bulkembed.version import __version__
 
@@ -157,9 +156,10 @@ def opened_directory(
         reporter.warn(repair)
     try:
         run.clear_failure()
-        if config.overwrite and resumable:
+        earlier = change_set_of(plan.target, run.meta) if config.overwrite else None
+        if earlier is not None:
             # What an earlier `--since` run wrote beside the output goes with it.
-            ChangeSet(run.meta).remove()
+            earlier.remove()
         complete = start(settings, done, run.is_complete())
         _write_config(plan, run, settings)
         if complete:

@@ -16,8 +16,9 @@ from bulkembed.engine.modes.incremental import Incremental, share_quantization
 from bulkembed.errors import OutputError
 from bulkembed.incremental.carry import reading_previous
 from bulkembed.incremental.deletions import missing_ids
-from bulkembed.incremental.previous import ChangeSet, PreviousOutput
+from bulkembed.incremental.previous import PreviousOutput
 from bulkembed.schema import CONTENT_HASH, EMBEDDING_COLUMNS
+from bulkembed.sinks import ChangeSet, change_set_of
 from bulkembed.storage import location, parquet_file
 from bulkembed.wording import counted
 
@@ -33,7 +34,7 @@ class ChangeSetRun(Incremental):
     @contextlib.contextmanager
     def open(self, plan: RunPlan, reporter: Reporter) -> Iterator[OpenedRun]:
         with own_output(plan) as (run, sink):
-            self.change_set = ChangeSet(run.meta)
+            self.change_set: ChangeSet | None = change_set_of(plan.target, run.meta)
 
             def start(settings: dict[str, Any], done: dict[str, UnitRecord], whole: bool) -> bool:
                 self._begin(plan, run, sink, settings)
@@ -53,9 +54,9 @@ class ChangeSetRun(Incremental):
         plan = self.plan
         since = location(plan.config.since or "", plan.storage_options)
         self.previous = PreviousOutput(since, self.settings, plan.id_key)
-        if plan.target.capabilities.change_set:
-            self.change_set.open(plan.my_units)
-            self._upserts = self.change_set.upserts
+        if (change_set := self.change_set) is not None:
+            change_set.open(plan.my_units)
+            self._upserts = change_set.upserts
             self.previous.carrier.keeps_unread = plan.config.limit is None
         self.previous_rows = self.previous.rows
         share_quantization(plan, self.run, self.previous)
@@ -69,7 +70,8 @@ class ChangeSetRun(Incremental):
 
     def _end(self) -> None:
         """The deletes of the change set, and the rows kept in the new output."""
-        assert self.previous is not None
+        change_set = self.change_set
+        assert change_set is not None and self.previous is not None
         inputs, unread, over = self.start_end()
         ids = self.sink.committed_ids(inputs)
         missing = list(missing_ids(self.previous, ids, unread, self.plan.id_key))
@@ -88,7 +90,7 @@ class ChangeSetRun(Incremental):
             self.keep(missing, deletions, schema, self.previous.rows_at)
         gone = [m.ids.filter(pa.array(m.gone)) for m in missing if deletions.deleted]
         kind = missing[0].ids.type if missing else self.plan.reader.id_type or pa.string()
-        self.change_set.write_deletes(pa.chunked_array([c for g in gone for c in g.chunks], kind))
+        change_set.write_deletes(pa.chunked_array([c for g in gone for c in g.chunks], kind))
 
     def _part_schema(self, inputs: dict[str, UnitRecord]) -> pa.Schema:
         """The schema of the output's parts: an input part's, or, with none (no input
