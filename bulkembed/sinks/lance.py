@@ -60,6 +60,7 @@ from bulkembed.sinks.lance_index import (
     IndexSettings,
     build_indexes,
     fragment_files,
+    fragment_ids,
     lance_modules,
     lance_storage_options,
     present_files,
@@ -294,16 +295,14 @@ class LanceSink(Sink):
 
     def committed_ids(self, done: dict[str, UnitRecord]) -> Iterator[pa.Array]:
         """The ids in the table, but for the fragments of units not in `done` (another
-        shard's, or one being written)."""
+        shard's, or one being written). An id may come twice when another run compacted
+        the table while it was read."""
         if self._existing_table() is None:
             return
         others = frozenset().union(
             *(i["files"] for p, i in self.intents.all().items() if p not in done)
         )
-        for fragment in self.dataset().get_fragments():
-            if not fragment_files(fragment.metadata) & others:
-                for batch in fragment.to_batches(columns=["id"]):
-                    yield batch.column("id")
+        yield from fragment_ids(self.dataset, others, self.description)
 
     def start(self, schema: pa.Schema, fence: Callable[[], None] = unfenced) -> None:
         named = pa.schema([f.with_name("vector") if f.name == "dense" else f for f in schema])

@@ -1,13 +1,13 @@
 """A LanceDB table's surroundings: the lancedb and lance modules, where a table on object
-storage is reached, the data files of a version, the embedding function its schema names,
-and the indexes built once every unit is in (`--index`, `--fts`)."""
+storage is reached, the data files of a version and its ids, the embedding function its
+schema names, and the indexes built once every unit is in (`--index`, `--fts`)."""
 
 from __future__ import annotations
 
 import json
 import math
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +25,8 @@ ROWS_PER_PARTITION = 256
 PQ_FROM_ROWS = 1_000_000
 # IVF_HNSW_SQ: one partition (one graph) per this many rows.
 ROWS_PER_HNSW_PARTITION = 1_000_000
+# Reads of a table's ids begun again because its files were compacted meanwhile.
+READ_ATTEMPTS = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,3 +154,26 @@ def present_files(dataset: Any) -> frozenset[str]:
 def table_files(dataset: Any) -> dict[int, frozenset[str]]:
     """The data files of each fragment of a dataset's version, by fragment id."""
     return {f.fragment_id: fragment_files(f.metadata) for f in dataset.get_fragments()}
+
+
+def fragment_ids(
+    latest: Callable[[], Any], others: frozenset[str], description: str
+) -> Iterator[pa.Array]:
+    """The ids of the fragments of the `latest()` dataset that hold none of the data files
+    `others`, an array at a time. Where the table is compacted while they are read (the run
+    that finishes it deletes the files the read began on), they are read again from the
+    compacted table: the ids read before come twice."""
+    dataset = latest()
+    for _ in range(READ_ATTEMPTS):
+        try:
+            for fragment in dataset.get_fragments():
+                if not fragment_files(fragment.metadata) & others:
+                    for batch in fragment.to_batches(columns=["id"]):
+                        yield batch.column("id")
+            return
+        except (OSError, pa.ArrowException):
+            moved = latest()
+            if moved.version == dataset.version:
+                raise
+            dataset = moved
+    raise OutputError(f"cannot read the ids of {description}: it kept being compacted")

@@ -365,3 +365,18 @@ def test_a_quiet_lancedb_run_prints_nothing(tmp_path, tiny_st):
     result = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     assert (result.stdout, result.stderr) == ("", "")
+
+
+def test_ids_read_while_another_run_compacts_the_table_are_read_from_the_compacted_one(tmp_path):
+    """A `--shard` run reads the table's ids as the run that finishes the table compacts it
+    and deletes the files the read began on: the read goes on in the compacted table."""
+    sink = _sink(tmp_path)
+    sink.reconcile({}, "run")
+    sink.start(SCHEMA)
+    done = dict(_write_unit(sink, unit, [f"u{unit}-{i}" for i in range(3)]) for unit in range(4))
+    reader = _sink(tmp_path).committed_ids(done)
+    ids = next(reader).to_pylist()
+    sink.finish()
+    assert len(_data_files(tmp_path)) == 1
+    ids += [i for array in reader for i in array.to_pylist()]
+    assert set(ids) == {f"u{unit}-{i}" for unit in range(4) for i in range(3)}
