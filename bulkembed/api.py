@@ -31,7 +31,7 @@ from bulkembed.errors import ModelError, UsageError, one_line
 
 if TYPE_CHECKING:
     from bulkembed.batching.tokenize import TextTokenizer, TokenizedChunk
-    from bulkembed.engine.session import DeviceSession
+    from bulkembed.engine.session import DeviceSession, Unsettled
     from bulkembed.engine.stream import EmbeddedWindow
     from bulkembed.models.model_spec import ModelSpec
     from bulkembed.output.format import OutputFormat
@@ -181,7 +181,7 @@ class TextEncoder:
     be given wherever LangChain takes an embedding model."""
 
     def __init__(self, config: RunConfig, ranges: list[list[float]] | None = None) -> None:
-        from bulkembed.engine.session import DeviceSession
+        from bulkembed.engine.session import start_session
         from bulkembed.models.devices import resolve_devices
         from bulkembed.models.model_spec import resolve_model
         from bulkembed.output.format import OutputFormat
@@ -198,7 +198,7 @@ class TextEncoder:
         if config.devices.strip().lower() == "auto":
             # One device unless a list asks for more: no process is started.
             devices = devices[:1]
-        self._session: DeviceSession = DeviceSession(
+        self._session: DeviceSession | Unsettled = start_session(
             self.spec, devices, config.dtype, None, config.tune_batch_tokens, self._reporter
         )
         self._tokenizers: dict[str, TextTokenizer] = {}
@@ -292,8 +292,14 @@ class TextEncoder:
 
         chunks = self._tokenized(listed, prompt)
         gathered = gather_windows(chunks, session.embedder, session.budget, stats)
-        embed_windows(gathered, session, self._formatted, keep, stats, self._reporter)
+        embed_windows(
+            gathered, session, self._formatted, keep, stats, self._reporter, self._settled
+        )
         return Embeddings.concatenate(found)
+
+    def _settled(self, session: DeviceSession) -> None:
+        """The session the first texts settled (`--dtype auto`): later calls run on it."""
+        self._session = session
 
     def _formatted(self, embedded: Embeddings) -> Embeddings:
         """`embedded` as a run writes it; int8/uint8 ranges calibrated on the first texts."""

@@ -117,22 +117,27 @@ def test_device_seconds_of_the_float32_start_stay_counted_when_the_check_keeps_h
 ):
     from bulkembed.batching.tokenize import TokenizedChunk
     from bulkembed.engine import precision
-    from bulkembed.engine.session import DeviceSession
+    from bulkembed.engine.session import Unsettled, start_session
     from bulkembed.models import devices
     from bulkembed.reporting.progress import QuietReporter
 
     monkeypatch.setattr(devices, "cpu_accelerates_bfloat16", lambda: True)
     monkeypatch.setattr(precision, "PARITY_THRESHOLD", 0.9)
     spec = resolve_model(RunConfig(inputs=("x",), output="o", model=str(tiny_st("mean"))))
-    session = DeviceSession(spec, ["cpu"], DType.AUTO, None, False, QuietReporter())
-    start = session.embedder
+    unsettled = start_session(spec, ["cpu"], DType.AUTO, None, False, QuietReporter())
+    assert isinstance(unsettled, Unsettled)
+    start = unsettled.embedder
     # What CUDA events timed on the float32 start: a `--max-batch-tokens auto` probe.
     start.counts.busy_seconds = 5.0
-    before = session.counts
+    before = unsettled.counts
     chunk = Chunk(0, 0, pa.array(["a", "b"]), pa.array(["x", "y"]), True)
     tokens, lengths = np.arange(1, 7, dtype=np.int32), np.array([3, 3])
-    assert session.settle([TokenizedChunk(chunk, tokens, lengths, np.zeros(2, bool))])
+    settled = unsettled.settle([TokenizedChunk(chunk, tokens, lengths, np.zeros(2, bool))])
+    assert settled is not None
+    session = settled.session
     assert session.dtype == "bfloat16" and session.embedder is not start
+    # The float32 start is let go: its model is gone, not kept beside the one in bfloat16.
+    assert start.model is None and session.embedder.model is not None
     # The run's counts only grow: the summary's busy fraction is never below 0.
     assert session.counts.busy_seconds == 5.0
     assert session.counts.since(before).busy_seconds == 0.0

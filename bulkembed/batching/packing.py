@@ -13,9 +13,47 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from enum import Enum
 from itertools import pairwise
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from bulkembed.models.model_spec import ModelSpec
+
+
+class BudgetSource(str, Enum):
+    """Where a token budget came from."""
+
+    RECIPE = "recipe"  # the model's recipe, or the default
+    GIVEN = "given"  # --max-batch-tokens N, the environment, `embed()`
+    PROBED = "probed"  # the device's memory, measured at start
+
+
+@dataclass(frozen=True, slots=True)
+class BatchPolicy:
+    """The token budget that batches are packed by, and where it came from. A device that
+    probes its memory hands on a new policy (`probed`); none is changed in place."""
+
+    tokens: int
+    source: BudgetSource
+
+    @classmethod
+    def of(cls, spec: ModelSpec) -> BatchPolicy:
+        """The budget a model's settings give, before any probe."""
+        source = BudgetSource.GIVEN if spec.budget_given else BudgetSource.RECIPE
+        return cls(spec.max_batch_tokens, source)
+
+    def probed(self, tokens: int | None, lower_only: bool = True) -> BatchPolicy:
+        """The policy after a probe found `tokens` (None: the probe does not bound batches,
+        and this policy stays). Unless `lower_only` is false, never more than a budget
+        probed before: batches packed by it must fit."""
+        if tokens is None:
+            return self
+        if self.source is BudgetSource.PROBED and lower_only:
+            tokens = min(tokens, self.tokens)
+        return BatchPolicy(tokens, BudgetSource.PROBED)
 
 
 @dataclass(frozen=True, slots=True)

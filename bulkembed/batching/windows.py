@@ -10,7 +10,7 @@ input order. The first documents of the first window may come embedded already
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -41,16 +41,16 @@ MULTIVECTOR_WINDOW_BYTES = 256 * 1024 * 1024
 CARRIED_WINDOW_BYTES = 64 * 1024 * 1024
 
 
-def window_tokens(max_batch_tokens: int, multivector_dim: int | None) -> int:
+def window_tokens(budget: int, multivector_dim: int | None) -> int:
     """Tokens per window: `WINDOW_BATCHES` budgets, fewer when every token keeps a vector.
 
     >>> window_tokens(16384, None), window_tokens(16384, 1024)
     (524288, 65536)
     """
-    tokens = WINDOW_BATCHES * max_batch_tokens
+    tokens = WINDOW_BATCHES * budget
     if multivector_dim is not None:
         tokens = min(tokens, MULTIVECTOR_WINDOW_BYTES // (4 * multivector_dim))
-    return max(tokens, max_batch_tokens)
+    return max(tokens, budget)
 
 
 def split_chunk(tokenized: TokenizedChunk, max_tokens: int) -> list[TokenizedChunk]:
@@ -98,10 +98,10 @@ def _carried_bytes(chunk: TokenizedChunk) -> int:
     return 0 if carried is None else carried.nbytes
 
 
-def share_of_window(chunk: TokenizedChunk, max_batch_tokens: int) -> float:
+def share_of_window(chunk: TokenizedChunk, budget: int) -> float:
     """What a chunk takes of a full window: its tokens over `WINDOW_BATCHES` budgets, plus
     its carried-over vectors over `CARRIED_WINDOW_BYTES`."""
-    tokens = int(chunk.lengths.sum()) / (WINDOW_BATCHES * max_batch_tokens)
+    tokens = int(chunk.lengths.sum()) / (WINDOW_BATCHES * budget)
     return tokens + _carried_bytes(chunk) / CARRIED_WINDOW_BYTES
 
 
@@ -191,7 +191,7 @@ class PackedWindow:
 
 def pack_window(
     window: list[TokenizedChunk],
-    max_batch_tokens: int,
+    budget: int,
     head: EmbeddedHead | None = None,
     padded: bool = True,
 ) -> PackedWindow:
@@ -204,7 +204,7 @@ def pack_window(
     token_ids = np.concatenate([c.token_ids for c in window])
     starts = (np.cumsum(lengths) - lengths)[skip:]
     lengths = lengths[skip:]
-    batches = pack_batches(lengths, max_batch_tokens, padded=padded)
+    batches = pack_batches(lengths, budget, padded=padded)
     token_batches = [
         TokenBatch.from_sequences(
             [token_ids[s : s + n] for s, n in zip(starts[b.indices], b.lengths, strict=True)]
@@ -217,14 +217,14 @@ def pack_window(
 def embed_packed(
     windows: Iterator[list[TokenizedChunk]],
     encoder: Embedder,
-    max_batch_tokens: Callable[[], int],
+    budget: int,
     stats: RunStats,
     reporter: Reporter,
     head: EmbeddedHead | None = None,
 ) -> Iterator[PackedWindow]:
-    """Each window packed (by the budget `max_batch_tokens()` gives at the time) and
-    embedded, in order, as one stream of batches: the next window is gathered and packed
-    while the last batches of this one run (see `Encoder.embed_stream`). `head` holds the
+    """Each window packed into batches of `budget` tokens and embedded, in order, as one
+    stream of batches: the next window is gathered and packed while the last batches of
+    this one run (see `Encoder.embed_stream`). `head` holds the
     first window's first documents, embedded already: they count into `stats` as the
     batches they ran in, and go into that window's output in their place.
 
@@ -235,7 +235,7 @@ def embed_packed(
         ahead = head
         for window in windows:
             with stats.timed("pack"):
-                packed = pack_window(window, max_batch_tokens(), ahead, not encoder.unpadded)
+                packed = pack_window(window, budget, ahead, not encoder.unpadded)
             stats.begin_embedding()
             if ahead is not None:
                 _count_head(stats, ahead)

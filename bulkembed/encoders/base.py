@@ -301,3 +301,8 @@ class Encoder(DeviceRuntime):
 
     def close(self) -> None:  # noqa: B027 (an encoder in this process has nothing to stop)
         """Nothing to stop: the model goes with this object."""
+
+    def release(self) -> None:
+        """Let the model go now, not when the last reference to this encoder does: another
+        encoder took its place (the `--dtype auto` check's). It embeds nothing after."""
+        self.model, self._float32 = None, None

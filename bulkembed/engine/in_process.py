@@ -7,7 +7,7 @@ the model only when a document to embed comes.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from itertools import chain
 from typing import TYPE_CHECKING
@@ -15,11 +15,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pyarrow as pa
 
+from bulkembed.batching.packing import BatchPolicy
 from bulkembed.batching.tokenize import TokenizedChunk
 from bulkembed.contracts import Embeddings
 from bulkembed.engine.modes import RunMode, part_writer
 from bulkembed.engine.plan import RunOutcome, RunPlan
-from bulkembed.engine.session import DeviceSession
+from bulkembed.engine.session import DeviceSession, Unsettled, start_session
 from bulkembed.engine.stream import (
     CalibratingFormat,
     EmbeddedWindow,
@@ -80,20 +81,21 @@ def embed_in_process(
     config, devices = plan.config, list(plan.devices)
     sizes = writing.mode.sizes()
     writer: PartWriter | None = None
-    session: DeviceSession | None = None
+    # The session started, then the one the first document settled it into, if another.
+    sessions: list[DeviceSession | Unsettled] = []
     try:
         if sizes is not None:
-            line = plan.start_line(sizes, plan.spec.max_batch_tokens, len(done), "")
+            budget = BatchPolicy.of(plan.spec).tokens
+            line = plan.start_line(sizes, budget, len(done), "")
             reporter.info(f"{line}; {writing.mode.describe()}")
             writer = _start_writing(plan, writing, sizes, stats, reporter)
             first = _write_carried(tokenized, writer, stats, reporter)
             if first is None:
-                budget = plan.spec.max_batch_tokens
                 return RunOutcome(stats, ",".join(devices), plan.dtype, budget)
             tokenized = chain([first], tokenized)
-        session = DeviceSession(
-            plan.spec, devices, config.dtype, None, config.tune_batch_tokens, reporter
-        )
+        tune = config.tune_batch_tokens
+        session = start_session(plan.spec, devices, config.dtype, None, tune, reporter)
+        sessions.append(session)
         if writer is None:
             mode = writing.mode.describe()
             reporter.info(plan.start_line(session.embedder, session.budget, len(done), mode))
@@ -102,7 +104,8 @@ def embed_in_process(
             raise OutputError(
                 f"the model gives other vectors than {writing.mode.describe()}: run without --since"
             )
-        _embed_and_write(writing, session, writer, tokenized, stats, reporter)
+        _embed_and_write(writing, session, writer, tokenized, stats, reporter, sessions.append)
+        session = sessions[-1]
         return RunOutcome(
             stats,
             ",".join(devices),
@@ -117,8 +120,8 @@ def embed_in_process(
         if writer is not None:
             writer.close()
             reporter.close()
-        if session is not None:
-            session.close()
+        for started in sessions:
+            started.close()
 
 
 def _writer_schema(plan: RunPlan, writing: Writing, sizes: VectorSizes) -> pa.Schema:
@@ -160,18 +163,20 @@ def _write_carried(
 
 def _embed_and_write(
     writing: Writing,
-    session: DeviceSession,
+    session: DeviceSession | Unsettled,
     writer: PartWriter,
     tokenized: Iterator[TokenizedChunk],
     stats: RunStats,
     reporter: Reporter,
+    settled: Callable[[DeviceSession], None],
 ) -> None:
-    """Embed window after window in `session`, written behind by `writer`."""
+    """Embed window after window in `session`, written behind by `writer`; the session
+    the first document settles it into goes to `settled`."""
     with WriteBehind[EmbeddedWindow](
         lambda window: stats.timed_iterator("write", window.write(writer))
     ) as behind:
         formatted = CalibratingFormat(writing.output_format, writing.run)
         gathered = gather_windows(tokenized, session.embedder, session.budget, stats)
-        embed_windows(gathered, session, formatted, behind.submit, stats, reporter)
+        embed_windows(gathered, session, formatted, behind.submit, stats, reporter, settled)
         behind.finish()
         stats.end_embedding()

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from bulkembed.batching.packing import BatchPolicy
 from bulkembed.batching.tokenize import TokenizerSettings
 from bulkembed.batching.units import counted_units, shard_parts
 from bulkembed.config import Engine, RunConfig, default_tokenize_workers
@@ -117,7 +118,7 @@ class RunPlan:
             "normalize": spec.normalize,
             "max_length": spec.max_length,
             "max_batch_tokens": (
-                spec.max_batch_tokens if outcome is None else outcome.max_batch_tokens
+                BatchPolicy.of(spec).tokens if outcome is None else outcome.budget
             ),
             "tokenize_workers": self.workers,
             "output": self.target.label,
@@ -139,7 +140,7 @@ class RunOutcome:
     stats: RunStats
     devices: str
     dtype: str
-    max_batch_tokens: int
+    budget: int
     precision: PrecisionCheck | None = None
     # What ran the model (`torch`, `openvino`), where one process knows it; and how its
     # batches ran (`flat`, `padded`), where the engine knows it.

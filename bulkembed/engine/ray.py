@@ -32,6 +32,7 @@ from bulkembed.batching.admission import (
     leave_id_hashes,
     set_aside_uncut,
 )
+from bulkembed.batching.packing import BatchPolicy
 from bulkembed.batching.tokenize import TokenizedChunk, TokenizerPool, TokenizerSettings
 from bulkembed.config import DType, OnBadRecord, ShardSpec
 from bulkembed.contracts import UnitRecord, part_unit
@@ -40,7 +41,7 @@ from bulkembed.engine.plan import RunOutcome, RunPlan
 from bulkembed.engine.precision import PrecisionCheck
 from bulkembed.engine.ray_cluster import actors as pool_actors
 from bulkembed.engine.ray_cluster import connect
-from bulkembed.engine.session import DeviceSession
+from bulkembed.engine.session import DeviceSession, Unsettled, start_session
 from bulkembed.engine.stream import (
     EmbeddedWindow,
     embed_windows,
@@ -143,7 +144,7 @@ class _UnitEmbedder:
     def __init__(self, work: _Work) -> None:
         self.work = work
         self.reporter = QuietReporter()
-        self.session = DeviceSession(
+        self.session: DeviceSession | Unsettled = start_session(
             work.spec,
             [work.device],
             work.dtype,
@@ -168,8 +169,14 @@ class _UnitEmbedder:
         formatted = self.work.output_format.apply
         session = self.session
         gathered = gather_windows(iter(tokenized), session.embedder, session.budget, stats)
-        embed_windows(gathered, session, formatted, self._write, stats, self.reporter)
+        embed_windows(
+            gathered, session, formatted, self._write, stats, self.reporter, self._settled
+        )
         return stats
+
+    def _settled(self, session: DeviceSession) -> None:
+        """The session the first unit's documents settled: the next units run on it."""
+        self.session = session
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, list[Any]]:
         rows: dict[str, list[Any]] = {key: [] for key in _RESULTS}
@@ -244,7 +251,7 @@ def embed_on_ray(
             RunStats(started=plan.started),
             f"{device} x{actors} on Ray",
             plan.dtype,
-            plan.spec.max_batch_tokens,
+            BatchPolicy.of(plan.spec).tokens,
         )
         if pending:
             work = _Work(
@@ -384,7 +391,7 @@ def _run_dataset(
         stats,
         outcome.devices,
         ",".join(sorted(dtypes)) or outcome.dtype,
-        min(budgets, default=outcome.max_batch_tokens),
+        min(budgets, default=outcome.budget),
         min(checks, key=lambda c: c.agreement.worst, default=None),
         attention=",".join(sorted(layouts)) or None,
         kernel=",".join(sorted(kernels - {""})) or None,

@@ -2,6 +2,11 @@
 device (`start_encoder`: CPU threads, memory settings, model load, token-budget probe), the
 start-up precision check of `--dtype auto`, and with several devices the pool of workers
 that start theirs the same way. The local engine and each Ray actor hold one session.
+
+Sessions are frozen. `start_session` is the one step that starts the model: where `--dtype
+auto` still awaits its check it gives an `Unsettled` start, which the first window with a
+document settles (`Unsettled.settle`) into a new `DeviceSession`; a probe that finds
+another token budget gives a new `BatchPolicy`. Nothing is changed after it is made.
 """
 
 from __future__ import annotations
@@ -9,8 +14,10 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from bulkembed.batching.packing import BatchPolicy
 from bulkembed.config import Attention, DType
 from bulkembed.contracts import DeviceCounts
 from bulkembed.reporting.progress import Reporter
@@ -20,7 +27,7 @@ if TYPE_CHECKING:
 
     from bulkembed.batching.tokenize import TokenizedChunk
     from bulkembed.batching.windows import EmbeddedHead
-    from bulkembed.encoders import Embedder
+    from bulkembed.encoders import Embedder, Encoder
     from bulkembed.engine.precision import PrecisionCheck
     from bulkembed.models.model_spec import ModelSpec
 
@@ -30,78 +37,54 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-class DeviceSession:
-    """The model of a run on its devices, in the dtype it computes in.
+@dataclass(frozen=True)
+class Start:
+    """What a session starts from: the model, its devices, the CPU threads each encoder
+    may use, whether `--max-batch-tokens auto` probes the budget (`tune`), and where it
+    reports. `told` holds the encoders' warnings and remarks said so far: each is said
+    once."""
 
-    With `--dtype auto` and a half-precision candidate the model starts in float32 on the
-    first device, and the first window with a document settles the dtype (`settle`): its
-    first documents are embedded both ways and the candidate is kept only if they agree.
-    With several devices one worker process per device (`EncoderPool`) starts once the dtype
-    is known. `budget` is the token budget of a batch; `--max-batch-tokens auto` probes it
-    at start, again in the dtype the check keeps (before the first batch), and the pool's
-    workers only ever lower it, so that batches packed before still fit. The check's
-    sample, embedded in the dtype kept, waits in `sample` for its window's output."""
+    spec: ModelSpec
+    devices: list[str]
+    threads: int | None
+    tune: bool
+    reporter: Reporter
+    told: set[str] = field(default_factory=set)
 
-    def __init__(
-        self,
-        spec: ModelSpec,
-        devices: list[str],
-        dtype: DType,
-        threads: int | None,
-        tune: bool,
-        reporter: Reporter,
-    ) -> None:
-        import torch
+    def tell(self, notices: Iterable[str], remarks: Iterable[str]) -> None:
+        """Warn of `notices` and remark `remarks`, those not said before."""
+        tell(self.reporter, notices, remarks, self.told)
 
-        from bulkembed.encoders import start_encoder
-        from bulkembed.engine.precision import recorded_check
-        from bulkembed.models.devices import resolve_dtype
+    def probed(
+        self, policy: BatchPolicy, tokens: int | None, lower_only: bool = True
+    ) -> BatchPolicy:
+        """`policy` after a probe that found `tokens` (`BatchPolicy.probed`), said."""
+        after = policy.probed(tokens, lower_only)
+        if tokens is not None:
+            self.reporter.info(f"token budget probed: {after.tokens} tokens per batch")
+        return after
 
-        self.spec = spec
-        self.devices = devices
-        self.threads = threads
-        self.tune = tune
-        self.reporter = reporter
-        self.candidate = resolve_dtype(dtype, devices[0])
-        self.checking = dtype is DType.AUTO and self.candidate != torch.float32
-        self.budget = spec.max_batch_tokens
-        self.tuned = False
-        self.precision: PrecisionCheck | None = None
-        self.sample: EmbeddedHead | None = None
-        self.embedder: Embedder
-        # What an embedder let go (the check's) counted.
-        self._retired = DeviceCounts()
-        # Warnings and remarks of the encoders' loads said so far: each is said once.
-        self._told: set[str] = set()
-        if self.checking:
-            # A check recorded by an earlier run: the model starts in the dtype it kept, and
-            # `settle` embeds the sample as that check did, so that the output is the same.
-            self.precision = recorded_check(spec, devices[0], self.candidate)
-        reporter.phase(f"loading the model on {', '.join(devices)}")
-        if len(devices) > 1 and not self.checking:
-            self.embedder = self._start_pool()
-            return
-        unchecked = self.checking and self.precision is None
-        start_dtype = torch.float32 if unchecked or self.dtype == "float32" else self.candidate
-        encoder, budget = start_encoder(spec, devices[0], start_dtype, threads, tune)
-        self._tell(encoder.notices, encoder.remarks)
-        self.embedder = encoder
-        self._use_budget(budget)
+    def pool(self, dtype: str, policy: BatchPolicy) -> tuple[Embedder, BatchPolicy]:
+        """One encoder process per device, in `dtype`, and the policy their probes leave."""
+        from bulkembed.engine.pool import EncoderPool
+        from bulkembed.models.devices import cpu_threads_per_worker
+
+        threads = cpu_threads_per_worker(self.devices)
+        pool = EncoderPool(self.spec, self.devices, dtype, threads, self.tune, self.reporter.warn)
+        self.tell(pool.ready.notices, pool.ready.remarks)
+        return pool, self.probed(policy, pool.batch_tokens)
+
+
+class _Started:
+    """What a started model tells, its dtype settled or not."""
+
+    embedder: Embedder
+    policy: BatchPolicy
 
     @property
-    def dtype(self) -> str:
-        """The dtype the run computes in: the candidate, unless its check failed."""
-        if self.precision is not None and not self.precision.passed:
-            return "float32"
-        return dtype_name(self.candidate)
-
-    @property
-    def counts(self) -> DeviceCounts:
-        """What this session's embedders counted: batches embedded again in float32, their
-        values not finite in its dtype (`Encoder._finite`), and device seconds."""
-        counts = self._retired.copy()
-        counts.add(self.embedder.counts)
-        return counts
+    def budget(self) -> int:
+        """The token budget of a batch."""
+        return self.policy.tokens
 
     @property
     def backend(self) -> str | None:
@@ -116,103 +99,169 @@ class DeviceSession:
         """How batches run: `flat` or `padded`."""
         return Attention.ran(self.embedder.unpadded).value
 
-    def _start_pool(self) -> Embedder:
-        """One encoder process per device, in the run's dtype."""
-        from bulkembed.engine.pool import EncoderPool
-        from bulkembed.models.devices import cpu_threads_per_worker
-
-        threads = cpu_threads_per_worker(self.devices)
-        pool = EncoderPool(
-            self.spec, self.devices, self.dtype, threads, self.tune, self.reporter.warn
-        )
-        self._tell(pool.ready.notices, pool.ready.remarks)
-        self._use_budget(pool.batch_tokens)
-        return pool
-
-    def _tell(self, notices: Iterable[str], remarks: Iterable[str]) -> None:
-        """Warn of `notices` and remark `remarks`, those not said before."""
-        tell(self.reporter, notices, remarks, self._told)
-
-    def _use_budget(self, budget: int | None, lower_only: bool = True) -> None:
-        """Batch by `budget` tokens from now on (a probed budget: `--max-batch-tokens auto`,
-        or flat batches on CUDA, `tunes_budget`); unless told otherwise, never more than a
-        budget found before (batches packed by it must fit)."""
-        if budget is None:
-            return
-        if self.tuned and lower_only:
-            budget = min(budget, self.budget)
-        self.tuned = True
-        self.budget = budget
-        self.reporter.info(f"token budget probed: {budget} tokens per batch")
-
-    def settle(
-        self, window: list[TokenizedChunk], embedding: Callable[[], None] = lambda: None
-    ) -> bool:
-        """While `--dtype auto` awaits its check, make it on `window`'s first documents
-        (their vectors in the dtype kept go to `sample`), or embed them as a check recorded
-        before did (`embedding` is told as that begins: the run's first batch); a window
-        with no document to embed leaves it to the next one. Whether the dtype is settled
-        now."""
-        import torch
-
-        from bulkembed.encoders import Encoder
-        from bulkembed.encoders.registry import tunes_budget
-        from bulkembed.engine.precision import check_on_window, record_check, replay_on_window
-
-        if not self.checking:
-            return True
-        assert isinstance(self.embedder, Encoder)
-        fresh = self.precision is None
-        if self.precision is None:
-            self.reporter.phase(f"checking {dtype_name(self.candidate)} against float32")
-            budget = self.budget
-            checked = check_on_window(self.embedder, window, self.candidate, budget)
-            if checked is None:
-                return False
-            encoder, self.precision, self.sample = checked.encoder, checked.check, checked.sample
-            record_check(self.spec, self.devices[0], self.candidate, self.precision, budget)
-        else:
-            self.sample = replay_on_window(
-                self.embedder, window, self.budget, self.precision, embedding
-            )
-            if self.sample is None:
-                return False
-            encoder = self.embedder
-        self.checking = False
-        self._say_check()
-        if encoder is not self.embedder:
-            # The float32 start's device seconds stay counted: the run's counts only grow.
-            self._retired.add(self.embedder.counts)
-        if len(self.devices) == 1:
-            self.embedder = encoder
-            self._tell(encoder.notices, encoder.remarks)
-            if fresh and self.precision.passed and tunes_budget(encoder, self.tune):
-                # The probe at start ran in float32: the chosen dtype takes less memory.
-                self._use_budget(encoder.tune_batch_tokens(), lower_only=False)
-            return True
-        # The check ran on the first device in this process: free it for its worker. The
-        # sample's batches it embedded again in float32, if any, still count.
-        self._retired.add(encoder.counts)
-        del encoder
-        if self.devices[0].startswith("cuda"):
-            torch.cuda.empty_cache()
-        self.embedder = self._start_pool()
-        return True
-
-    def _say_check(self) -> None:
-        """Say what the check found: a warning when the run falls back to float32."""
-        assert self.precision is not None
-        say = self.reporter.info if self.precision.passed else self.reporter.warn
-        say(f"--dtype auto: {self.precision.describe()}")
-
-    def take_sample(self) -> EmbeddedHead | None:
-        """The check's sample, embedded (once: the caller writes it)."""
-        sample, self.sample = self.sample, None
-        return sample
-
     def close(self) -> None:
         """Stop the device workers, if any."""
         self.embedder.close()
+
+
+@dataclass(frozen=True)
+class DeviceSession(_Started):
+    """The model of a run on its devices, in the dtype it computes in (`dtype`), batched
+    by `policy`; `precision` is the `--dtype auto` check that chose the dtype, if any, and
+    `retired` what embedders let go before (the check's) counted."""
+
+    start: Start
+    embedder: Embedder
+    dtype: str
+    policy: BatchPolicy
+    precision: PrecisionCheck | None = None
+    retired: DeviceCounts = field(default_factory=DeviceCounts)
+
+    @property
+    def counts(self) -> DeviceCounts:
+        """What this session's embedders counted: batches embedded again in float32, their
+        values not finite in its dtype (`Encoder._finite`), and device seconds."""
+        counts = self.retired.copy()
+        counts.add(self.embedder.counts)
+        return counts
+
+
+@dataclass(frozen=True)
+class Settled:
+    """A session whose dtype the first window settled, and the check's sample: that
+    window's first documents, embedded already in the dtype kept."""
+
+    session: DeviceSession
+    sample: EmbeddedHead
+
+
+@dataclass(frozen=True)
+class Unsettled(_Started):
+    """`--dtype auto` with a half-precision `candidate`, awaiting its check: the model
+    started on the first device in float32, or in the dtype that a check recorded by an
+    earlier run kept (`recorded`: replayed, so that the output is the same), batched by
+    `policy`."""
+
+    start: Start
+    embedder: Encoder
+    candidate: torch.dtype
+    policy: BatchPolicy
+    recorded: PrecisionCheck | None
+
+    @property
+    def dtype(self) -> str:
+        """The dtype the run computes in: the candidate, unless a recorded check failed."""
+        if self.recorded is not None and not self.recorded.passed:
+            return "float32"
+        return dtype_name(self.candidate)
+
+    @property
+    def precision(self) -> PrecisionCheck | None:
+        """The check recorded before, if any: the one the run replays."""
+        return self.recorded
+
+    @property
+    def counts(self) -> DeviceCounts:
+        """What the encoder counted so far (`DeviceSession.counts`)."""
+        return self.embedder.counts.copy()
+
+    def settle(
+        self, window: list[TokenizedChunk], embedding: Callable[[], None] = lambda: None
+    ) -> Settled | None:
+        """Make the check on `window`'s first documents (their vectors in the dtype kept
+        are the sample), or embed them as the recorded check did (`embedding` is told as
+        that begins: the run's first batch). None where `window` has no document to embed:
+        the next one settles it. Once settled, the session returned takes this start's
+        place: a float32 start that the check replaced embeds nothing more."""
+        from bulkembed.encoders.registry import tunes_budget
+        from bulkembed.engine.precision import check_on_window, record_check, replay_on_window
+
+        start, recorded = self.start, self.recorded
+        if recorded is None:
+            start.reporter.phase(f"checking {dtype_name(self.candidate)} against float32")
+            checked = check_on_window(self.embedder, window, self.candidate, self.budget)
+            if checked is None:
+                return None
+            encoder, precision, sample = checked.encoder, checked.check, checked.sample
+            record_check(start.spec, start.devices[0], self.candidate, precision, self.budget)
+        else:
+            replayed = replay_on_window(self.embedder, window, self.budget, recorded, embedding)
+            if replayed is None:
+                return None
+            encoder, precision, sample = self.embedder, recorded, replayed
+        say = start.reporter.info if precision.passed else start.reporter.warn
+        say(f"--dtype auto: {precision.describe()}")
+        dtype = dtype_name(self.candidate) if precision.passed else "float32"
+        retired = DeviceCounts()
+        if encoder is not self.embedder:
+            # The float32 start's device seconds stay counted: the run's counts only grow.
+            # Its memory goes before the budget is probed again.
+            retired.add(self.embedder.counts)
+            self.embedder.release()
+        if len(start.devices) == 1:
+            start.tell(encoder.notices, encoder.remarks)
+            policy = self.policy
+            if recorded is None and precision.passed and tunes_budget(encoder, start.tune):
+                # The probe at start ran in float32: the chosen dtype takes less memory.
+                found = encoder.tune_batch_tokens()
+                policy = start.probed(policy, found, lower_only=False)
+            session = DeviceSession(start, encoder, dtype, policy, precision, retired)
+            return Settled(session, sample)
+        # The check ran on the first device in this process: free it for its worker. The
+        # sample's batches it embedded again in float32, if any, still count.
+        retired.add(encoder.counts)
+        encoder.release()
+        _free(start.devices[0])
+        pool, policy = start.pool(dtype, self.policy)
+        return Settled(DeviceSession(start, pool, dtype, policy, precision, retired), sample)
+
+
+def start_session(
+    spec: ModelSpec,
+    devices: list[str],
+    dtype: DType,
+    threads: int | None,
+    tune: bool,
+    reporter: Reporter,
+) -> DeviceSession | Unsettled:
+    """The model of `spec` started on `devices`: a session in `dtype`, or, where `--dtype
+    auto` has a half-precision candidate to check, the start that the first window with a
+    document settles. With several devices one worker process per device (`EncoderPool`)
+    starts once the dtype is known. `--max-batch-tokens auto` (`tune`) probes the budget
+    at start, and again in the dtype the check keeps (before the first batch); the pool's
+    workers only ever lower it, so that batches packed before still fit."""
+    import torch
+
+    from bulkembed.encoders import start_encoder
+    from bulkembed.engine.precision import recorded_check
+    from bulkembed.models.devices import resolve_dtype
+
+    start = Start(spec, devices, threads, tune, reporter)
+    policy = BatchPolicy.of(spec)
+    candidate = resolve_dtype(dtype, devices[0])
+    checking = dtype is DType.AUTO and candidate != torch.float32
+    # A check recorded by an earlier run: the model starts in the dtype it kept.
+    recorded = recorded_check(spec, devices[0], candidate) if checking else None
+    reporter.phase(f"loading the model on {', '.join(devices)}")
+    if len(devices) > 1 and not checking:
+        pool, policy = start.pool(dtype_name(candidate), policy)
+        return DeviceSession(start, pool, dtype_name(candidate), policy)
+    kept = recorded is not None and recorded.passed
+    start_dtype = candidate if kept or not checking else torch.float32
+    encoder, found = start_encoder(spec, devices[0], start_dtype, threads, tune)
+    start.tell(encoder.notices, encoder.remarks)
+    policy = start.probed(policy, found)
+    if checking:
+        return Unsettled(start, encoder, candidate, policy, recorded)
+    return DeviceSession(start, encoder, dtype_name(candidate), policy)
+
+
+def _free(device: str) -> None:
+    """Give back the cached memory of a CUDA device whose model was let go."""
+    import torch
+
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()
 
 
 def load_ahead(openvino: bool) -> None:
@@ -242,7 +291,7 @@ def settle_dtype(
     reporter: Reporter,
 ) -> tuple[DType, PrecisionCheck | None, list[TokenizedChunk]]:
     """The dtype that device processes start in, settled before they start: `--dtype auto`
-    with a half-precision candidate is checked here on `device` (`DeviceSession.settle`)
+    with a half-precision candidate is checked here on `device` (`Unsettled.settle`)
     on the first documents of `tokenized` (float32 when the first window's worth holds
     none), and the model is let go again. Returns the dtype, the check, and the chunks read
     for it (still to embed: the device processes embed and commit whole units, the
@@ -272,22 +321,27 @@ def settle_dtype(
             break
         read.append(chunk)
         documents += len(chunk.lengths)
-        held += share_of_window(chunk, spec.max_batch_tokens)
+        held += share_of_window(chunk, BatchPolicy.of(spec).tokens)
     if not documents:
         reporter.info(
             f"--dtype auto: no document to check {dtype_name(candidate)} on in the first "
             "window: float32"
         )
         return DType.FLOAT32, None, read
-    session = DeviceSession(spec, [device], dtype, None, False, reporter)
+    started = start_session(spec, [device], dtype, None, False, reporter)
+    assert isinstance(started, Unsettled)
+    settled = None
     try:
-        session.settle(read)
-        return DType(session.dtype), session.precision, read
+        settled = started.settle(read)
+        if settled is None:
+            return DType.FLOAT32, None, read
+        return DType(settled.session.dtype), settled.session.precision, read
     finally:
-        session.close()
-        del session
-        if device.startswith("cuda"):
-            torch.cuda.empty_cache()
+        started.close()
+        if settled is not None:
+            settled.session.close()
+        del started, settled
+        _free(device)
 
 
 def tell(

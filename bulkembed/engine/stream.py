@@ -1,8 +1,8 @@
 """The unit loop both engines share: tokenized chunks of one unit or many, in input order,
-gathered into windows, embedded on a `DeviceSession`, put in the output's format
-(`CalibratingFormat`, with the ranges of an earlier run: `resumed_output_format`) and handed
-to a part writer. The local engine streams every pending unit through it; a Ray actor runs
-it on one unit at a time.
+gathered into windows, embedded on a `DeviceSession` (settled first where `--dtype auto`
+awaits its check), put in the output's format (`CalibratingFormat`, with the ranges of an
+earlier run: `resumed_output_format`) and handed to a part writer. The local engine
+streams every pending unit through it; a Ray actor runs it on one unit at a time.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import numpy as np
 
 from bulkembed.batching.windows import embed_packed, window_tokens, windows
 from bulkembed.contracts import DeviceCounts, Embeddings
+from bulkembed.engine.session import DeviceSession, Unsettled
 from bulkembed.engine.writer import PartWriter, write_window
 from bulkembed.errors import OutputError
 from bulkembed.output.recorded import encoder_record
@@ -29,7 +30,6 @@ if TYPE_CHECKING:
     from bulkembed.batching.tokenize import TokenizedChunk
     from bulkembed.contracts import UnitRecord
     from bulkembed.encoders import VectorSizes
-    from bulkembed.engine.session import DeviceSession
     from bulkembed.models.model_spec import ModelSpec
     from bulkembed.output.format import OutputFormat
     from bulkembed.reporting.progress import Reporter, RunStats
@@ -151,15 +151,18 @@ def gather_windows(
 
 def embed_windows(
     gathered: Iterator[list[TokenizedChunk]],
-    session: DeviceSession,
+    session: DeviceSession | Unsettled,
     formatted: Callable[[Embeddings], Embeddings],
     write: Callable[[EmbeddedWindow], None],
     stats: RunStats,
     reporter: Reporter,
+    settled: Callable[[DeviceSession], None],
 ) -> None:
     """Embed the windows `gathered` on `session`, and `write` each window's vectors as
     `formatted` makes them, in input order; count into `stats` (what the devices counted
-    too: `DeviceCounts`)."""
+    too: `DeviceCounts`). An `Unsettled` session is settled by the first window with a
+    document (`Unsettled.settle`); the session it becomes is handed to `settled` at once,
+    to take its place for the next call, and to be closed."""
 
     def emit(window: list[TokenizedChunk], embedded: Embeddings, padded: np.ndarray) -> None:
         with stats.timed("post-process"):
@@ -181,22 +184,20 @@ def embed_windows(
         began.append(session.counts)
 
     first = []
-    while session.checking and (window := next(gathered, None)) is not None:
-        if session.settle(window, begin):
-            first.append(window)
-        else:
+    sample = None
+    while isinstance(session, Unsettled) and (window := next(gathered, None)) is not None:
+        found = session.settle(window, begin)
+        if found is None:
             emit(window, Embeddings(), np.empty(0, dtype=np.int64))
+            continue
+        first.append(window)
+        session, sample = found.session, found.sample
+        settled(session)
     # A check made now ran before the first batch (both dtypes, the budget's probe): the
     # device seconds counted are those of the batches from here on.
     before = began[0] if began else session.counts
-    # The budget is read as each window is packed.
     packed_windows = embed_packed(
-        chain(first, gathered),
-        session.embedder,
-        lambda: session.budget,
-        stats,
-        reporter,
-        session.take_sample(),
+        chain(first, gathered), session.embedder, session.budget, stats, reporter, sample
     )
     for packed in packed_windows:
         with stats.timed("post-process"):

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from bulkembed.config import DType
 from bulkembed.engine.modes import UpsertSinks, no_upserts, part_writer
 from bulkembed.engine.pool import BATCHES_PER_WORKER, Ready, start_device_workers
-from bulkembed.engine.session import DeviceSession
+from bulkembed.engine.session import DeviceSession, Unsettled, start_session
 from bulkembed.engine.stream import EmbeddedWindow, embed_windows, part_schema
 from bulkembed.reporting.progress import QuietReporter, RunStats
 from bulkembed.workers import WorkerPool, report
@@ -114,7 +114,7 @@ class _UnitWorker:
 
     def __init__(self, work: UnitWork) -> None:
         self.work = work
-        self.session = DeviceSession(
+        self.session: DeviceSession | Unsettled = start_session(
             work.spec, [work.device], work.dtype, work.threads, work.tune, _Heartbeat()
         )
         schema = part_schema(work.reader, work.spec, self.session.embedder, work.output_format)
@@ -126,6 +126,10 @@ class _UnitWorker:
         self.error: BaseException | None = None
         # Written on the writer thread only: the units committed since the last answer.
         self.committed: list[tuple[UnitRecord, list[dict[str, Any]]]] = []
+
+    def _settled(self, session: DeviceSession) -> None:
+        """The session the first documents settled: the next groups run on it."""
+        self.session = session
 
     def _committed(self, record: UnitRecord, bad: list[dict[str, Any]]) -> None:
         self.committed.append((record, bad))
@@ -159,7 +163,8 @@ class _UnitWorker:
             self.work.output_format.apply,
             lambda window: self._submit(window, stats),
             stats,
-            self.session.reporter,
+            self.session.start.reporter,
+            self._settled,
         )
         return self.writes.submit(self._done, stats)
 

@@ -142,7 +142,7 @@ def test_the_next_window_is_packed_before_the_last_batch_of_one_lands(tiny_st):
             lengths = np.array([length, length], np.int32)
             yield [TokenizedChunk(chunk, tokens, lengths, np.zeros(2, bool))]
 
-    embedded = embed_packed(windows(), encoder, lambda: 100, RunStats(), QuietReporter())
+    embedded = embed_packed(windows(), encoder, 100, RunStats(), QuietReporter())
     found = [packed.embedded()[0].dense[:, 0].tolist() for packed in embedded]
     assert found == [[4, 4], [3, 3]]
     # Window 3 is gathered and its batch uploaded while window 4's batch is out.
@@ -165,7 +165,7 @@ def test_windows_with_nothing_to_embed_go_on_without_waiting_for_the_next_batch(
             encoder.events.append(f"window {number}")
             yield window(length)
 
-    embedded = embed_packed(windows(), encoder, lambda: 100, RunStats(), QuietReporter())
+    embedded = embed_packed(windows(), encoder, 100, RunStats(), QuietReporter())
     assert len(next(embedded).batches) == 1
     # The first window comes out after a look at most two windows ahead, not a hundred.
     assert encoder.events[-1] in ("window 1", "window 2")

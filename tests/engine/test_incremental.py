@@ -308,13 +308,13 @@ def test_a_run_with_nothing_to_embed_loads_no_model(tmp_path, tiny_st, monkeypat
     incremental_corpora(tmp_path)
     assert run_cli(tmp_path / "v1", model, tmp_path / "out-v1", *FLOAT32).exit_code == 0
     sessions = []
-    session = in_process.DeviceSession
+    start_session = in_process.start_session
 
     def counting(*args, **kwargs):
         sessions.append(args)
-        return session(*args, **kwargs)
+        return start_session(*args, **kwargs)
 
-    monkeypatch.setattr(in_process, "DeviceSession", counting)
+    monkeypatch.setattr(in_process, "start_session", counting)
     since = ("--since", tmp_path / "out-v1")
     result = run_cli(tmp_path / "v1", model, tmp_path / "same", *since, *FLOAT32)
     assert result.exit_code == 0, result.output
