@@ -241,7 +241,7 @@ def _stream_rate(
     tokens = sum(int(b.lengths.sum()) for b in batches)
     rates = []
     with _environment(switches):
-        encoder, _ = start_encoder(spec, setting.device, setting.dtype, None, False)
+        encoder, _ = start_encoder(spec, setting.device, setting.dtype, None)
         list(encoder.embed_stream([(-1, batches[0])], lambda *_: None))
         for _ in range(passes):
             _synchronize(setting)
@@ -285,7 +285,7 @@ def check_stream(setting: Setting) -> Check:
 
     model = setting.folder / "bge-m3"
     spec = _spec(model, "bge-m3", attention="flat", outputs=("dense", "sparse"))
-    encoder, _ = start_encoder(spec, setting.device, setting.dtype, None, False)
+    encoder, _ = start_encoder(spec, setting.device, setting.dtype, None)
     batches = _batches(setting, spec, setting.batches)
     list(encoder.embed_stream([(-1, batches[0])], lambda *_: None))  # warm-up
     expected = [encoder.embed_batch(b) for b in batches]
@@ -499,8 +499,10 @@ def check_memory(setting: Setting) -> Check:
     model = setting.folder / "bge-m3"
     # Documents of the model's length, but for the smoke check: its memory is a few batches.
     length = {"max_length": 64} if setting.smoke else {}
-    spec = _spec(model, "bge-m3", attention="padded", outputs=("dense",), **length)
-    encoder, budget = start_encoder(spec, setting.device, setting.dtype, None, True)
+    spec = _spec(
+        model, "bge-m3", attention="padded", outputs=("dense",), max_batch_tokens="auto", **length
+    )
+    encoder, budget = start_encoder(spec, setting.device, setting.dtype, None)
     big = _batches(replace(setting, batch_tokens=setting.batch_tokens * 4), spec, 1)[0]
     if setting.smoke:
         _SimulatedMemory(encoder, setting.batch_tokens)

@@ -199,7 +199,7 @@ class TextEncoder:
             # One device unless a list asks for more: no process is started.
             devices = devices[:1]
         self._session: DeviceSession | Unsettled = start_session(
-            self.spec, devices, config.dtype, None, config.tune_batch_tokens, self._reporter
+            self.spec, devices, config.dtype, None, self._reporter
         )
         self._tokenizers: dict[str, TextTokenizer] = {}
 

@@ -1,4 +1,5 @@
 import json
+from dataclasses import replace
 
 import numpy as np
 import pyarrow as pa
@@ -124,7 +125,7 @@ def test_device_seconds_of_the_float32_start_stay_counted_when_the_check_keeps_h
     monkeypatch.setattr(devices, "cpu_accelerates_bfloat16", lambda: True)
     monkeypatch.setattr(precision, "PARITY_THRESHOLD", 0.9)
     spec = resolve_model(RunConfig(inputs=("x",), output="o", model=str(tiny_st("mean"))))
-    unsettled = start_session(spec, ["cpu"], DType.AUTO, None, False, QuietReporter())
+    unsettled = start_session(spec, ["cpu"], DType.AUTO, None, QuietReporter())
     assert isinstance(unsettled, Unsettled)
     start = unsettled.embedder
     # What CUDA events timed on the float32 start: a `--max-batch-tokens auto` probe.
@@ -239,15 +240,16 @@ def test_the_memory_a_token_takes_is_probed_once_then_replayed_at_the_memory_fre
     from bulkembed.encoders import kernels
     from bulkembed.encoders.registry import read_ahead_budget
 
-    assert read_ahead_budget(spec, "cuda:0", "float32", tune=True) == first
+    probing = replace(spec, probe_budget=True)
+    assert read_ahead_budget(probing, "cuda:0", "float32") == first
     monkeypatch.setattr(kernels, "available", lambda device, dtype: [])
-    assert read_ahead_budget(spec, "cuda:0", "float32", tune=False) == spec.max_batch_tokens
+    assert read_ahead_budget(spec, "cuda:0", "float32") == spec.max_batch_tokens
     monkeypatch.setattr(kernels, "available", lambda device, dtype: ["varlen_attn"])
-    assert read_ahead_budget(spec, "cuda:0", "float32", tune=False) == first
+    assert read_ahead_budget(spec, "cuda:0", "float32") == first
     given = resolve_model(
         RunConfig(inputs=("x",), output="o", model=str(tiny_st("mean")), max_batch_tokens=4096)
     )
-    assert read_ahead_budget(given, "cuda:0", "float32", tune=False) == 4096
+    assert read_ahead_budget(given, "cuda:0", "float32") == 4096
     # A later run of the same model on the same device: no probe, the memory free now.
     memory["free"] = 2 * 2**30
     again = on_a_gpu(torch.float32).tune_batch_tokens()
@@ -278,14 +280,15 @@ def test_flat_batches_on_cuda_probe_their_budget_unless_one_was_given(tiny_st, m
         return SimpleNamespace(device=device, unpadded=unpadded, spec=resolve_model(config))
 
     monkeypatch.delenv(FLAT_BUDGET_VARIABLE, raising=False)
-    assert tunes_budget(encoder("cuda:0", True), tune=False)
+    assert tunes_budget(encoder("cuda:0", True))
     # A budget given, padded batches, a CPU: the budget stays, unless `auto` asked.
-    assert not tunes_budget(encoder("cuda:0", True, max_batch_tokens=16384), tune=False)
-    assert not tunes_budget(encoder("cuda:0", False), tune=False)
-    assert not tunes_budget(encoder("cpu", True), tune=False)
-    assert tunes_budget(encoder("cuda:0", False), tune=True)
+    assert not tunes_budget(encoder("cuda:0", True, max_batch_tokens=16384))
+    assert not tunes_budget(encoder("cuda:0", False))
+    assert not tunes_budget(encoder("cpu", True))
+    assert tunes_budget(encoder("cuda:0", False, max_batch_tokens="auto"))
+    assert tunes_budget(encoder("cpu", False, max_batch_tokens="auto"))
     monkeypatch.setenv(FLAT_BUDGET_VARIABLE, "recipe")
-    assert not tunes_budget(encoder("cuda:0", True), tune=False)
+    assert not tunes_budget(encoder("cuda:0", True))
 
 
 def test_max_batch_tokens_auto_keeps_the_default_on_cpu(tmp_path, tiny_st):

@@ -48,7 +48,10 @@ def model_key(spec: ModelSpec, device: str, dtype: torch.dtype) -> dict[str, Any
     holds for it)."""
     if not exact_files(spec.source, spec.version):
         return None
-    settings = json.dumps(asdict(spec), sort_keys=True, default=str)
+    # Whether this run probes its budget is not the model's: a probe recorded by a run
+    # with `--max-batch-tokens auto` serves a run that probes for flat batches, and back.
+    fields = {k: v for k, v in asdict(spec).items() if k != "probe_budget"}
+    settings = json.dumps(fields, sort_keys=True, default=str)
     return {"spec": hashlib.sha256(settings.encode()).hexdigest(), **device_key(device, dtype)}
 
 

@@ -50,12 +50,13 @@ def build_encoder(spec: ModelSpec, device: str, dtype: torch.dtype) -> Encoder:
 
 
 def start_encoder(
-    spec: ModelSpec, device: str, dtype: torch.dtype, threads: int | None, tune: bool
+    spec: ModelSpec, device: str, dtype: torch.dtype, threads: int | None
 ) -> tuple[Encoder, int | None]:
-    """The encoder of `spec` on `device`, and with `tune` the token budget that fills the
-    device's memory (`Encoder.tune_batch_tokens`; None where memory does not bound batches).
-    `threads` caps torch's threads on a CPU shared with other encoders. The local engine,
-    each worker of the several-devices pool and each Ray actor start encoders here."""
+    """The encoder of `spec` on `device`, and where it probes (`tunes_budget`) the token
+    budget that fills the device's memory (`Encoder.tune_batch_tokens`; None where memory
+    does not bound batches). `threads` caps torch's threads on a CPU shared with other
+    encoders. The local engine, each worker of the several-devices pool and each Ray actor
+    start encoders here."""
     import torch
 
     from bulkembed.models.devices import allow_tensor_cores, keep_memory_flat
@@ -70,20 +71,20 @@ def start_encoder(
     allow_tensor_cores(device, dtype)
     keep_memory_flat()
     encoder = build_encoder(spec, device, dtype)
-    return encoder, encoder.tune_batch_tokens() if tunes_budget(encoder, tune) else None
+    return encoder, encoder.tune_batch_tokens() if tunes_budget(encoder) else None
 
 
 FLAT_BUDGET_VARIABLE = "BULKEMBED_FLAT_BUDGET"
 
 
-def tunes_budget(encoder: Encoder, tune: bool) -> bool:
+def tunes_budget(encoder: Encoder) -> bool:
     """Whether `encoder` probes the token budget that fills its device
     (`Encoder.tune_batch_tokens`, at most `MAX_TUNED_BATCH_TOKENS`): with
-    `--max-batch-tokens auto` (`tune`), and for flat batches on CUDA under a budget nobody
-    gave (the recipe's or the default). A flat batch pays no padding and no mask for its
-    size, and its matrix multiplies grow with it; `BULKEMBED_FLAT_BUDGET=recipe` keeps the
-    recipe's budget."""
-    if tune:
+    `--max-batch-tokens auto` (`ModelSpec.probe_budget`), and for flat batches on CUDA under
+    a budget nobody gave (the recipe's or the default). A flat batch pays no padding and no
+    mask for its size, and its matrix multiplies grow with it;
+    `BULKEMBED_FLAT_BUDGET=recipe` keeps the recipe's budget."""
+    if encoder.spec.probe_budget:
         return True
     if os.environ.get(FLAT_BUDGET_VARIABLE, "tuned").lower() == "recipe":
         return False
@@ -91,12 +92,12 @@ def tunes_budget(encoder: Encoder, tune: bool) -> bool:
     return cuda and encoder.unpadded and not encoder.spec.budget_given
 
 
-def read_ahead_budget(spec: ModelSpec, device: str, dtype: str, tune: bool) -> int:
+def read_ahead_budget(spec: ModelSpec, device: str, dtype: str) -> int:
     """The budget a run reads ahead by before its model loads: where it will probe its
-    budget (`tune`, or flat batches on CUDA under a budget nobody gave, as `tunes_budget`
-    decides once the model is loaded; the layout as `choose_attention` expects it), the
-    one an earlier run's probe found on this device (`runtime.recorded_budget`); else the
-    spec's."""
+    budget (`--max-batch-tokens auto`, or flat batches on CUDA under a budget nobody gave,
+    as `tunes_budget` decides once the model is loaded; the layout as `choose_attention`
+    expects it), the one an earlier run's probe found on this device
+    (`runtime.recorded_budget`); else the spec's."""
     import torch
 
     from bulkembed.config import Attention
@@ -107,6 +108,6 @@ def read_ahead_budget(spec: ModelSpec, device: str, dtype: str, tune: bool) -> i
         return spec.max_batch_tokens
     flat = choose_attention(spec, device, getattr(torch, dtype))[0] is Attention.FLAT
     tuned = os.environ.get(FLAT_BUDGET_VARIABLE, "tuned").lower() != "recipe"
-    if tune or (flat and tuned and not spec.budget_given):
+    if spec.probe_budget or (flat and tuned and not spec.budget_given):
         return recorded_budget(spec, device, dtype) or spec.max_batch_tokens
     return spec.max_batch_tokens

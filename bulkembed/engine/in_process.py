@@ -93,8 +93,7 @@ def embed_in_process(
             if first is None:
                 return RunOutcome(stats, ",".join(devices), plan.dtype, budget)
             tokenized = chain([first], tokenized)
-        tune = config.tune_batch_tokens
-        session = start_session(plan.spec, devices, config.dtype, None, tune, reporter)
+        session = start_session(plan.spec, devices, config.dtype, None, reporter)
         sessions.append(session)
         if writer is None:
             mode = writing.mode.describe()

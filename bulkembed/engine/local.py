@@ -103,8 +103,7 @@ def embed_locally(
     chunks = stats.timed_iterator("read", plan.reader.read(skip=mode.pending(done).skipped))
     # Read ahead by the budget the run will batch by (an earlier run's probe's, where one
     # found it on this device and this run probes too).
-    tune = plan.config.tune_batch_tokens
-    budget = read_ahead_budget(plan.spec, devices[0], plan.dtype, tune)
+    budget = read_ahead_budget(plan.spec, devices[0], plan.dtype)
     output_format = resumed_output_format(plan.output_format, run, done)
     carrier = mode.carrier()
     if mode.sizes() is None:
@@ -170,7 +169,6 @@ def _embed_on_devices(
         run.fence(),
         dtype,
         cpu_threads_per_worker(devices),
-        config.tune_batch_tokens,
         upserts=mode.upserts(),
     )
     reporter.phase(f"loading the model on {', '.join(devices)}")

@@ -139,7 +139,6 @@ class _Device:
     device: str
     dtype: str
     threads: int
-    tune: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,16 +165,17 @@ def _start(device: _Device) -> tuple[_Timed, Ready]:
     from bulkembed.encoders import start_encoder
 
     dtype = getattr(torch, device.dtype)
-    encoder, budget = start_encoder(device.spec, device.device, dtype, device.threads, device.tune)
+    encoder, budget = start_encoder(device.spec, device.device, dtype, device.threads)
     return _Timed(encoder), Ready.of(encoder, budget)
 
 
 class EncoderPool:
-    """One encoder process per device; `embed_stream` spreads batches over them. With
-    `tune`, each worker probes its device's token budget (`Encoder.tune_batch_tokens`) and
-    `batch_tokens` is the smallest, so that every batch fits every device. `warn` is told
-    when a worker dies and its batches run again on the others. `counts` sums what the
-    workers counted (their busy seconds as the mean device's)."""
+    """One encoder process per device; `embed_stream` spreads batches over them. Where the
+    budget is probed (`tunes_budget`), each worker probes its device's token budget
+    (`Encoder.tune_batch_tokens`) and `batch_tokens` is the smallest, so that every batch
+    fits every device. `warn` is told when a worker dies and its batches run again on the
+    others. `counts` sums what the workers counted (their busy seconds as the mean
+    device's)."""
 
     def __init__(
         self,
@@ -183,12 +183,11 @@ class EncoderPool:
         devices: list[str],
         dtype_name: str,
         threads: int,
-        tune: bool,
         warn: Callable[[str], None] | None = None,
     ) -> None:
         self.devices = devices
         self._pool: WorkerPool[TokenBatch | None, tuple[Embeddings | None, float, DeviceCounts]]
-        settings = [_Device(spec, d, dtype_name, threads, tune) for d in devices]
+        settings = [_Device(spec, d, dtype_name, threads) for d in devices]
         self._pool, self.ready = start_device_workers(_start, settings, "batch", warn)
         self.dense_dim, self.multivector_dim = self.ready.dense, self.ready.multivector
         self.unpadded = self.ready.unpadded

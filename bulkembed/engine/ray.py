@@ -105,7 +105,6 @@ class _Work:
     output_format: OutputFormat
     device: str
     threads: int
-    tune_batch_tokens: bool
 
 
 def _tokenize_unit(part: str, offset: int, work: _Work) -> list[TokenizedChunk]:
@@ -149,7 +148,6 @@ class _UnitEmbedder:
             [work.device],
             work.dtype,
             work.threads,
-            work.tune_batch_tokens,
             self.reporter,
         )
         output = work.output
@@ -271,7 +269,6 @@ def embed_on_ray(
                 output_format=plan.output_format,
                 device=device,
                 threads=threads,
-                tune_batch_tokens=plan.config.tune_batch_tokens,
             )
             outcome = _run_dataset(work, pending, actors, outcome, reporter)
     finally:

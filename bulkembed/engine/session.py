@@ -39,15 +39,14 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 @dataclass(frozen=True)
 class Start:
-    """What a session starts from: the model, its devices, the CPU threads each encoder
-    may use, whether `--max-batch-tokens auto` probes the budget (`tune`), and where it
-    reports. `told` holds the encoders' warnings and remarks said so far: each is said
-    once."""
+    """What a session starts from: the model (with how its budget is found:
+    `BatchPolicy.of`, `tunes_budget`), its devices, the CPU threads each encoder may use,
+    and where it reports. `told` holds the encoders' warnings and remarks said so far: each
+    is said once."""
 
     spec: ModelSpec
     devices: list[str]
     threads: int | None
-    tune: bool
     reporter: Reporter
     told: set[str] = field(default_factory=set)
 
@@ -70,7 +69,7 @@ class Start:
         from bulkembed.models.devices import cpu_threads_per_worker
 
         threads = cpu_threads_per_worker(self.devices)
-        pool = EncoderPool(self.spec, self.devices, dtype, threads, self.tune, self.reporter.warn)
+        pool = EncoderPool(self.spec, self.devices, dtype, threads, self.reporter.warn)
         self.tell(pool.ready.notices, pool.ready.remarks)
         return pool, self.probed(policy, pool.batch_tokens)
 
@@ -201,7 +200,7 @@ class Unsettled(_Started):
         if len(start.devices) == 1:
             start.tell(encoder.notices, encoder.remarks)
             policy = self.policy
-            if recorded is None and precision.passed and tunes_budget(encoder, start.tune):
+            if recorded is None and precision.passed and tunes_budget(encoder):
                 # The probe at start ran in float32: the chosen dtype takes less memory.
                 found = encoder.tune_batch_tokens()
                 policy = start.probed(policy, found, lower_only=False)
@@ -221,13 +220,12 @@ def start_session(
     devices: list[str],
     dtype: DType,
     threads: int | None,
-    tune: bool,
     reporter: Reporter,
 ) -> DeviceSession | Unsettled:
     """The model of `spec` started on `devices`: a session in `dtype`, or, where `--dtype
     auto` has a half-precision candidate to check, the start that the first window with a
     document settles. With several devices one worker process per device (`EncoderPool`)
-    starts once the dtype is known. `--max-batch-tokens auto` (`tune`) probes the budget
+    starts once the dtype is known. `--max-batch-tokens auto` probes the budget
     at start, and again in the dtype the check keeps (before the first batch); the pool's
     workers only ever lower it, so that batches packed before still fit."""
     import torch
@@ -236,7 +234,7 @@ def start_session(
     from bulkembed.engine.precision import recorded_check
     from bulkembed.models.devices import resolve_dtype
 
-    start = Start(spec, devices, threads, tune, reporter)
+    start = Start(spec, devices, threads, reporter)
     policy = BatchPolicy.of(spec)
     candidate = resolve_dtype(dtype, devices[0])
     checking = dtype is DType.AUTO and candidate != torch.float32
@@ -248,7 +246,7 @@ def start_session(
         return DeviceSession(start, pool, dtype_name(candidate), policy)
     kept = recorded is not None and recorded.passed
     start_dtype = candidate if kept or not checking else torch.float32
-    encoder, found = start_encoder(spec, devices[0], start_dtype, threads, tune)
+    encoder, found = start_encoder(spec, devices[0], start_dtype, threads)
     start.tell(encoder.notices, encoder.remarks)
     policy = start.probed(policy, found)
     if checking:
@@ -328,7 +326,7 @@ def settle_dtype(
             "window: float32"
         )
         return DType.FLOAT32, None, read
-    started = start_session(spec, [device], dtype, None, False, reporter)
+    started = start_session(spec, [device], dtype, None, reporter)
     assert isinstance(started, Unsettled)
     settled = None
     try:

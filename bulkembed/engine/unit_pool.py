@@ -62,7 +62,6 @@ class UnitWork:
     fence: Callable[[], None]
     dtype: DType
     threads: int
-    tune: bool
     device: str = "cpu"
     upserts: UpsertSinks = no_upserts
 
@@ -115,7 +114,7 @@ class _UnitWorker:
     def __init__(self, work: UnitWork) -> None:
         self.work = work
         self.session: DeviceSession | Unsettled = start_session(
-            work.spec, [work.device], work.dtype, work.threads, work.tune, _Heartbeat()
+            work.spec, [work.device], work.dtype, work.threads, _Heartbeat()
         )
         schema = part_schema(work.reader, work.spec, self.session.embedder, work.output_format)
         self.writer = part_writer(

@@ -73,6 +73,8 @@ class ModelSpec:
     # from the recipe or the default: flat batches on CUDA probe a larger budget only
     # where it was not (`encoders.registry.tunes_budget`).
     budget_given: bool = False
+    # `--max-batch-tokens auto`: each device probes the budget that fills its memory.
+    probe_budget: bool = False
     # `--backend` and `--attention`, and the architecture they depend on (config.json
     # `model_type`).
     backend: str = "auto"
@@ -306,6 +308,7 @@ def resolve_model(config: RunConfig) -> ModelSpec:
         or (recipe.max_batch_tokens if recipe else None)
         or DEFAULT_MAX_BATCH_TOKENS,
         budget_given=config.max_batch_tokens is not None,
+        probe_budget=config.tune_batch_tokens,
         tokenizer_json=tokenizer.tokenizer_json,
         compile=bool(config.compile),
         backend=config.backend.value,

@@ -40,7 +40,7 @@ def test_settling_gives_a_new_session_and_changes_neither_start(tiny_st, monkeyp
     monkeypatch.setattr(devices, "cpu_accelerates_bfloat16", lambda: True)
     monkeypatch.setattr(precision, "PARITY_THRESHOLD", 0.9)
     spec = resolve_model(RunConfig(inputs=("x",), output="o", model=str(tiny_st("mean"))))
-    unsettled = start_session(spec, ["cpu"], DType.AUTO, None, False, QuietReporter())
+    unsettled = start_session(spec, ["cpu"], DType.AUTO, None, QuietReporter())
     assert isinstance(unsettled, Unsettled)
     fields = dataclasses.asdict(unsettled.policy), unsettled.dtype, unsettled.recorded
     with pytest.raises(dataclasses.FrozenInstanceError):
@@ -52,6 +52,6 @@ def test_settling_gives_a_new_session_and_changes_neither_start(tiny_st, monkeyp
     assert (dataclasses.asdict(unsettled.policy), unsettled.dtype, unsettled.recorded) == fields
     with pytest.raises(dataclasses.FrozenInstanceError):
         settled.session.dtype = "float32"  # type: ignore[misc]
-    float32 = start_session(spec, ["cpu"], DType.FLOAT32, None, False, QuietReporter())
+    float32 = start_session(spec, ["cpu"], DType.FLOAT32, None, QuietReporter())
     assert isinstance(float32, DeviceSession) and float32.dtype == "float32"
     assert float32.policy == BatchPolicy(spec.max_batch_tokens, BudgetSource.RECIPE)
