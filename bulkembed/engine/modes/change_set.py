@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
-from bulkembed.engine.modes.base import OpenedRun, opened_directory, own_output
+from bulkembed.engine.modes.base import OpenedRun, own_output
 from bulkembed.engine.modes.incremental import Incremental, share_quantization
 from bulkembed.errors import OutputError
 from bulkembed.incremental.carry import reading_previous
@@ -35,16 +35,8 @@ class ChangeSetRun(Incremental):
     def open(self, plan: RunPlan, reporter: Reporter) -> Iterator[OpenedRun]:
         with own_output(plan) as (run, sink):
             self.change_set: ChangeSet | None = change_set_of(plan.target, run.meta)
-
-            def start(settings: dict[str, Any], done: dict[str, UnitRecord], whole: bool) -> bool:
-                self._begin(plan, run, sink, settings)
-                return self._start(done, whole)
-
-            try:
-                with opened_directory(plan, run, sink, reporter, start) as opened:
-                    yield opened
-            finally:
-                self.close_previous()
+            with self.opened(plan, run, sink, reporter) as opened:
+                yield opened
 
     def prepare(self, complete: bool) -> None:
         """Read the previous output while input units are pending: to carry rows over, and

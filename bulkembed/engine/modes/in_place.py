@@ -15,14 +15,13 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from bulkembed.engine.modes.base import OpenedRun, opened_directory
+from bulkembed.engine.modes.base import OpenedRun
 from bulkembed.engine.modes.incremental import Incremental, share_quantization
 from bulkembed.engine.sync import TableSync
 from bulkembed.incremental.deletions import missing_ids
 from bulkembed.run_dir import fingerprint
 
 if TYPE_CHECKING:
-    from bulkembed.contracts import UnitRecord
     from bulkembed.engine.plan import RunPlan
     from bulkembed.reporting.progress import Reporter
     from bulkembed.reporting.summary import Summary
@@ -40,17 +39,12 @@ class InPlaceSync(Incremental):
         try:
             staged, run, sink = sync.staging(plan)
 
-            def start(settings: dict[str, Any], done: dict[str, UnitRecord], whole: bool) -> bool:
-                before = self._begin(staged, run, sink, settings)
+            def begun(before: dict[str, Any]) -> None:
                 if sync.version is None:
                     sync.version = before.get("previous_version")
-                return self._start(done, whole)
 
-            try:
-                with opened_directory(staged, run, sink, reporter, start) as opened:
-                    yield opened
-            finally:
-                self.close_previous()
+            with self.opened(staged, run, sink, reporter, begun) as opened:
+                yield opened
         finally:
             sync.unlock()
 

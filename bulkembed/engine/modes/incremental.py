@@ -15,13 +15,14 @@ limits that allow them (`reopens`).
 
 from __future__ import annotations
 
+import contextlib
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from bulkembed.engine.modes.base import Mode
+from bulkembed.engine.modes.base import Mode, OpenedRun, opened_directory
 from bulkembed.engine.modes.upserts import UpsertSinks, no_upserts
 from bulkembed.engine.writer import KeptUnits, PartWriter
 from bulkembed.errors import OutputError
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
     from bulkembed.encoders.base import VectorSizes
     from bulkembed.engine.plan import RunPlan
     from bulkembed.incremental.previous import PreviousOutput
+    from bulkembed.reporting.progress import Reporter
     from bulkembed.run_dir import RunDirectory
     from bulkembed.sinks import Sink
 
@@ -144,10 +146,29 @@ class Incremental(Mode, ABC):
             return None
         return PreviousCounts(self.previous_rows, self.deletions)
 
-    def close_previous(self) -> None:
-        """Let go of the previous output's lookup."""
-        if self.previous is not None:
-            self.previous.close()
+    @contextlib.contextmanager
+    def opened(
+        self,
+        plan: RunPlan,
+        run: RunDirectory,
+        sink: Sink,
+        reporter: Reporter,
+        begun: Callable[[dict[str, Any]], None] = lambda state: None,
+    ) -> Iterator[OpenedRun]:
+        """The run directory opened (`opened_directory`) with the mode's state taken up
+        (`begun` is told the state an earlier attempt kept) and the previous output read;
+        the previous output is let go on the way out."""
+
+        def start(settings: dict[str, Any], done: dict[str, UnitRecord], whole: bool) -> bool:
+            begun(self._begin(plan, run, sink, settings))
+            return self._start(done, whole)
+
+        try:
+            with opened_directory(plan, run, sink, reporter, start) as opened:
+                yield opened
+        finally:
+            if self.previous is not None:
+                self.previous.close()
 
     def note(self, deletions: Deletions) -> None:
         """The end step's decision, noted before it is acted on."""
