@@ -8,7 +8,7 @@ Each step is timed on its own, in this order:
   (`load_model`), then `flat_s`: its flat module (where it runs flat);
 - `kernel_first_s`, `kernel_recorded_s`: the choice of the attention kernel
   (`kernel_choice`), measured, then replayed from the record the first one left;
-- `probe_first_s`, `probe_recorded_s`: the token budget (`tune_batch_tokens`), probed,
+- `probe_first_s`, `probe_recorded_s`: the token budget (`measure_budget`), probed,
   then replayed (None on a CPU, where no budget is probed);
 - `first_batch_s`: the first batch of `budget` tokens;
 - `run_first_startup_s`, `run_second_startup_s`: `startup_seconds` of two `bulkembed run`s
@@ -85,9 +85,9 @@ def _steps(model: Path, recipe: str, device: str, dtype: Any) -> dict[str, Any]:
     found = _loaded(spec, device, dtype)
     encoder = build_encoder(spec, device, dtype)
     for when in ("first", "recorded"):
-        budget, seconds = _timed(encoder.tune_batch_tokens, device)
+        budget, seconds = _timed(encoder.measure_budget, device)
         found[f"probe_{when}_s"] = seconds if budget is not None else None
-    budget = budget or spec.max_batch_tokens
+    budget = budget or spec.budget
     length = min(spec.max_length, 512)
     lengths = np.full(max(1, budget // length), length, dtype=np.int32)
     batch = TokenBatch(np.full(int(lengths.sum()), 5, dtype=np.int32), lengths)

@@ -169,7 +169,7 @@ class RunConfig:
     text_column: str = "text"
     id_column: str | None = None
     max_batch_tokens: int | None = None
-    tune_batch_tokens: bool = False
+    probe_budget: bool = False
     max_length: int | None = None
     tokenize_workers: int | None = None
     devices: str = "auto"
@@ -314,7 +314,7 @@ class RunConfig:
         if isinstance(budget, str):
             object.__setattr__(self, "max_batch_tokens", batch_tokens(budget))
             if budget.strip().lower() == AUTO:
-                object.__setattr__(self, "tune_batch_tokens", True)
+                object.__setattr__(self, "probe_budget", True)
         deletes: object = self.max_deletes
         if isinstance(deletes, str):
             object.__setattr__(self, "max_deletes", delete_limit(deletes))

@@ -87,13 +87,13 @@ def test_run_config_takes_the_clis_spellings_with_the_clis_errors(tmp_path, opti
     config = RunConfig(
         inputs="x", output="o", model="m", max_batch_tokens="auto", max_deletes="all"
     )
-    assert (config.max_batch_tokens, config.tune_batch_tokens, config.max_deletes) == (
+    assert (config.max_batch_tokens, config.probe_budget, config.max_deletes) == (
         None,
         True,
         None,
     )
     counted = RunConfig(inputs="x", output="o", model="m", max_bad_records="25")
-    assert (counted.max_bad_records, counted.tune_batch_tokens) == (25, False)
+    assert (counted.max_bad_records, counted.probe_budget) == (25, False)
     shares = RunConfig(
         inputs="x", output="o", model="m", max_deletes="0.25", max_bad_records="0.01"
     )

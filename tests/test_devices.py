@@ -13,7 +13,7 @@ from bulkembed.cli import app
 from bulkembed.config import DEFAULT_MAX_BATCH_TOKENS, DType, RunConfig
 from bulkembed.encoders import TokenBatch, build_encoder
 from bulkembed.encoders.backend import attention_implementation
-from bulkembed.encoders.runtime import recorded_budget, tuned_batch_tokens
+from bulkembed.encoders.runtime import budget_for_memory, recorded_budget
 from bulkembed.errors import BulkembedError
 from bulkembed.models.devices import (
     cpu_threads_per_worker,
@@ -184,11 +184,11 @@ def test_a_run_turns_off_the_onednn_primitive_cache(tmp_path, tiny_st, monkeypat
     assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "0"
 
 
-def test_tuned_batch_tokens_fill_a_share_of_free_memory_in_whole_documents():
+def test_budget_for_memory_fill_a_share_of_free_memory_in_whole_documents():
     # 10 GiB free at 100 kB a token: 70% is 75,161 tokens, 146 documents of 512.
-    assert tuned_batch_tokens(10 * 2**30, 200_000, 512) == 73 * 512
-    assert tuned_batch_tokens(2**20, 100_000, 512) == 512  # one document at least
-    assert tuned_batch_tokens(2**40, 1.0, 512) == 2**16  # capped where GEMMs are saturated
+    assert budget_for_memory(10 * 2**30, 200_000, 512) == 73 * 512
+    assert budget_for_memory(2**20, 100_000, 512) == 512  # one document at least
+    assert budget_for_memory(2**40, 1.0, 512) == 2**16  # capped where GEMMs are saturated
 
 
 def test_the_budget_probe_is_a_padded_batch_at_the_maximum_length(tiny_st):
@@ -229,8 +229,8 @@ def test_the_memory_a_token_takes_is_probed_once_then_replayed_at_the_memory_fre
         encoder.embed_batch = probed
         return encoder
 
-    first = on_a_gpu(torch.float32).tune_batch_tokens()
-    assert probes == [8192] and first == tuned_batch_tokens(10 * 2**30, 100_000, 128)
+    first = on_a_gpu(torch.float32).measure_budget()
+    assert probes == [8192] and first == budget_for_memory(10 * 2**30, 100_000, 128)
     # What the next run reads ahead by, before its model loads.
     assert recorded_budget(spec, "cuda:0", "float32") == first
     assert recorded_budget(spec, "cuda:0", "float16") is None
@@ -243,7 +243,7 @@ def test_the_memory_a_token_takes_is_probed_once_then_replayed_at_the_memory_fre
     probing = replace(spec, probe_budget=True)
     assert read_ahead_budget(probing, "cuda:0", "float32") == first
     monkeypatch.setattr(kernels, "available", lambda device, dtype: [])
-    assert read_ahead_budget(spec, "cuda:0", "float32") == spec.max_batch_tokens
+    assert read_ahead_budget(spec, "cuda:0", "float32") == spec.budget
     monkeypatch.setattr(kernels, "available", lambda device, dtype: ["varlen_attn"])
     assert read_ahead_budget(spec, "cuda:0", "float32") == first
     given = resolve_model(
@@ -252,10 +252,10 @@ def test_the_memory_a_token_takes_is_probed_once_then_replayed_at_the_memory_fre
     assert read_ahead_budget(given, "cuda:0", "float32") == 4096
     # A later run of the same model on the same device: no probe, the memory free now.
     memory["free"] = 2 * 2**30
-    again = on_a_gpu(torch.float32).tune_batch_tokens()
-    assert len(probes) == 1 and again == tuned_batch_tokens(2 * 2**30, 100_000, 128) < first
+    again = on_a_gpu(torch.float32).measure_budget()
+    assert len(probes) == 1 and again == budget_for_memory(2 * 2**30, 100_000, 128) < first
     # Another dtype (or device, model, library version) probes again.
-    on_a_gpu(torch.bfloat16).tune_batch_tokens()
+    on_a_gpu(torch.bfloat16).measure_budget()
     assert len(probes) == 2
     # Each probe keeps its memory per token, and the budget it gave for reading ahead.
     recorded = [
@@ -333,7 +333,7 @@ def test_cpu_attention_is_sdpa():
 def test_cuda_budget_probe_fits_the_free_memory(tiny_st):
     spec = resolve_model(RunConfig(inputs=("x",), output="o", model=str(tiny_st("mean"))))
     encoder = build_encoder(spec, "cuda:0", torch.float16)
-    budget = encoder.tune_batch_tokens()
+    budget = encoder.measure_budget()
     assert budget is not None and budget % spec.max_length == 0
     # The tuned budget runs without running out of memory.
     documents = budget // spec.max_length

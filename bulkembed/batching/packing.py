@@ -43,7 +43,7 @@ class BatchPolicy:
     def of(cls, spec: ModelSpec) -> BatchPolicy:
         """The budget a model's settings give, before any probe."""
         source = BudgetSource.GIVEN if spec.budget_given else BudgetSource.RECIPE
-        return cls(spec.max_batch_tokens, source)
+        return cls(spec.budget, source)
 
     def probed(self, tokens: int | None, lower_only: bool = True) -> BatchPolicy:
         """The policy after a probe found `tokens` (None: the probe does not bound batches,

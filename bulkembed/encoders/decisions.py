@@ -1,6 +1,6 @@
 """What a run found out about a model on a device, kept for the next run with the same key:
 the `--dtype auto` check (`precision`), the memory a token of a batch takes (the budget
-probe, `runtime.tune_batch_tokens`) and the fastest attention kernel (`kernels`).
+probe, `runtime.measure_budget`) and the fastest attention kernel (`kernels`).
 
 Each decision is a small JSON file in the export cache, `<kind>/<digest of the key>.json`.
 A key (`device_key`) names the device (a CPU's model name and flags, a GPU's name and
@@ -49,7 +49,7 @@ def model_key(spec: ModelSpec, device: str, dtype: torch.dtype) -> dict[str, Any
     if not exact_files(spec.source, spec.version):
         return None
     # Whether this run probes its budget is not the model's: a probe recorded by a run
-    # with `--max-batch-tokens auto` serves a run that probes for flat batches, and back.
+    # with an `auto` budget serves a run that probes for flat batches, and back.
     fields = {k: v for k, v in asdict(spec).items() if k != "probe_budget"}
     settings = json.dumps(fields, sort_keys=True, default=str)
     return {"spec": hashlib.sha256(settings.encode()).hexdigest(), **device_key(device, dtype)}

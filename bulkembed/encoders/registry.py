@@ -53,7 +53,7 @@ def start_encoder(
     spec: ModelSpec, device: str, dtype: torch.dtype, threads: int | None
 ) -> tuple[Encoder, int | None]:
     """The encoder of `spec` on `device`, and where it probes (`tunes_budget`) the token
-    budget that fills the device's memory (`Encoder.tune_batch_tokens`; None where memory
+    budget that fills the device's memory (`Encoder.measure_budget`; None where memory
     does not bound batches). `threads` caps torch's threads on a CPU shared with other
     encoders. The local engine, each worker of the several-devices pool and each Ray actor
     start encoders here."""
@@ -71,7 +71,7 @@ def start_encoder(
     allow_tensor_cores(device, dtype)
     keep_memory_flat()
     encoder = build_encoder(spec, device, dtype)
-    return encoder, encoder.tune_batch_tokens() if tunes_budget(encoder) else None
+    return encoder, encoder.measure_budget() if tunes_budget(encoder) else None
 
 
 FLAT_BUDGET_VARIABLE = "BULKEMBED_FLAT_BUDGET"
@@ -79,9 +79,9 @@ FLAT_BUDGET_VARIABLE = "BULKEMBED_FLAT_BUDGET"
 
 def tunes_budget(encoder: Encoder) -> bool:
     """Whether `encoder` probes the token budget that fills its device
-    (`Encoder.tune_batch_tokens`, at most `MAX_TUNED_BATCH_TOKENS`): with
-    `--max-batch-tokens auto` (`ModelSpec.probe_budget`), and for flat batches on CUDA under
-    a budget nobody gave (the recipe's or the default). A flat batch pays no padding and no
+    (`Encoder.measure_budget`, at most `MAX_MEASURED_BUDGET`): where the spec asks for a
+    probe (`ModelSpec.probe_budget`, an `auto` budget), and for flat batches on CUDA under a
+    budget nobody gave (the recipe's or the default). A flat batch pays no padding and no
     mask for its size, and its matrix multiplies grow with it;
     `BULKEMBED_FLAT_BUDGET=recipe` keeps the recipe's budget."""
     if encoder.spec.probe_budget:
@@ -94,7 +94,7 @@ def tunes_budget(encoder: Encoder) -> bool:
 
 def read_ahead_budget(spec: ModelSpec, device: str, dtype: str) -> int:
     """The budget a run reads ahead by before its model loads: where it will probe its
-    budget (`--max-batch-tokens auto`, or flat batches on CUDA under a budget nobody gave,
+    budget (`ModelSpec.probe_budget`, or flat batches on CUDA under a budget nobody gave,
     as `tunes_budget` decides once the model is loaded; the layout as `choose_attention`
     expects it), the one an earlier run's probe found on this device
     (`runtime.recorded_budget`); else the spec's."""
@@ -105,9 +105,9 @@ def read_ahead_budget(spec: ModelSpec, device: str, dtype: str) -> int:
     from bulkembed.encoders.runtime import recorded_budget
 
     if not device.startswith("cuda"):
-        return spec.max_batch_tokens
+        return spec.budget
     flat = choose_attention(spec, device, getattr(torch, dtype))[0] is Attention.FLAT
     tuned = os.environ.get(FLAT_BUDGET_VARIABLE, "tuned").lower() != "recipe"
     if spec.probe_budget or (flat and tuned and not spec.budget_given):
-        return recorded_budget(spec, device, dtype) or spec.max_batch_tokens
-    return spec.max_batch_tokens
+        return recorded_budget(spec, device, dtype) or spec.budget
+    return spec.budget

@@ -1,7 +1,7 @@
 """How an encoder's batches run on its device: back to back, each copied in while the last
 one runs and its outputs copied back while the next one runs (`embed_stream`); halved for
 as long as the device runs out of memory; embedded again in float32 where their values are
-not finite; and the batch budget that fills a GPU's memory (`tune_batch_tokens`).
+not finite; and the batch budget that fills a GPU's memory (`measure_budget`).
 
 `DeviceRuntime` does all of this in terms of four steps its subclass gives: `upload` a
 batch, `launch` it, the `cost` of a batch in tokens, and a twin `in_dtype` another dtype.
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 Key = TypeVar("Key")
 
 
-# `tune_batch_tokens` probes with about this many tokens, and fills this share of the
+# `measure_budget` probes with about this many tokens, and fills this share of the
 # memory free after it, leaving room for fragmentation and the outputs.
 PROBE_TOKENS = 8192
 TUNED_MEMORY_SHARE = 0.7
@@ -40,28 +40,28 @@ TUNED_MEMORY_SHARE = 0.7
 # memory and waits longer for its longest document. 65,536 tokens is 4× the size at which
 # dense GEMMs of width 1024 reach their plateau on A100/H100-class GPUs (published cuBLAS
 # curves; not measured here).
-MAX_TUNED_BATCH_TOKENS = 1 << 16
+MAX_MEASURED_BUDGET = 1 << 16
 # Where the memory a token takes is kept between runs (`decisions`).
 BUDGET_KIND = "budget-probes"
 
 
-def tuned_batch_tokens(free_bytes: int, bytes_per_token: float, max_length: int) -> int:
+def budget_for_memory(free_bytes: int, bytes_per_token: float, max_length: int) -> int:
     """The budget whose activations fill `TUNED_MEMORY_SHARE` of `free_bytes`, in whole
-    documents at `max_length`, between one such document and `MAX_TUNED_BATCH_TOKENS`.
+    documents at `max_length`, between one such document and `MAX_MEASURED_BUDGET`.
 
-    >>> tuned_batch_tokens(10 * 2**30, 200_000, 512)
+    >>> budget_for_memory(10 * 2**30, 200_000, 512)
     37376
-    >>> tuned_batch_tokens(80 * 2**30, 100_000, 512)
+    >>> budget_for_memory(80 * 2**30, 100_000, 512)
     65536
     """
     tokens = int(free_bytes * TUNED_MEMORY_SHARE / max(bytes_per_token, 1.0))
-    tokens = min(tokens, MAX_TUNED_BATCH_TOKENS)
+    tokens = min(tokens, MAX_MEASURED_BUDGET)
     return max(max_length, tokens // max_length * max_length)
 
 
 def recorded_budget(spec: ModelSpec, device: str, dtype: str) -> int | None:
     """The budget an earlier run's probe found for `spec` on `device` in `dtype` (see
-    `DeviceRuntime.tune_batch_tokens`), what a run reads ahead by before its own probe;
+    `DeviceRuntime.measure_budget`), what a run reads ahead by before its own probe;
     None on a CPU, or where no run recorded one."""
     import torch
 
@@ -287,7 +287,7 @@ class DeviceRuntime(ABC):
         return embeddings
 
     def probe_batch(self) -> TokenBatch:
-        """The batch `tune_batch_tokens` measures: at least two documents, at the maximum
+        """The batch `measure_budget` measures: at least two documents, at the maximum
         length but the last one token shorter, so that the batch is padded and its
         attention mask takes the memory a real batch's does."""
         length = self.spec.max_length
@@ -296,7 +296,7 @@ class DeviceRuntime(ABC):
         lengths[-1] = max(1, length - 1)
         return TokenBatch(np.full(int(lengths.sum()), self.spec.pad_token_id, np.int32), lengths)
 
-    def tune_batch_tokens(self) -> int | None:
+    def measure_budget(self) -> int | None:
         """A token budget that fills this GPU's free memory: the memory a token of a batch
         takes, in this encoder's dtype, scaled to the memory free now. That memory is
         measured by one probe (`probe_batch`: the peak it took per token), or taken from an
@@ -314,7 +314,7 @@ class DeviceRuntime(ABC):
             per_token = self._probe_bytes_per_token()
         torch.cuda.empty_cache()
         free, _ = torch.cuda.mem_get_info(self.device)
-        budget = tuned_batch_tokens(free, per_token, self.spec.max_length)
+        budget = budget_for_memory(free, per_token, self.spec.max_length)
         record_decision(BUDGET_KIND, key, {"bytes_per_token": per_token})
         read_ahead = _read_ahead_key(self.spec, self.device, self.dtype)
         record_decision(BUDGET_KIND, read_ahead, {"budget": budget})

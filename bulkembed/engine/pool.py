@@ -172,7 +172,7 @@ def _start(device: _Device) -> tuple[_Timed, Ready]:
 class EncoderPool:
     """One encoder process per device; `embed_stream` spreads batches over them. Where the
     budget is probed (`tunes_budget`), each worker probes its device's token budget
-    (`Encoder.tune_batch_tokens`) and `batch_tokens` is the smallest, so that every batch
+    (`Encoder.measure_budget`) and `budget` is the smallest, so that every batch
     fits every device. `warn` is told when a worker dies and its batches run again on the
     others. `counts` sums what the workers counted (their busy seconds as the mean
     device's)."""
@@ -192,7 +192,7 @@ class EncoderPool:
         self.dense_dim, self.multivector_dim = self.ready.dense, self.ready.multivector
         self.unpadded = self.ready.unpadded
         self.attention_kernel = self.ready.kernel
-        self.batch_tokens = self.ready.budget
+        self.budget = self.ready.budget
         self.counts = DeviceCounts()
 
     def embed_stream(

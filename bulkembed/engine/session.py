@@ -71,7 +71,7 @@ class Start:
         threads = cpu_threads_per_worker(self.devices)
         pool = EncoderPool(self.spec, self.devices, dtype, threads, self.reporter.warn)
         self.tell(pool.ready.notices, pool.ready.remarks)
-        return pool, self.probed(policy, pool.batch_tokens)
+        return pool, self.probed(policy, pool.budget)
 
 
 class _Started:
@@ -202,7 +202,7 @@ class Unsettled(_Started):
             policy = self.policy
             if recorded is None and precision.passed and tunes_budget(encoder):
                 # The probe at start ran in float32: the chosen dtype takes less memory.
-                found = encoder.tune_batch_tokens()
+                found = encoder.measure_budget()
                 policy = start.probed(policy, found, lower_only=False)
             session = DeviceSession(start, encoder, dtype, policy, precision, retired)
             return Settled(session, sample)
@@ -225,7 +225,7 @@ def start_session(
     """The model of `spec` started on `devices`: a session in `dtype`, or, where `--dtype
     auto` has a half-precision candidate to check, the start that the first window with a
     document settles. With several devices one worker process per device (`EncoderPool`)
-    starts once the dtype is known. `--max-batch-tokens auto` probes the budget
+    starts once the dtype is known. An `auto` budget (`ModelSpec.probe_budget`) is probed
     at start, and again in the dtype the check keeps (before the first batch); the pool's
     workers only ever lower it, so that batches packed before still fit."""
     import torch

@@ -9,7 +9,7 @@ That process packs each window into batches, embeds them, and writes the windows
 their parts on a thread of its own while it embeds the next window; once the group's units
 are committed it answers with their records, bad records and counts, and the run's process
 writes the quarantine and the done-markers in input order. No vector crosses between
-processes, and with a fixed `--max-batch-tokens` the windows and batches, and so the
+processes, and with a budget given (not probed) the windows and batches, and so the
 vectors, are those of a one-device run (`auto` lets each device pack by its own budget).
 
 Each batch a device process finishes is reported to the run's process: it moves the

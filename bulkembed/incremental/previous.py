@@ -96,7 +96,7 @@ class PreviousOutput:
     sorted by id hash (keyed by the run's `id_key`), on disk (`bulkembed.incremental.lookup`), in a
     temporary folder removed by `close`; `carrier` carries its unchanged rows over.
 
-    An output made with other weights of the same model (a fine-tune, weights changed in
+    An output made with other weights of the same model (fine-tuned weights, weights changed in
     place: `other_weights`) is taken too, but none of its vectors is: every document is
     embedded again, as changed, and its ids still decide what is deleted."""
 

@@ -65,11 +65,11 @@ class ModelSpec:
     dense_dim: int | None
     dims: tuple[int, ...]
     matryoshka_layer_norm: bool
-    max_batch_tokens: int
+    budget: int
     sparse_top_k: int | None
     tokenizer_json: str
     compile: bool = False
-    # Whether `max_batch_tokens` was given (option, environment, `embed()`), not taken
+    # Whether the budget was given (option, environment, `embed()`), not taken
     # from the recipe or the default: flat batches on CUDA probe a larger budget only
     # where it was not (`encoders.registry.tunes_budget`).
     budget_given: bool = False
@@ -304,11 +304,11 @@ def resolve_model(config: RunConfig) -> ModelSpec:
         dims=recipe.dims if recipe else (),
         matryoshka_layer_norm=bool(recipe and recipe.matryoshka_layer_norm),
         sparse_top_k=config.sparse_top_k,
-        max_batch_tokens=config.max_batch_tokens
+        budget=config.max_batch_tokens
         or (recipe.max_batch_tokens if recipe else None)
         or DEFAULT_MAX_BATCH_TOKENS,
         budget_given=config.max_batch_tokens is not None,
-        probe_budget=config.tune_batch_tokens,
+        probe_budget=config.probe_budget,
         tokenizer_json=tokenizer.tokenizer_json,
         compile=bool(config.compile),
         backend=config.backend.value,

@@ -54,4 +54,4 @@ def test_settling_gives_a_new_session_and_changes_neither_start(tiny_st, monkeyp
         settled.session.dtype = "float32"  # type: ignore[misc]
     float32 = start_session(spec, ["cpu"], DType.FLOAT32, None, QuietReporter())
     assert isinstance(float32, DeviceSession) and float32.dtype == "float32"
-    assert float32.policy == BatchPolicy(spec.max_batch_tokens, BudgetSource.RECIPE)
+    assert float32.policy == BatchPolicy(spec.budget, BudgetSource.RECIPE)
