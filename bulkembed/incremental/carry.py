@@ -14,7 +14,6 @@ when they are written.
 
 from __future__ import annotations
 
-import contextlib
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -23,7 +22,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
-from bulkembed.errors import InputError
 from bulkembed.schema import EMBEDDING_COLUMNS, ENCODER_KEY
 from bulkembed.sources import BadRecord
 from bulkembed.sources.records import (
@@ -33,6 +31,7 @@ from bulkembed.sources.records import (
     Carried,
     PreviousRows,
     known_id,
+    reading_previous,
 )
 from bulkembed.storage import AnyPath, parquet_file
 from bulkembed.version import __version__
@@ -47,20 +46,6 @@ if TYPE_CHECKING:
 
 # PREV's row groups held in memory at once.
 _CACHED_GROUPS = 4
-
-
-@contextlib.contextmanager
-def reading_previous(path: AnyPath) -> Iterator[None]:
-    """A read of PREV's part at `path`: a part that cannot be read (cut short, damaged,
-    gone) stops the run with one line that names it and says what to do."""
-    try:
-        yield
-    except (OSError, pa.ArrowException) as e:
-        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise InputError(
-            f"--since: cannot read {path}, a part of the previous output ({reason}): restore "
-            "it from a copy, or run without --since to embed every document again"
-        ) from e
 
 
 class CarryOver:

@@ -32,12 +32,13 @@ import pyarrow as pa
 
 from bulkembed.contracts import RowCounts
 from bulkembed.errors import UsageError
-from bulkembed.incremental.carry import CarryOver, TableCarryOver, reading_previous
+from bulkembed.incremental.carry import CarryOver, TableCarryOver
 from bulkembed.incremental.lookup import PartRows, PreviousLookup
 from bulkembed.run_dir import RunDirectory, describe_changes
 from bulkembed.schema import CONTENT_HASH, digests
 from bulkembed.sinks import part_label, part_path
 from bulkembed.sources import IdKey
+from bulkembed.sources.records import reading_previous
 from bulkembed.storage import AnyPath, parquet_file, remove_scratch, scratch_folder
 
 # Settings that may differ from PREV's: they change which documents there are or which

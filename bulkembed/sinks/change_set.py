@@ -71,7 +71,7 @@ class ParquetChangeSet(ChangeSet):
     def _write_whole(self, table: pa.Table) -> None:
         """Write `deletes.parquet` whole or not at all (an object in one upload)."""
         buffer = io.BytesIO()
-        pq.write_table(table, buffer)
+        pq.write_table(table, buffer, write_page_checksum=True)
         self.directory.mkdir(parents=True, exist_ok=True)
         if isinstance(self.deletes_path, ObjectPath):
             self.deletes_path.write_bytes(buffer.getvalue())

@@ -34,6 +34,7 @@ from bulkembed.sinks.part_files import (
     LABEL_KEY,
     FooterError,
     copy_with_entry,
+    pages_intact,
     part_label,
     part_path,
     writer_options,
@@ -271,7 +272,8 @@ class ParquetSink(Sink):
                 try:
                     with random_access(path) as source:
                         # A file's reader, not `read_table`: that imports pyarrow.dataset.
-                        table = pq.ParquetFile(source).read(columns=["id"])
+                        found = pq.ParquetFile(source, page_checksum_verification=True)
+                        table = found.read(columns=["id"])
                 except READ_ERRORS as e:
                     raise _damaged(path, str(e)) from e
                 yield from table.column("id").chunks
@@ -305,8 +307,10 @@ class ParquetSink(Sink):
         return {}
 
     def adopt(self, part: str, source: AnyPath, rows: int, label: dict[str, Any]) -> bool:
-        """A copy of `source`, a local part written with this schema, with `label` in its
-        footer (`part_files.copy_with_entry`); not a part on object storage."""
+        """A copy of `source`, a local part written with this schema whose pages are intact,
+        with `label` in its footer (`part_files.copy_with_entry`); not a part on object
+        storage. A damaged page is copied as it is: the part is then written row by row,
+        which reads it and stops at the damage."""
         assert self.schema is not None
         if not isinstance(source, Path) or part in self._open:
             return False
@@ -316,6 +320,8 @@ class ParquetSink(Sink):
         except READ_ERRORS:
             return False
         if found_rows != rows or schema != self.schema or schema.metadata != self.schema.metadata:
+            return False
+        if not pages_intact(source):
             return False
         temporary = self._temporary(part)
         text = json.dumps(label, default=str)

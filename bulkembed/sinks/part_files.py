@@ -6,7 +6,9 @@ of floats gain nothing from any of them, and skipping them doubles the speed of 
 float32 multi-vectors and triples it for float16 (see the host-ceiling figures in
 docs/benchmarks.md).
 Ids and content hashes, each one of a kind, are written without a dictionary (the hashes
-without statistics); passthrough columns keep pyarrow's defaults.
+without statistics); passthrough columns keep pyarrow's defaults. Every page carries a CRC32
+of its bytes, which every read of a part by bulkembed verifies (`storage.parquet_file`): a
+plain float changed on disk would otherwise read as another vector, with no error.
 
 A part's footer carries its label: the id of the run that wrote it and the content of its
 unit's done-marker. A part carried over whole from a previous output (`--since`, a unit
@@ -96,7 +98,22 @@ def writer_options(schema: pa.Schema) -> dict[str, Any]:
         "use_dictionary": [p for p in others if p not in ("id", CONTENT_HASH)],
         "write_statistics": [p for p in others if p != CONTENT_HASH],
         "compression": {p: "snappy" if p in others else "none" for p in paths},
+        "write_page_checksum": True,
     }
+
+
+def pages_intact(source: Path) -> bool:
+    """Whether every page of the Parquet file `source` reads and matches its checksum (a
+    page written without one only has to read), a row group at a time."""
+    import pyarrow.parquet as pq
+
+    try:
+        found = pq.ParquetFile(source, page_checksum_verification=True)
+        for group in range(found.num_row_groups):
+            found.read_row_group(group)
+    except (OSError, pa.ArrowException):
+        return False
+    return True
 
 
 class FooterError(ValueError):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -9,6 +11,7 @@ import numpy as np
 import pyarrow as pa
 
 from bulkembed.contracts import RowCounts, part_name
+from bulkembed.errors import InputError
 from bulkembed.storage import AnyPath, parquet_file
 
 
@@ -162,6 +165,20 @@ class Chunk:
         self.columns, self.hashes, self.id_hashes = rows.columns, rows.hashes, rows.id_hashes
 
 
+@contextlib.contextmanager
+def reading_previous(path: AnyPath) -> Iterator[None]:
+    """A read of PREV's part at `path`: a part that cannot be read (cut short, damaged,
+    gone) stops the run with one line that names it and says what to do."""
+    try:
+        yield
+    except (OSError, pa.ArrowException) as e:
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise InputError(
+            f"--since: cannot read {path}, a part of the previous output ({reason}): restore "
+            "it from a copy, or run without --since to embed every document again"
+        ) from e
+
+
 @dataclass(frozen=True, slots=True)
 class PreviousRows:
     """Rows `start` to `stop` (not included) of the previous output's part at `path`, of
@@ -174,12 +191,13 @@ class PreviousRows:
 
     def read(self, columns: list[str]) -> pa.Table:
         """The rows' `columns`: the row groups that hold them, sliced."""
-        file = parquet_file(self.path)
-        sizes = [file.metadata.row_group(g).num_rows for g in range(file.num_row_groups)]
-        starts = np.cumsum([0, *sizes])
-        first = int(np.searchsorted(starts, self.start, side="right")) - 1
-        last = int(np.searchsorted(starts, self.stop, side="left"))
-        table = file.read_row_groups(range(first, last), columns=columns)
+        with reading_previous(self.path):
+            file = parquet_file(self.path)
+            sizes = [file.metadata.row_group(g).num_rows for g in range(file.num_row_groups)]
+            starts = np.cumsum([0, *sizes])
+            first = int(np.searchsorted(starts, self.start, side="right")) - 1
+            last = int(np.searchsorted(starts, self.stop, side="left"))
+            table = file.read_row_groups(range(first, last), columns=columns)
         return table.slice(self.start - int(starts[first]), self.stop - self.start)
 
 

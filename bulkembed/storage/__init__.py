@@ -138,12 +138,13 @@ def random_access(path: AnyPath) -> Iterator[Any]:
 
 def parquet_file(path: AnyPath) -> Any:
     """A `pyarrow.parquet.ParquetFile` kept open by its reader: a remote one reads its
-    footer, then only the column chunks asked for, in ranged requests."""
+    footer, then only the column chunks asked for, in ranged requests. Pages written with a
+    checksum are verified as they are read: a damaged one is an `OSError`, not other
+    values."""
     import pyarrow.parquet as pq
 
-    if isinstance(path, ObjectPath):
-        return pq.ParquetFile(path.open_input())
-    return pq.ParquetFile(path)
+    source = path.open_input() if isinstance(path, ObjectPath) else path
+    return pq.ParquetFile(source, page_checksum_verification=True)
 
 
 def process_alive(pid: int) -> bool:

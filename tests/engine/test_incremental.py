@@ -74,7 +74,17 @@ def test_content_hash_covers_the_prompt(tmp_path, tiny_st):
     assert content_hash("query: some text") != content_hash("some text")
 
 
-@pytest.mark.parametrize("damage", ["cut", "gone"])
+def _flip_a_vector_bit(part) -> None:
+    """Change one bit of the first dense float of `part` on disk, as a failing disk would."""
+    first = pq.read_table(part).column("dense")[0].values.to_numpy()
+    data = bytearray(part.read_bytes())
+    where = data.find(first.tobytes())
+    assert where > 0 and data.count(first.tobytes()) == 1
+    data[where] ^= 0x40
+    part.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("damage", ["cut", "gone", "flipped", "flipped-changed"])
 def test_a_damaged_previous_output_stops_since_naming_the_part(tmp_path, tiny_st, damage):
     records = [{"id": f"d{i}", "text": t} for i, t in enumerate(sample_texts(30))]
     corpus = write_jsonl(tmp_path / "c.jsonl", records)
@@ -84,8 +94,15 @@ def test_a_damaged_previous_output_stops_since_naming_the_part(tmp_path, tiny_st
     part = sorted((tmp_path / "prev").glob("*.parquet"))[1]
     if damage == "cut":
         part.write_bytes(part.read_bytes()[:300])
-    else:
+    elif damage == "gone":
         part.unlink()
+    else:
+        # A changed bit in a plain float reads as another float: only its page's checksum
+        # tells, whether the part would be copied whole or its rows read one by one.
+        _flip_a_vector_bit(part)
+        if damage == "flipped-changed":
+            records[12]["text"] += " changed"
+            corpus = write_jsonl(tmp_path / "c.jsonl", records)
     since = ("--since", tmp_path / "prev")
     result = run_cli(corpus, model, tmp_path / "new", *FLOAT32, *units, *since)
     assert result.exit_code == 1
@@ -97,6 +114,10 @@ def test_a_damaged_previous_output_stops_since_naming_the_part(tmp_path, tiny_st
     assert message.endswith(
         "): restore it from a copy, or run without --since to embed every document again"
     )
+    if damage.startswith("flipped"):
+        assert "CRC checksum verification failed" in message
+        # Units committed before the damaged one are kept for the rerun; none after it.
+        assert part.name not in {p.name for p in (tmp_path / "new").glob("*.parquet")}
 
 
 def test_since_refuses_an_output_made_with_other_settings(tmp_path, tiny_st):

@@ -14,11 +14,11 @@ import pyarrow as pa
 from bulkembed.engine.modes.base import OpenedRun, own_output
 from bulkembed.engine.modes.incremental import Incremental, share_quantization
 from bulkembed.errors import OutputError
-from bulkembed.incremental.carry import reading_previous
 from bulkembed.incremental.deletions import missing_ids
 from bulkembed.incremental.previous import PreviousOutput
 from bulkembed.schema import CONTENT_HASH, EMBEDDING_COLUMNS
 from bulkembed.sinks import ChangeSet, change_set_of
+from bulkembed.sources.records import reading_previous
 from bulkembed.storage import location, parquet_file
 from bulkembed.wording import counted
 
