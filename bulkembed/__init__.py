@@ -20,14 +20,19 @@ from bulkembed.errors import (
 from bulkembed.version import __version__
 
 __all__ = [
+    "BatchSettings",
     "BulkembedError",
     "Embeddings",
     "InputError",
+    "InputSettings",
     "Interrupted",
     "ModelError",
+    "ModelSettings",
     "OutputError",
     "OutputLocked",
+    "OutputSettings",
     "RunConfig",
+    "RunSettings",
     "SparseRows",
     "SparseVector",
     "TextEncoder",
@@ -42,13 +47,30 @@ __all__ = [
 
 if TYPE_CHECKING:
     from bulkembed.api import TextEncoder
-    from bulkembed.config import RunConfig
+    from bulkembed.config import (
+        BatchSettings,
+        InputSettings,
+        ModelSettings,
+        OutputSettings,
+        RunConfig,
+        RunSettings,
+    )
     from bulkembed.contracts import Embeddings, SparseRows, SparseVector
     from bulkembed.reporting.summary import Summary
 
 # Names imported on first use, so that `import bulkembed` imports neither torch nor numpy.
 _LAZY = {
-    "RunConfig": "bulkembed.config",
+    **{
+        name: "bulkembed.config"
+        for name in (
+            "RunConfig",
+            "InputSettings",
+            "ModelSettings",
+            "BatchSettings",
+            "OutputSettings",
+            "RunSettings",
+        )
+    },
     "TextEncoder": "bulkembed.api",
     "Embeddings": "bulkembed.contracts",
     "SparseRows": "bulkembed.contracts",

@@ -189,17 +189,17 @@ class TextEncoder:
 
         self.config = config
         self.spec: ModelSpec = resolve_model(config)
-        self._format: OutputFormat = OutputFormat.for_run(config, self.spec)
+        self._format: OutputFormat = OutputFormat.for_run(config.model, self.spec)
         if ranges is not None:
             # An output's int8/uint8 scale: queries are quantized as its documents were.
             self._format = replace(self._format, ranges=np.asarray(ranges, dtype=np.float32))
         self._reporter = QuietReporter()
-        devices = resolve_devices(config.devices)
-        if config.devices.strip().lower() == "auto":
+        devices = resolve_devices(config.batching.devices)
+        if config.batching.devices.strip().lower() == "auto":
             # One device unless a list asks for more: no process is started.
             devices = devices[:1]
         self._session: DeviceSession | Unsettled = start_session(
-            self.spec, devices, config.dtype, None, self._reporter
+            self.spec, devices, config.batching.dtype, None, self._reporter
         )
         self._tokenizers: dict[str, TextTokenizer] = {}
 

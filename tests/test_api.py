@@ -368,7 +368,7 @@ def test_quantize_with_the_default_dtype_out_is_no_conflict(tmp_path, tiny_st):
     config = RunConfig(
         inputs=("c.jsonl",), output="out", model="m", dtype_out="float32", quantize="int8"
     )
-    assert config.quantize.value == "int8"
+    assert config.model.quantize.value == "int8"
     corpus = write_jsonl(tmp_path / "c.jsonl", records(10))
     ok = run_cli(
         corpus, tiny_st("cls"), tmp_path / "a", "--dtype-out", "float32", "--quantize", "int8"

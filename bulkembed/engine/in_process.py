@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 
 def start_counting(plan: RunPlan, reporter: Reporter) -> None:
     """Count the documents in the background, for the progress bar's total and ETA."""
-    limit = plan.config.limit
+    limit = plan.config.inputs.limit
 
     def count() -> None:
         try:
@@ -93,7 +93,7 @@ def embed_in_process(
             if first is None:
                 return RunOutcome(stats, ",".join(devices), plan.dtype, budget)
             tokenized = chain([first], tokenized)
-        session = start_session(plan.spec, devices, config.dtype, None, reporter)
+        session = start_session(plan.spec, devices, config.batching.dtype, None, reporter)
         sessions.append(session)
         if writer is None:
             mode = writing.mode.describe()

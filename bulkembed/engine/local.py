@@ -67,9 +67,9 @@ def _admitted(
     seen.add_all(sink.committed_ids(mine))
     files = list(plan.files)
     chunks = drop_duplicate_ids(set_aside_uncut(tokenized, files), seen, files)
-    if config.limit is not None:
-        chunks = take(chunks, config.limit - sum(r.rows for r in done.values()))
-    if config.on_bad_record is OnBadRecord.FAIL:
+    if config.inputs.limit is not None:
+        chunks = take(chunks, config.inputs.limit - sum(r.rows for r in done.values()))
+    if config.run.on_bad_record is OnBadRecord.FAIL:
         chunks = fail_on_bad_records(chunks)
     return _counted(leave_id_hashes(carrier.carry(chunks)), stats)
 
@@ -159,7 +159,9 @@ def _embed_on_devices(
     each unit's quarantine and done-marker as the units come back in input order."""
     config = plan.config
     devices = list(plan.devices)
-    dtype, precision, read = settle_dtype(plan.spec, devices[0], config.dtype, tokenized, reporter)
+    dtype, precision, read = settle_dtype(
+        plan.spec, devices[0], config.batching.dtype, tokenized, reporter
+    )
     work = UnitWork(
         plan.spec,
         plan.reader,

@@ -104,12 +104,12 @@ class RunPlan:
             "backend": (
                 outcome.backend
                 if outcome is not None and outcome.backend is not None
-                else config.backend.value
+                else config.batching.backend.value
             ),
             "attention": (
                 outcome.attention
                 if outcome is not None and outcome.attention is not None
-                else config.attention.value
+                else config.batching.attention.value
             ),
             "attention_kernel": None if outcome is None else outcome.kernel,
             "compile": spec.compile,
@@ -127,7 +127,7 @@ class RunPlan:
                 if outcome is None or outcome.precision is None
                 else outcome.precision.describe()
             ),
-            "shard": None if config.shard is None else config.shard.label,
+            "shard": None if config.run.shard is None else config.run.shard.label,
         }
 
 
@@ -153,27 +153,31 @@ class RunOutcome:
 def _check_target(config: RunConfig, target: OutputTarget) -> None:
     """Refuse options that the kind of `--output` cannot take."""
     capabilities = target.capabilities
-    if (config.shard is not None or config.engine is Engine.RAY) and not capabilities.many_writers:
-        what = "--shard" if config.shard is not None else "--engine ray"
+    if (
+        config.run.shard is not None or config.run.engine is Engine.RAY
+    ) and not capabilities.many_writers:
+        what = "--shard" if config.run.shard is not None else "--engine ray"
         raise UsageError(
             f"{what} writes from several processes, and {target.label} takes rows from one: "
             "pass a directory or lancedb://PATH as --output"
         )
-    if (config.index or config.fts) and not capabilities.indexes:
+    if (config.output.index or config.output.fts) and not capabilities.indexes:
         raise UsageError(
             f"--index and --fts apply to an output that keeps indexes (lancedb://...), "
             f"not to {target.label}"
         )
-    if config.fts and config.text_column not in config.keep_columns:
-        raise UsageError(f"--fts indexes the text: add '{config.text_column}' to --keep-columns")
+    if config.output.fts and config.inputs.text_column not in config.output.keep_columns:
+        raise UsageError(
+            f"--fts indexes the text: add '{config.inputs.text_column}' to --keep-columns"
+        )
 
 
 def _check_since(config: RunConfig, target: OutputTarget, options: StorageOptions) -> None:
     """Refuse a `--since` that names the `--output` itself, but for an output synced in
     place (`engine.sync`)."""
-    if config.since is None or parse_output(config.since, options).capabilities.in_place:
+    if config.run.since is None or parse_output(config.run.since, options).capabilities.in_place:
         return
-    since = location(config.since, options).resolve()
+    since = location(config.run.since, options).resolve()
     if target.path is not None and since == target.path.resolve():
         raise UsageError("--since must name another output than --output")
 
@@ -186,10 +190,10 @@ def plan_run(config: RunConfig, reporter: Reporter, started: float) -> RunPlan:
     from bulkembed.models.model_spec import resolve_model
 
     reporter.phase("listing the inputs")
-    options = StorageOptions.parse(config.storage_options)
-    target = parse_output(config.output, options)
+    options = StorageOptions.parse(config.run.storage_options)
+    target = parse_output(config.output.target, options)
     remote = target.path if isinstance(target.path, ObjectPath) else None
-    if config.shard is not None and remote is not None and remote.scheme != "s3":
+    if config.run.shard is not None and remote is not None and remote.scheme != "s3":
         raise UsageError(
             f"--shard writing to {remote.scheme}:// needs conditional writes, which this "
             "version uses on S3 only: write to s3:// or a shared filesystem, or run one "
@@ -200,38 +204,38 @@ def plan_run(config: RunConfig, reporter: Reporter, started: float) -> RunPlan:
     mode = choose_mode(config, target, options)
     meta = target.run_directory
     earlier = meta is not None and (meta / CONFIG_FILE).exists()
-    if STDIN in config.inputs and earlier and not config.overwrite:
+    if STDIN in config.inputs.paths and earlier and not config.run.overwrite:
         raise UsageError(
             f"{target.label} holds an earlier run, and input from stdin (-) cannot be "
             "resumed: pass --overwrite to start over, or choose another --output"
         )
     skipped: list[tuple[str, str]] = []
-    files = list_inputs(config.inputs, exclude=target.path, skipped=skipped, options=options)
+    files = list_inputs(config.inputs.paths, exclude=target.path, skipped=skipped, options=options)
     for directory, why in skipped:
         reporter.warn(f"input directory {directory} ({why}) cannot be read: its files are left out")
     reader = RecordReader(
         files,
-        config.text_column,
-        config.id_column,
-        records_per_unit=config.records_per_unit,
-        keep_columns=config.keep_columns,
+        config.inputs.text_column,
+        config.inputs.id_column,
+        records_per_unit=config.inputs.records_per_unit,
+        keep_columns=config.output.keep_columns,
         short_chunk_size=SHORT_CHUNK_SIZE,
     )
     reader.check()
     spec = resolve_model(config)
     reader.text_cut = TextCut(reader_bound(spec.max_length), spec.prompt, spec.lowercase)
-    if config.engine is Engine.RAY:
+    if config.run.engine is Engine.RAY:
         # The cluster's devices, not this machine's: the Ray engine resolves both there.
-        devices, dtype = [config.devices], "float32"
+        devices, dtype = [config.batching.devices], "float32"
     else:
-        devices = resolve_devices(config.devices)
-        dtype = dtype_choice(config.dtype, devices[0])
-    if config.compile is None:
+        devices = resolve_devices(config.batching.devices)
+        dtype = dtype_choice(config.batching.dtype, devices[0])
+    if config.batching.compile is None:
         input_bytes = sum(f.size for f in files)
         spec = replace(spec, compile=compiles_by_default(spec, devices[0], input_bytes))
-    distributed = config.shard is not None or config.engine is Engine.RAY
-    units = counted_units(files, config.records_per_unit) if distributed else None
-    workers = config.tokenize_workers
+    distributed = config.run.shard is not None or config.run.engine is Engine.RAY
+    units = counted_units(files, config.inputs.records_per_unit) if distributed else None
+    workers = config.batching.tokenize_workers
     workers = default_tokenize_workers(devices) if workers is None else workers
     reruns = script_reruns() if workers else None
     if reruns is not None:
@@ -248,13 +252,13 @@ def plan_run(config: RunConfig, reporter: Reporter, started: float) -> RunPlan:
         dtype=dtype,
         files=tuple(files),
         reader=reader,
-        output_format=OutputFormat.for_run(config, spec),
+        output_format=OutputFormat.for_run(config.model, spec),
         target=target,
         workers=workers,
         all_units=None if units is None else tuple(units),
         my_units=None
-        if units is None or config.shard is None
-        else shard_parts(units, config.shard),
+        if units is None or config.run.shard is None
+        else shard_parts(units, config.run.shard),
         mode=mode,
         storage_options=options,
         started=started,

@@ -236,9 +236,9 @@ def embed_on_ray(
     except ImportError as e:
         raise BulkembedError("--engine ray needs Ray Data: pip install 'bulkembed[ray]'") from e
     pending = _pending(plan, mode.pending(done))
-    started = connect(plan.config.ray_address)
+    started = connect(plan.config.run.ray_address)
     try:
-        device, actors, threads = pool_actors(plan.config.devices)
+        device, actors, threads = pool_actors(plan.config.batching.devices)
         reporter.info(
             f"{plan.spec.source} on Ray: {counted(actors, device + ' actor')}"
             + (f" of {counted(threads, 'thread')}" if device == "cpu" else "")
@@ -257,15 +257,15 @@ def embed_on_ray(
                 settings=plan.tokenizer_settings,
                 id_key=plan.id_key,
                 carrier=_shared(mode.carrier()),
-                fail_on_bad_records=plan.config.on_bad_record is OnBadRecord.FAIL,
+                fail_on_bad_records=plan.config.run.on_bad_record is OnBadRecord.FAIL,
                 spec=plan.spec,
-                dtype=plan.config.dtype,
+                dtype=plan.config.batching.dtype,
                 output=run.output.resolve(),
                 meta=run.meta.resolve(),
                 sink=sink.process_copies(),
                 upserts=mode.upserts(),
                 fence=run.fence(),
-                shard=plan.config.shard,
+                shard=plan.config.run.shard,
                 output_format=plan.output_format,
                 device=device,
                 threads=threads,

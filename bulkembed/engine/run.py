@@ -74,7 +74,7 @@ def _command_start() -> float:
 
 
 def embed_corpus(config: RunConfig, reporter: Reporter | None = None) -> Summary:
-    """Embed every document of `config.inputs` into `config.output`; return the summary.
+    """Embed every document of the inputs of `config` into its output; return the summary.
 
     An output that holds an unfinished run with the same settings is resumed; a finished
     one is left as it is."""
@@ -88,8 +88,8 @@ def embed_corpus(config: RunConfig, reporter: Reporter | None = None) -> Summary
     if precision is not None and not precision.passed:
         # Said again last: a run several times slower than it could be is worth a look.
         reporter.warn(f"this run computed in float32: --dtype auto: {precision.describe()}")
-    check_bad_records(summary, config.max_bad_records)
-    check_deletes(summary, config.max_deletes)
+    check_bad_records(summary, config.run.max_bad_records)
+    check_deletes(summary, config.run.max_deletes)
     return summary
 
 
@@ -98,7 +98,7 @@ def run_plan(plan: RunPlan, reporter: Reporter) -> tuple[Summary, PrecisionCheck
     finish the output once every unit is done, and write the summary; the summary and the
     `--dtype auto` check, if one was made."""
     mode = plan.mode
-    limited = plan.config.limit is not None
+    limited = plan.config.inputs.limit is not None
     with mode.open(plan, reporter) as opened:
         if opened.complete:
             stats = RunStats(started=plan.started)
@@ -121,7 +121,7 @@ def run_plan(plan: RunPlan, reporter: Reporter) -> tuple[Summary, PrecisionCheck
 def _dispatch(opened: OpenedRun, mode: RunMode, reporter: Reporter) -> RunOutcome:
     """Hand the pending units to the engine the configuration names."""
     plan, run, sink, done = opened.plan, opened.run, opened.sink, opened.done
-    if plan.config.engine is Engine.RAY:
+    if plan.config.run.engine is Engine.RAY:
         from bulkembed.engine.ray import embed_on_ray
 
         return embed_on_ray(plan, run, sink, done, mode, reporter)
@@ -142,11 +142,11 @@ def _finish_if_whole(
     plan, run, sink = opened.plan, opened.run, opened.sink
     done = run.done_units()
     if plan.my_units is not None:
-        assert plan.all_units is not None and plan.config.shard is not None
+        assert plan.all_units is not None and plan.config.run.shard is not None
         pending = [u for u in plan.all_units if u not in done]
         if pending:
             reporter.info(
-                f"shard {plan.config.shard.label} is done; "
+                f"shard {plan.config.run.shard.label} is done; "
                 f"{counted(len(pending), 'unit')} of other shards are pending"
             )
             return

@@ -62,22 +62,22 @@ SHARD_START_SECONDS = 120.0
 def syncs_in_place(config: RunConfig, target: OutputTarget, options: StorageOptions) -> bool:
     """Whether `--since` names the `--output` table (then updated in place); a `--since`
     of a kind synced in place that names another output is refused."""
-    if config.since is None:
+    if config.run.since is None:
         return False
-    since = parse_output(config.since, options)
+    since = parse_output(config.run.since, options)
     if not since.capabilities.in_place:
         return False
     if (since.kind, since.label) != (target.kind, target.label):
         raise UsageError(
-            f"--since {config.since}: a {since.kind} output can only be synced in place: "
+            f"--since {config.run.since}: a {since.kind} output can only be synced in place: "
             "pass the same URI as --output"
         )
-    if config.limit is not None:
+    if config.inputs.limit is not None:
         raise UsageError(
             "--limit cannot be combined with syncing a LanceDB table in place: the documents "
             "past the limit would be deleted from it"
         )
-    if config.engine is Engine.RAY:
+    if config.run.engine is Engine.RAY:
         raise UsageError(
             "--engine ray cannot be combined with syncing a LanceDB table in place: its "
             "tasks read the table's rows in this process only; sync it with --shard I/N, or "
@@ -103,7 +103,11 @@ def refuse_synced(plan: RunPlan) -> None:
     """Refuse a run without `--since` into a table that a sync changed since its ledger was
     written (unless `--overwrite`): that ledger no longer describes the table."""
     config = plan.config
-    if not plan.target.capabilities.in_place or config.overwrite or config.since is not None:
+    if (
+        not plan.target.capabilities.in_place
+        or config.run.overwrite
+        or config.run.since is not None
+    ):
         return
     run = RunDirectory.for_target(plan.target, None)
     if run.config_path.exists() and run.read_config().get("synced"):
@@ -119,15 +123,19 @@ class TableSync:
     def __init__(self, plan: RunPlan, settings: dict[str, Any]) -> None:
         config = plan.config
         self.settings = settings
-        self.shard = config.shard
-        self.table_run = RunDirectory.for_target(plan.target, config.shard, config.break_lock)
+        self.shard = config.run.shard
+        self.table_run = RunDirectory.for_target(
+            plan.target, config.run.shard, config.run.break_lock
+        )
         intents = Intents(self.table_run.meta)
         sink = make_sink(plan.target, SinkSettings.of(config, plan.spec.normalize, intents))
         self.table = in_place(plan.target, sink)
         self.directory = self.table_run.meta / SYNC_DIRECTORY
         # Named in messages by the table, not by where its sync keeps its ledger.
         label = f"the sync of {plan.target.label}"
-        self.run = RunDirectory(self.directory, None, label, config.shard, config.break_lock)
+        self.run = RunDirectory(
+            self.directory, None, label, config.run.shard, config.run.break_lock
+        )
         self.version: int | None = None
 
     def staging(self, plan: RunPlan) -> tuple[RunPlan, RunDirectory, Sink]:
@@ -135,8 +143,8 @@ class TableSync:
         run directory and sink of id parts. A sync that finished with other settings (last
         night's inputs) is started over (for `--shard` runs, by `lock`)."""
         config = plan.config
-        overwrite = config.overwrite or (self.shard is None and self._finished_before())
-        staged = replace(config, output=str(self.directory), overwrite=overwrite)
+        overwrite = config.run.overwrite or (self.shard is None and self._finished_before())
+        staged = config.changed(output=str(self.directory), overwrite=overwrite)
         # The plan keeps the table as its target: what the summary and messages name.
         return replace(plan, config=staged), self.run, self.table.id_parts(self.directory)
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from bulkembed.config import DEFAULT_MAX_BATCH_TOKENS, Pooling, RunConfig
+from bulkembed.config import DEFAULT_MAX_BATCH_TOKENS, ModelSettings, Pooling, RunConfig
 from bulkembed.errors import ModelError, UsageError
 from bulkembed.models.model_files import (
     BGE_M3_HEAD_FILES,
@@ -107,7 +107,9 @@ def _family(
     architectures = (read_json(model_file(source, revision, "config.json")) or {}).get(
         "architectures"
     ) or []
-    if config.outputs == ("sparse",) and any(a.endswith("ForMaskedLM") for a in architectures):
+    if config.model.outputs == ("sparse",) and any(
+        a.endswith("ForMaskedLM") for a in architectures
+    ):
         return "splade"
     return "dense"
 
@@ -115,8 +117,8 @@ def _family(
 def _outputs(config: RunConfig, recipe: Recipe | None, family: str) -> tuple[str, ...]:
     possible = FAMILY_OUTPUTS.get(family)
     if possible is None:
-        return config.outputs or (recipe.outputs if recipe else ("dense",))
-    wanted = config.outputs or (recipe.outputs if recipe else possible)
+        return config.model.outputs or (recipe.outputs if recipe else ("dense",))
+    wanted = config.model.outputs or (recipe.outputs if recipe else possible)
     missing = [name for name in wanted if name not in possible]
     if missing:
         raise UsageError(
@@ -127,15 +129,17 @@ def _outputs(config: RunConfig, recipe: Recipe | None, family: str) -> tuple[str
 
 def _pick_recipe(config: RunConfig) -> tuple[Recipe | None, str]:
     """The recipe in force and the model source (hub id or folder) to load weights from."""
-    if config.recipe is not None:
-        return find_recipe(config.recipe) or _recipe_from_path(config.recipe), config.model
-    named = find_recipe(config.model) or _recipe_for_hub_id(config.model)
+    if config.model.recipe is not None:
+        return find_recipe(config.model.recipe) or _recipe_from_path(
+            config.model.recipe
+        ), config.model.name
+    named = find_recipe(config.model.name) or _recipe_for_hub_id(config.model.name)
     if named is not None:
         return named, named.model
-    if config.model.endswith((".yaml", ".yml")) and Path(config.model).is_file():
-        recipe = load_recipe_file(Path(config.model))
+    if config.model.name.endswith((".yaml", ".yml")) and Path(config.model.name).is_file():
+        recipe = load_recipe_file(Path(config.model.name))
         return recipe, recipe.model
-    return None, config.model
+    return None, config.model.name
 
 
 def _recipe_for_hub_id(model: str) -> Recipe | None:
@@ -152,11 +156,11 @@ def _recipe_from_path(name: str) -> Recipe:
     raise UsageError(f"unknown recipe '{name}': see `bulkembed recipes` for the bundled ones")
 
 
-def _prompt(config: RunConfig, recipe: Recipe | None, st: SentenceTransformersInfo) -> str:
+def _prompt(model: ModelSettings, recipe: Recipe | None, st: SentenceTransformersInfo) -> str:
     prompts = {**(st.prompts or {}), **(recipe.prompts if recipe else {})}
-    if config.prompt is not None:
-        return config.prompt
-    name = config.prompt_name
+    if model.prompt is not None:
+        return model.prompt
+    name = model.prompt_name
     if name is None:
         name = recipe.corpus_prompt if recipe and recipe.corpus_prompt else st.default_prompt_name
     if name is None:
@@ -213,15 +217,15 @@ def _max_length(
     """The longest input in tokens: the option, else the recipe's, the ColBERT document
     length, sentence-transformers' or the tokenizer's, held to the model's `positions`."""
     limit = facts.model_max_length if facts.model_max_length is not None else positions
-    if config.max_length is not None:
+    if config.model.max_length is not None:
         # Past its position embeddings a model cannot go; a tokenizer's own limit is where
         # the model has no such table (a length that a recipe may take past it is allowed).
         hard = positions if positions is not None else limit
-        if hard is not None and config.max_length > hard:
+        if hard is not None and config.model.max_length > hard:
             raise UsageError(
-                f"--max-length {config.max_length} exceeds the model's limit of {hard} tokens"
+                f"--max-length {config.model.max_length} exceeds the model's limit of {hard} tokens"
             )
-        return config.max_length
+        return config.model.max_length
     document_length = st.colbert.document_length if st.colbert else None
     for candidate in (recipe.max_length if recipe else None, document_length, st.max_length, limit):
         if candidate is not None:
@@ -240,18 +244,20 @@ def _pooling(
 ) -> tuple[Pooling | None, bool]:
     """How a model of `family` pools its token vectors, and whether it normalizes: the
     options, else the recipe, else the sentence-transformers folder."""
-    if family != "dense" and (config.pooling is not None or config.normalize is not None):
+    if family != "dense" and (
+        config.model.pooling is not None or config.model.normalize is not None
+    ):
         raise UsageError(
             f"--pooling and --normalize apply to dense models; a {family} model has its own"
         )
-    pooling = config.pooling or (recipe.pooling if recipe else None) or st.pooling
+    pooling = config.model.pooling or (recipe.pooling if recipe else None) or st.pooling
     if family == "bge-m3":
         pooling = Pooling.CLS
     if pooling is None and family == "dense":
         raise ModelError(
             f"no pooling is known for {source}: pass --pooling cls|mean|last-token or --recipe NAME"
         )
-    normalize = config.normalize
+    normalize = config.model.normalize
     for candidate in (recipe.normalize if recipe else None, st.normalize, False):
         if normalize is None:
             normalize = candidate
@@ -264,7 +270,7 @@ def resolve_model(config: RunConfig) -> ModelSpec:
     recipe, source = _pick_recipe(config)
     if is_local(source):
         source = str(Path(source).expanduser().resolve())
-    revision = config.revision or (recipe.revision if recipe else None)
+    revision = config.model.revision or (recipe.revision if recipe else None)
     config_file = find_model_config(source, revision, recipe.name if recipe else None)
     st = read_sentence_transformers_info(source, revision)
     model_config = read_json(config_file) or {}
@@ -291,7 +297,7 @@ def resolve_model(config: RunConfig) -> ModelSpec:
         pooling=pooling if family != "splade" else None,
         normalize=normalize,
         max_length=_max_length(config, recipe, st, tokenizer, _position_limit(model_config)),
-        prompt=_prompt(config, recipe, st),
+        prompt=_prompt(config.model, recipe, st),
         lowercase=st.lowercase,
         pad_token_id=tokenizer.pad_token_id,
         special_token_ids=tokenizer.special_token_ids,
@@ -303,18 +309,18 @@ def resolve_model(config: RunConfig) -> ModelSpec:
         else None,
         dims=recipe.dims if recipe else (),
         matryoshka_layer_norm=bool(recipe and recipe.matryoshka_layer_norm),
-        sparse_top_k=config.sparse_top_k,
-        budget=config.max_batch_tokens
+        sparse_top_k=config.model.sparse_top_k,
+        budget=config.batching.max_batch_tokens
         or (recipe.max_batch_tokens if recipe else None)
         or DEFAULT_MAX_BATCH_TOKENS,
-        budget_given=config.max_batch_tokens is not None,
-        probe_budget=config.probe_budget,
+        budget_given=config.batching.max_batch_tokens is not None,
+        probe_budget=config.batching.probe_budget,
         tokenizer_json=tokenizer.tokenizer_json,
-        compile=bool(config.compile),
-        backend=config.backend.value,
-        attention=config.attention.value,
+        compile=bool(config.batching.compile),
+        backend=config.batching.backend.value,
+        attention=config.batching.attention.value,
         model_type=model_config.get("model_type"),
-        multivector_dtype=config.dtype_out.value,
-        document_prompt=_prompt(replace(config, prompt=None, prompt_name=None), recipe, st),
+        multivector_dtype=config.model.dtype_out.value,
+        document_prompt=_prompt(replace(config.model, prompt=None, prompt_name=None), recipe, st),
         query_prompt=_query_prompt(recipe, st),
     )

@@ -26,7 +26,7 @@ from bulkembed.contracts import Embeddings
 from bulkembed.errors import BulkembedError, UsageError
 
 if TYPE_CHECKING:
-    from bulkembed.config import RunConfig
+    from bulkembed.config import ModelSettings
     from bulkembed.models.model_spec import ModelSpec
 
 # int8/uint8 ranges from fewer documents than this would be a guess.
@@ -45,29 +45,29 @@ class OutputFormat:
     ranges: np.ndarray | None = None
 
     @classmethod
-    def for_run(cls, config: RunConfig, spec: ModelSpec) -> OutputFormat:
+    def for_run(cls, model: ModelSettings, spec: ModelSpec) -> OutputFormat:
         """`--dim`, `--dtype-out` and `--quantize`, checked against the model's outputs."""
         dense_dim = spec.dense_dim
-        if (config.dim is not None or config.quantize is not None) and dense_dim is None:
+        if (model.dim is not None or model.quantize is not None) and dense_dim is None:
             raise UsageError(
                 "--dim and --quantize apply to dense vectors: this run writes "
                 f"{', '.join(spec.outputs)}"
             )
-        if config.dtype_out.value != "float32" and not {"dense", "multivector"} & set(spec.outputs):
+        if model.dtype_out.value != "float32" and not {"dense", "multivector"} & set(spec.outputs):
             raise UsageError("--dtype-out applies to dense and multi-vector outputs")
-        if config.dim is not None:
+        if model.dim is not None:
             assert dense_dim is not None
-            if spec.dims and config.dim not in spec.dims:
+            if spec.dims and model.dim not in spec.dims:
                 sizes = ", ".join(map(str, spec.dims))
-                raise UsageError(f"--dim {config.dim}: this model's vectors can be cut to {sizes}")
-            if config.dim > dense_dim:
-                raise UsageError(f"--dim {config.dim}: this model's vectors have {dense_dim}")
+                raise UsageError(f"--dim {model.dim}: this model's vectors can be cut to {sizes}")
+            if model.dim > dense_dim:
+                raise UsageError(f"--dim {model.dim}: this model's vectors have {dense_dim}")
         return cls(
-            dim=config.dim,
+            dim=model.dim,
             normalize=spec.normalize,
             layer_norm_before_dim=spec.matryoshka_layer_norm,
-            dtype_out=config.dtype_out.value,
-            quantize=None if config.quantize is None else config.quantize.value,
+            dtype_out=model.dtype_out.value,
+            quantize=None if model.quantize is None else model.quantize.value,
         )
 
     @property

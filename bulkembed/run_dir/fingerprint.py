@@ -44,7 +44,7 @@ def _inputs(config: RunConfig, spec: ModelSpec, files: list[InputFile]) -> list[
     found = []
     for file in files:
         entry: dict[str, Any] = {"name": file.name, "size": file.size, "modified": file.modified}
-        if config.verify_inputs and not format_of(file).streamed:
+        if config.inputs.verify_inputs and not format_of(file).streamed:
             entry["content"] = content_digest(file.path)
         found.append(entry)
     return found
@@ -54,7 +54,7 @@ SETTINGS: dict[str, _Setting] = {
     # How inputs are cut into units: done markers name units by number.
     "units": _Setting(
         "--records-per-unit",
-        lambda c, s, f: f"parquet row groups; {c.records_per_unit} jsonl lines",
+        lambda c, s, f: f"parquet row groups; {c.inputs.records_per_unit} jsonl lines",
     ),
     # A local model counts by its folder's name and content, so a folder that moved resumes.
     "model": _Setting("--model", lambda c, s, f: Path(s.source).name if s.local else s.source),
@@ -62,23 +62,23 @@ SETTINGS: dict[str, _Setting] = {
     "family": _Setting("model family", lambda c, s, f: s.family),
     "outputs": _Setting("--outputs", lambda c, s, f: list(s.outputs)),
     "sparse_top_k": _Setting("--sparse-top-k", lambda c, s, f: s.sparse_top_k),
-    "dim": _Setting("--dim", lambda c, s, f: c.dim),
-    "dtype_out": _Setting("--dtype-out", lambda c, s, f: c.dtype_out.value),
-    "quantize": _Setting("--quantize", lambda c, s, f: c.quantize and c.quantize.value),
+    "dim": _Setting("--dim", lambda c, s, f: c.model.dim),
+    "dtype_out": _Setting("--dtype-out", lambda c, s, f: c.model.dtype_out.value),
+    "quantize": _Setting("--quantize", lambda c, s, f: c.model.quantize and c.model.quantize.value),
     "pooling": _Setting("--pooling", lambda c, s, f: s.pooling.value if s.pooling else None),
     "normalize": _Setting("--normalize", lambda c, s, f: s.normalize),
     "max_length": _Setting("--max-length", lambda c, s, f: s.max_length),
     "prompt": _Setting("--prompt", lambda c, s, f: s.prompt),
     "lowercase": _Setting("lowercasing", lambda c, s, f: s.lowercase),
     # As given: with `auto` a run may resume on another kind of device.
-    "dtype": _Setting("--dtype", lambda c, s, f: c.dtype.value),
-    "text_column": _Setting("--text-column", lambda c, s, f: c.text_column),
+    "dtype": _Setting("--dtype", lambda c, s, f: c.batching.dtype.value),
+    "text_column": _Setting("--text-column", lambda c, s, f: c.inputs.text_column),
     # Left out, the id column is `id` where the inputs have one: the same setting.
-    "id_column": _Setting("--id-column", lambda c, s, f: c.id_column, DEFAULT_ID_COLUMN),
-    "limit": _Setting("--limit", lambda c, s, f: c.limit),
+    "id_column": _Setting("--id-column", lambda c, s, f: c.inputs.id_column, DEFAULT_ID_COLUMN),
+    "limit": _Setting("--limit", lambda c, s, f: c.inputs.limit),
     "inputs": _Setting("the inputs", _inputs),
-    "keep_columns": _Setting("--keep-columns", lambda c, s, f: list(c.keep_columns)),
-    "since": _Setting("--since", lambda c, s, f: _since(c.since)),
+    "keep_columns": _Setting("--keep-columns", lambda c, s, f: list(c.output.keep_columns)),
+    "since": _Setting("--since", lambda c, s, f: _since(c.run.since)),
 }
 
 

@@ -89,12 +89,12 @@ class SinkSettings:
     def of(cls, config: RunConfig, normalize: bool, intents: IntentLog | None) -> SinkSettings:
         return cls(
             metric="cosine" if normalize else "dot",
-            stream_format=config.stream_format or StreamFormat.JSONL,
-            index=config.index_type.value if config.index else None,
-            index_partitions=config.index_partitions,
-            fts_column=config.text_column if config.fts else None,
+            stream_format=config.output.stream_format or StreamFormat.JSONL,
+            index=config.output.index_type.value if config.output.index else None,
+            index_partitions=config.output.index_partitions,
+            fts_column=config.inputs.text_column if config.output.fts else None,
             intents=intents,
-            text_column=config.text_column,
+            text_column=config.inputs.text_column,
         )
 
 

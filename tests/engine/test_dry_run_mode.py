@@ -30,11 +30,11 @@ class ListPending(Mode):
 
     @contextlib.contextmanager
     def open(self, plan: RunPlan, reporter: Reporter) -> Iterator[OpenedRun]:
-        run = RunDirectory.for_target(plan.target, plan.config.shard)
+        run = RunDirectory.for_target(plan.target, plan.config.run.shard)
         done = run.done_units()
         self.mine = plan.my_units
         pending = self.pending(done)
-        units = counted_units(list(plan.files), plan.config.records_per_unit)
+        units = counted_units(list(plan.files), plan.config.inputs.records_per_unit)
         self.listed = [unit for unit in units if unit in pending]
         for unit in self.listed:
             reporter.info(f"pending: {unit}")

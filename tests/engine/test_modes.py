@@ -171,6 +171,6 @@ def test_an_incremental_run_with_a_limit_deletes_nothing(tmp_path, tiny_st, limi
     if limit is not None:
         from dataclasses import replace
 
-        plan = replace(plan, config=replace(plan.config, limit=limit))
+        plan = replace(plan, config=plan.config.changed(limit=limit))
     with _open(plan):
         assert (plan.mode.end(print) is None) == (limit is not None)

@@ -219,7 +219,7 @@ def test_a_few_deletes_over_the_limit_are_shown_as_a_share_that_is_not_none():
     limit = _delete_limit("-0")
     assert f"{limit:g}" == "0"
     config = RunConfig(inputs=("c",), output="o", model="m", max_deletes=-0.0)
-    assert f"{config.max_deletes:g}" == "0"
+    assert f"{config.run.max_deletes:g}" == "0"
     assert Deletions(0, 0, 1, "--max-deletes").message(300, limit) == (
         "1 id of the previous output (0.3% of its 300 rows) is gone from the input, over "
         "--max-deletes 0: nothing was deleted (new and changed documents were written); run "

@@ -37,7 +37,7 @@ __all__ = [
 
 def choose_mode(config: RunConfig, target: OutputTarget, options: StorageOptions) -> RunMode:
     """The mode of a run of `config` writing `target`."""
-    if config.since is None:
+    if config.run.since is None:
         return PlainRun()
     if syncs_in_place(config, target, options):
         return InPlaceSync()

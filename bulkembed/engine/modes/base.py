@@ -132,7 +132,7 @@ def own_output(plan: RunPlan) -> Iterator[tuple[RunDirectory, Sink]]:
     """The run directory and sink of the `--output` of `plan`; a stream's bookkeeping is a
     temporary directory of its own, removed on the way out."""
     config = plan.config
-    run = RunDirectory.for_target(plan.target, config.shard, config.break_lock)
+    run = RunDirectory.for_target(plan.target, config.run.shard, config.run.break_lock)
     settings = SinkSettings.of(config, plan.spec.normalize, Intents(run.meta))
     try:
         yield run, make_sink(plan.target, settings)
@@ -151,12 +151,12 @@ def opened_directory(
     config = plan.config
     resumable = plan.target.capabilities.resumable
     settings = fingerprint(config, plan.spec, list(plan.files))
-    done = run.open(settings, config.overwrite, sink, plan.my_units)
+    done = run.open(settings, config.run.overwrite, sink, plan.my_units)
     for repair in run.repairs:
         reporter.warn(repair)
     try:
         run.clear_failure()
-        earlier = change_set_of(plan.target, run.meta) if config.overwrite else None
+        earlier = change_set_of(plan.target, run.meta) if config.run.overwrite else None
         if earlier is not None:
             # What an earlier `--since` run wrote beside the output goes with it.
             earlier.remove()
@@ -190,7 +190,7 @@ def _write_config(plan: RunPlan, run: RunDirectory, settings: dict[str, Any]) ->
             "input_paths": paths,
             "model": spec_fields,
             "encoder": encoder_record(plan.spec, plan.output_format),
-            "records_per_unit": plan.config.records_per_unit,
+            "records_per_unit": plan.config.inputs.records_per_unit,
             **plan.run_info(),
         }
     )

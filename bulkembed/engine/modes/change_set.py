@@ -44,19 +44,22 @@ class ChangeSetRun(Incremental):
         if complete:
             return
         plan = self.plan
-        since = location(plan.config.since or "", plan.storage_options)
+        since = location(plan.config.run.since or "", plan.storage_options)
         self.previous = PreviousOutput(since, self.settings, plan.id_key)
         if (change_set := self.change_set) is not None:
             change_set.open(plan.my_units)
             self._upserts = change_set.upserts
-            self.previous.carrier.keeps_unread = plan.config.limit is None
+            self.previous.carrier.keeps_unread = plan.config.inputs.limit is None
         self.previous_rows = self.previous.rows
         share_quantization(plan, self.run, self.previous)
 
     def end(self, phase: Callable[[str], None]) -> Callable[[], None] | None:
         """The change set's deletes and the kept rows (None without a change set, or with
         `--limit`)."""
-        if self.plan.config.limit is not None or not self.plan.target.capabilities.change_set:
+        if (
+            self.plan.config.inputs.limit is not None
+            or not self.plan.target.capabilities.change_set
+        ):
             return None
         return self._end
 

@@ -62,7 +62,7 @@ class InPlaceSync(Incremental):
         return {**super().state(), "previous_version": self.sync.version}
 
     def end(self, phase: Callable[[str], None]) -> Callable[[], None] | None:
-        if self.plan.config.limit is not None:
+        if self.plan.config.inputs.limit is not None:
             return None
         return lambda: self._end(phase)
 

@@ -119,9 +119,9 @@ class Incremental(Mode, ABC):
         inputs, _ = split_kept(done)
         bad = sum(r.bad_records for r in inputs.values())
         read = sum(r.rows for r in inputs.values()) + bad
-        if over_bad_record_limit(config.max_bad_records, bad, read):
+        if over_bad_record_limit(config.run.max_bad_records, bad, read):
             return False
-        return withheld <= allowed(config.max_deletes, self.previous_rows)
+        return withheld <= allowed(config.run.max_deletes, self.previous_rows)
 
     def describe(self) -> str:
         previous = self.previous
@@ -186,13 +186,17 @@ class Incremental(Mode, ABC):
         unread = Unread.of(bad_records, bool(self.plan.unread_directories), self.plan.id_key)
         bad = sum(r.bad_records for r in inputs.values())
         read = sum(r.rows for r in inputs.values()) + bad
-        return inputs, unread, over_bad_record_limit(self.plan.config.max_bad_records, bad, read)
+        return (
+            inputs,
+            unread,
+            over_bad_record_limit(self.plan.config.run.max_bad_records, bad, read),
+        )
 
     def decide(self, missing: list[Missing], over_bad_records: bool) -> Deletions:
         assert self.previous_rows is not None
         gone = sum(int(m.gone.sum()) for m in missing)
         kept = sum(int(m.kept.sum()) for m in missing)
-        limit = self.plan.config.max_deletes
+        limit = self.plan.config.run.max_deletes
         return decide(gone, kept, self.previous_rows, limit, over_bad_records)
 
     def keep(
@@ -206,7 +210,7 @@ class Incremental(Mode, ABC):
         from `rows_at`, see `kept_rows`)."""
         run = self.run
         writer = PartWriter(run.run_id, self.sink, schema, run.committed, run.lock.check)
-        units = KeptUnits(writer, len(self.plan.files), self.plan.config.records_per_unit)
+        units = KeptUnits(writer, len(self.plan.files), self.plan.config.inputs.records_per_unit)
         try:
             for found in missing:
                 which = (found.kept | found.gone) if deletions.withheld else found.kept
