@@ -16,13 +16,13 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
 
-from bulkembed.schema import EMBEDDING_COLUMNS, ENCODER_KEY
+from bulkembed.schema import EMBEDDING_COLUMNS
+from bulkembed.sinks import PreviousParts
 from bulkembed.sources import BadRecord
 from bulkembed.sources.records import (
     DUPLICATE_ID,
@@ -31,14 +31,9 @@ from bulkembed.sources.records import (
     Carried,
     PreviousRows,
     known_id,
-    reading_previous,
 )
-from bulkembed.storage import AnyPath, parquet_file
-from bulkembed.version import __version__
 
 if TYPE_CHECKING:
-    import pyarrow.parquet as pq
-
     from bulkembed.batching.tokenize import TokenizedChunk
     from bulkembed.incremental.lookup import PreviousLookup
     from bulkembed.sinks import OutputRows
@@ -55,20 +50,21 @@ class CarryOver:
     sync), bad records say that PREV's rows they may have held are kept."""
 
     def __init__(
-        self, lookup: PreviousLookup | None, parts: list[AnyPath], keeps_unread: bool = False
+        self,
+        lookup: PreviousLookup | None,
+        parts: PreviousParts | None = None,
+        keeps_unread: bool = False,
     ) -> None:
         self.lookup = lookup
-        self.parts = parts
+        self.parts = PreviousParts([]) if parts is None else parts
         self.keeps_unread = keeps_unread
-        self._files: dict[int, tuple[pq.ParquetFile, np.ndarray]] = {}
         self._cache: OrderedDict[tuple[int, int], pa.Table] = OrderedDict()
         # For each unit whose records so far are the rows of one part of PREV from its
         # first, in order: that part and its next row (None: the unit is not).
         self._whole: dict[str, tuple[int, int] | None] = {}
-        self._sizes: dict[int, int | None] = {}
 
     def __getstate__(self) -> dict[str, Any]:
-        """What travels to another process: no open file, no cached row group."""
+        """What travels to another process: no cached row group."""
         return {"lookup": self.lookup, "parts": self.parts, "keeps_unread": self.keeps_unread}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -107,8 +103,8 @@ class CarryOver:
     def _source(self, chunk: Chunk, entries: np.ndarray, same: np.ndarray) -> PreviousRows | None:
         """The rows of PREV that the records of `chunk` are, where they go on the rows its
         unit's earlier records are, of one part of PREV from its first row, a part that may
-        be copied whole (`_row_bytes`): every record unchanged, no passthrough column, in
-        PREV's order."""
+        be copied whole (`PreviousParts.row_bytes`): every record unchanged, no passthrough
+        column, in PREV's order."""
         unit = chunk.part
         run = self._whole.pop(unit, (-1, 0))
         if run is not None and len(entries):
@@ -118,9 +114,9 @@ class CarryOver:
         if run is None or not len(entries):
             return None
         number, stop = run
-        size = self._row_bytes(number)
+        size = self.parts.row_bytes(number)
         assert size is not None
-        return PreviousRows(self.parts[number], stop - len(entries), stop, size)
+        return PreviousRows(self.parts.paths[number], stop - len(entries), stop, size)
 
     def _continued(
         self, run: tuple[int, int], chunk: Chunk, entries: np.ndarray, same: np.ndarray
@@ -136,27 +132,7 @@ class CarryOver:
         stop = start + len(entries)
         if (numbers != number).any() or (rows != np.arange(start, stop)).any():
             return None
-        return None if self._row_bytes(number) is None else (number, stop)
-
-    def _row_bytes(self, number: int) -> int | None:
-        """The bytes a row of PREV's part `number` takes, where the part may be copied as
-        it is: a local file whose schema says this version of bulkembed wrote it, with its
-        encoder's record (else this run's schema differs); None where it may not."""
-        if number not in self._sizes:
-            path, size = self.parts[number], None
-            if isinstance(path, Path):
-                with reading_previous(path):
-                    file = parquet_file(path)
-                metadata = file.schema_arrow.metadata or {}
-                ours = metadata.get(b"bulkembed.version") == __version__.encode()
-                if ours and ENCODER_KEY.encode() in metadata:
-                    found = file.metadata
-                    stored = sum(
-                        found.row_group(g).total_byte_size for g in range(found.num_row_groups)
-                    )
-                    size = stored // max(1, found.num_rows)
-            self._sizes[number] = size
-        return self._sizes[number]
+        return None if self.parts.row_bytes(number) is None else (number, stop)
 
     @staticmethod
     def _note_kept(lookup: PreviousLookup, bad: list[BadRecord]) -> None:
@@ -182,7 +158,7 @@ class CarryOver:
         tables = []
         for start, end in _runs(numbers):
             number = int(numbers[start])
-            _, starts = self._file(number)
+            starts = self.parts.group_starts(number)
             part_rows = rows[start:end]
             groups = np.searchsorted(starts, part_rows, side="right") - 1
             for first, last in _runs(groups):
@@ -191,24 +167,12 @@ class CarryOver:
                 tables.append(self._group(number, group).take(offsets))
         return pa.concat_tables(tables)
 
-    def _file(self, number: int) -> tuple[pq.ParquetFile, np.ndarray]:
-        """PREV's part `number`, and the first row of each of its row groups."""
-        if number not in self._files:
-            with reading_previous(self.parts[number]):
-                file = parquet_file(self.parts[number])
-            sizes = [file.metadata.row_group(g).num_rows for g in range(file.num_row_groups)]
-            self._files = {number: (file, np.cumsum([0, *sizes[:-1]]))}
-        return self._files[number]
-
     def _group(self, number: int, group: int) -> pa.Table:
         """The output columns of one row group of PREV's part `number`."""
         key = (number, group)
         table = self._cache.get(key)
         if table is None:
-            file, _ = self._file(number)
-            columns = [c for c in EMBEDDING_COLUMNS if c in file.schema_arrow.names]
-            with reading_previous(self.parts[number]):
-                table = file.read_row_group(group, columns=columns)
+            table = self.parts.group(number, group)
             self._cache[key] = table
             if len(self._cache) > _CACHED_GROUPS:
                 self._cache.popitem(last=False)
@@ -221,7 +185,7 @@ class TableCarryOver(CarryOver):
     in the run's process."""
 
     def __init__(self, lookup: PreviousLookup, rows: OutputRows) -> None:
-        super().__init__(lookup, [], keeps_unread=True)
+        super().__init__(lookup, keeps_unread=True)
         self._rows = rows
 
     def __getstate__(self) -> dict[str, Any]:

@@ -36,10 +36,9 @@ from bulkembed.incremental.carry import CarryOver, TableCarryOver
 from bulkembed.incremental.lookup import PartRows, PreviousLookup
 from bulkembed.run_dir import RunDirectory, describe_changes
 from bulkembed.schema import CONTENT_HASH, digests
-from bulkembed.sinks import part_label, part_path
+from bulkembed.sinks import PreviousParts, part_path
 from bulkembed.sources import IdKey
-from bulkembed.sources.records import reading_previous
-from bulkembed.storage import AnyPath, parquet_file, remove_scratch, scratch_folder
+from bulkembed.storage import AnyPath, remove_scratch, scratch_folder
 
 # Settings that may differ from PREV's: they change which documents there are or which
 # input columns are copied, not what a document's vectors are.
@@ -107,7 +106,7 @@ class PreviousOutput:
         self.other_weights = check_previous(self.run, str(path), fingerprint, other_weights=True)
         self.path: AnyPath | str = path
         done = self.run.done_units().values()
-        self.parts = [part_path(path, r.part) for r in done if r.rows]
+        self.parts = PreviousParts([part_path(path, r.part) for r in done if r.rows])
         self._start()
 
     def _start(self) -> None:
@@ -133,8 +132,7 @@ class PreviousOutput:
         part): a run with the same settings writes vectors of these sizes."""
         if not self.parts or self.other_weights:
             return None
-        with reading_previous(self.parts[0]):
-            schema = parquet_file(self.parts[0]).schema_arrow
+        schema = self.parts.schema()
         dimension = (schema.metadata or {}).get(b"bulkembed.dimension")
         if dimension is None:
             return None
@@ -153,18 +151,7 @@ class PreviousOutput:
         self, columns: list[str]
     ) -> Iterator[tuple[pa.Table, dict[str, Any] | None]]:
         """Each part's `columns` (of its ids and content hashes), and its label."""
-        for path in self.parts:
-            with reading_previous(path):
-                file = parquet_file(path)
-            if CONTENT_HASH not in file.schema_arrow.names:
-                raise UsageError(
-                    f"--since: {path} has no {CONTENT_HASH} column (written by an older "
-                    "bulkembed); run without --since once"
-                )
-            label = part_label(file.metadata)
-            with reading_previous(path):
-                table = file.read(columns=columns)
-            yield table, label
+        return self.parts.labelled(columns)
 
     def _part_rows(self) -> Iterator[PartRows]:
         """Each part's ids and content hashes, and its rows' counts where its label has
@@ -184,9 +171,7 @@ class PreviousOutput:
 
     def rows_at(self, number: int, positions: np.ndarray) -> pa.Table:
         """Every column of the rows at `positions` of PREV's part `number`."""
-        with reading_previous(self.parts[number]):
-            table = parquet_file(self.parts[number]).read()
-        return table.take(pa.array(positions, pa.int64()))
+        return self.parts.whole(number).take(pa.array(positions, pa.int64()))
 
 
 class PreviousTable(PreviousOutput):
@@ -205,7 +190,7 @@ class PreviousTable(PreviousOutput):
         self.run = run
         self.other_weights = check_previous(run, label, fingerprint)
         self.path = label
-        self.parts = []
+        self.parts = PreviousParts([])
         self._rows = rows
         self._start()
 

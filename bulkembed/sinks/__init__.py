@@ -7,6 +7,7 @@ registered by `register_sink` (`bulkembed.sinks.registry`).
 from bulkembed.sinks.base import ChangeSet, InPlaceSync, IntentLog, OutputRows, Recovered, Sink
 from bulkembed.sinks.builtin import register_builtin_sinks
 from bulkembed.sinks.part_files import part_label, part_path
+from bulkembed.sinks.previous_parts import PreviousParts
 from bulkembed.sinks.registry import (
     Capabilities,
     OutputTarget,
@@ -31,6 +32,7 @@ __all__ = [
     "OutputRows",
     "IntentLog",
     "OutputTarget",
+    "PreviousParts",
     "Recovered",
     "Sink",
     "SinkKind",

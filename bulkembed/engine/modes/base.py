@@ -104,7 +104,7 @@ class Mode:
         return ""
 
     def carrier(self) -> CarryOver:
-        return CarryOver(None, [])
+        return CarryOver(None)
 
     def sizes(self) -> VectorSizes | None:
         return None

@@ -18,8 +18,7 @@ from bulkembed.incremental.deletions import missing_ids
 from bulkembed.incremental.previous import PreviousOutput
 from bulkembed.schema import CONTENT_HASH, EMBEDDING_COLUMNS
 from bulkembed.sinks import ChangeSet, change_set_of
-from bulkembed.sources.records import reading_previous
-from bulkembed.storage import location, parquet_file
+from bulkembed.storage import location
 from bulkembed.wording import counted
 
 if TYPE_CHECKING:
@@ -95,8 +94,7 @@ class ChangeSetRun(Incremental):
             schema = self.sink.part_schema(part) if record.rows else None
             if schema is not None:
                 return schema
-        with reading_previous(self.previous.parts[0]):
-            first = parquet_file(self.previous.parts[0]).schema_arrow
+        first = self.previous.parts.schema()
         fields = [f for f in first if f.name in ("id", *EMBEDDING_COLUMNS, CONTENT_HASH)]
         types = self.plan.reader.column_types
         fields += [pa.field(name, kind) for name, kind in types.items()]

@@ -133,7 +133,7 @@ class Incremental(Mode, ABC):
         )
 
     def carrier(self) -> CarryOver:
-        return CarryOver(None, []) if self.previous is None else self.previous.carrier
+        return CarryOver(None) if self.previous is None else self.previous.carrier
 
     def sizes(self) -> VectorSizes | None:
         return None if self.previous is None else self.previous.sizes()
