@@ -29,6 +29,7 @@ from bulkembed.batching.windows import share_of_window
 from bulkembed.config import Attention, OnBadRecord
 from bulkembed.encoders.registry import read_ahead_budget
 from bulkembed.engine.ahead import ReadAhead
+from bulkembed.engine.calibration import calibrate_ahead
 from bulkembed.engine.in_process import Writing, embed_in_process, start_counting
 from bulkembed.engine.modes import RunMode
 from bulkembed.engine.plan import RunOutcome, RunPlan
@@ -113,9 +114,7 @@ def embed_locally(
     with TokenizerPool(settings, plan.workers, plan.id_key, previous=carrier.lookup) as pool:
         admitted = _admitted(plan, sink, done, carrier, pool.map(chunks), stats)
         with ReadAhead(admitted, lambda c: share_of_window(c, budget)) as tokenized:
-            # int8/uint8 ranges not calibrated yet are calibrated on the first window, here.
-            many_writers = plan.target.capabilities.many_writers
-            if len(devices) > 1 and many_writers and not output_format.needs_ranges:
+            if len(devices) > 1 and plan.target.capabilities.many_writers:
                 return _embed_on_devices(
                     plan,
                     run,
@@ -154,14 +153,28 @@ def _embed_on_devices(
     mode: RunMode,
     reporter: Reporter,
 ) -> RunOutcome:
-    """Several devices and a Parquet or LanceDB output: one process per device embeds whole
-    units and commits their parts (`UnitPool`); this process reads, tokenizes, and writes
-    each unit's quarantine and done-marker as the units come back in input order."""
+    """Several devices and an output that takes rows from several processes (Parquet,
+    LanceDB): one process per device embeds whole units and commits their parts
+    (`UnitPool`); this process settles the dtype and calibrates int8/uint8 ranges first
+    (`calibrate_ahead`), then reads, tokenizes, and writes each unit's quarantine and
+    done-marker as the units come back in input order."""
     config = plan.config
     devices = list(plan.devices)
     dtype, precision, read = settle_dtype(
         plan.spec, devices[0], config.batching.dtype, tokenized, reporter
     )
+    threads = cpu_threads_per_worker(devices)
+    if output_format.needs_ranges:
+        output_format, read = calibrate_ahead(
+            plan.spec,
+            devices[0],
+            dtype,
+            threads,
+            chain(read, tokenized),
+            output_format,
+            run,
+            reporter,
+        )
     work = UnitWork(
         plan.spec,
         plan.reader,
@@ -170,7 +183,7 @@ def _embed_on_devices(
         run.run_id,
         run.fence(),
         dtype,
-        cpu_threads_per_worker(devices),
+        threads,
         upserts=mode.upserts(),
     )
     reporter.phase(f"loading the model on {', '.join(devices)}")

@@ -64,22 +64,22 @@ def _corpus(tmp_path):
     return write_corpus(tmp_path, records(400, prefix="d"), 200, row_group_size=50)
 
 
-def _one_worker_run(corpus, model, out, monkeypatch) -> None:
+def _one_worker_run(corpus, model, out, monkeypatch, *options: str) -> None:
     """The reference output: one CPU worker, one thread, as each of two workers gets."""
     monkeypatch.setattr(devices, "cpu_threads_per_worker", lambda found: 1)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        one = run_cli(corpus, model, out, "--devices", "cpu", *BATCHES, workers=None)
+        one = run_cli(corpus, model, out, "--devices", "cpu", *BATCHES, *options, workers=None)
     finally:
         torch.set_num_threads(threads)
     assert one.exit_code == 0, one.output
 
 
-def _two_workers_run(corpus, model, tmp_path, output) -> Any:
+def _two_workers_run(corpus, model, tmp_path, output, *options: str) -> Any:
     """`--devices cpu,cpu` into the output "two"."""
     out = _target(tmp_path, "two", output)
-    return run_cli(corpus, model, out, "--devices", "cpu,cpu", *BATCHES, workers=None)
+    return run_cli(corpus, model, out, "--devices", "cpu,cpu", *BATCHES, *options, workers=None)
 
 
 def _no_writes_here(monkeypatch) -> None:
@@ -106,6 +106,27 @@ def test_two_cpu_workers_write_what_one_writes(tmp_path, tiny_st, monkeypatch, o
         assert len(parts) == 8
         assert len(list((tmp_path / "two" / "_bulkembed" / "done").iterdir())) == 8
         assert not list((tmp_path / "two").glob(".*.tmp"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("quantize", ["int8", "uint8"])
+def test_two_cpu_workers_quantize_with_the_ranges_one_run_calibrates(
+    tmp_path, tiny_st, monkeypatch, quantize
+):
+    corpus, model = _corpus(tmp_path), tiny_st("mean")
+    option = ("--quantize", quantize)
+    _one_worker_run(corpus, model, _target(tmp_path, "one", "parts"), monkeypatch, *option)
+    # The ranges are calibrated here, on the first window; the device processes write.
+    _no_writes_here(monkeypatch)
+    two = _two_workers_run(corpus, model, tmp_path, "parts", *option)
+    assert two.exit_code == 0, two.output
+    ranges = [
+        json.loads((tmp_path / name / "_bulkembed" / "quantization.json").read_text())
+        for name in ("one", "two")
+    ]
+    assert ranges[0] == ranges[1] and [len(r) for r in ranges[0]["ranges"]] == [32, 32]
+    assert _read(tmp_path, "two", "parts").equals(_read(tmp_path, "one", "parts"))
+    assert len(list((tmp_path / "two").glob("*.parquet"))) == 8
 
 
 @pytest.mark.slow
