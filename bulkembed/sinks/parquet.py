@@ -309,8 +309,8 @@ class ParquetSink(Sink):
     def adopt(self, part: str, source: AnyPath, rows: int, label: dict[str, Any]) -> bool:
         """A copy of `source`, a local part written with this schema whose pages are intact,
         with `label` in its footer (`part_files.copy_with_entry`); not a part on object
-        storage. A damaged page is copied as it is: the part is then written row by row,
-        which reads it and stops at the damage."""
+        storage. A part with a damaged page is not copied: the writer then writes its rows
+        one by one, and the read of them stops the run at the damage."""
         assert self.schema is not None
         if not isinstance(source, Path) or part in self._open:
             return False
