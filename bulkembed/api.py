@@ -40,7 +40,11 @@ if TYPE_CHECKING:
 # where and how fast it is computed.
 MODEL_SETTINGS = (*VECTOR_SETTINGS, "prompt_name", *RUNTIME_SETTINGS)
 # The call that gives every output, for each of LangChain's dense-only calls.
-_ENCODE = {"embed_documents": "encode_document", "embed_query": "encode_query"}
+_ENCODE = {
+    "embed_documents": "encode_document",
+    "embed_query": "encode_query",
+    "embed_images": "encode_images",
+}
 # Texts tokenized at a time: a window gathers these into token-budget batches.
 TEXTS_PER_CHUNK = 1024
 # `RunConfig` wants inputs and an output; the in-process encoder reads and writes neither.
@@ -276,13 +280,38 @@ class TextEncoder:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _embed(self, texts: str | Sequence[str], prompt: str) -> Embeddings:
-        from bulkembed.engine.stream import embed_windows, gather_windows
-        from bulkembed.reporting.progress import RunStats
+    def encode_images(self, images: Any) -> Embeddings:
+        """Embeddings of images (a path, bytes or a PIL image, or a sequence of them) by
+        a two-tower model's image tower, in the order given: files are turned upright by
+        their EXIF orientation, as a run turns them; a PIL image is taken as it is."""
+        from bulkembed.batching.decode import image_chunks, image_list
 
+        if self.spec.image is None:
+            raise UsageError(
+                f"encode_images: {self.spec.source} reads texts only; load a two-tower model "
+                "(clip-vit-base-patch32, siglip2-base-patch16-224, ...)"
+            )
+        listed = image_list(images)
+        if not listed:
+            return self._empty()
+        pixels = self.config.inputs.max_image_pixels
+        return self._embedded(image_chunks(listed, self.spec.image, pixels))
+
+    def embed_images(self, images: Any) -> list[list[float]]:
+        """The dense vector of each image (`encode_images`), as lists of floats."""
+        return self._dense(self.encode_images(images), "embed_images").tolist()
+
+    def _embed(self, texts: str | Sequence[str], prompt: str) -> Embeddings:
         listed = _text_list(texts)
         if not listed:
             return self._empty()
+        return self._embedded(self._tokenized(listed, prompt))
+
+    def _embedded(self, chunks: Iterator[TokenizedChunk]) -> Embeddings:
+        """The vectors of `chunks` (one unit), in order."""
+        from bulkembed.engine.stream import embed_windows, gather_windows
+        from bulkembed.reporting.progress import RunStats
+
         stats = RunStats()
         session = self._session
         found: list[Embeddings] = []
@@ -290,7 +319,6 @@ class TextEncoder:
         def keep(window: EmbeddedWindow) -> None:
             found.append(window.vectors)
 
-        chunks = self._tokenized(listed, prompt)
         gathered = gather_windows(chunks, session.embedder, session.budget, stats)
         embed_windows(
             gathered, session, self._formatted, keep, stats, self._reporter, self._settled

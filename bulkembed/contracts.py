@@ -106,16 +106,21 @@ class RowCounts:
 
 @dataclass(frozen=True, slots=True)
 class TokenBatch:
-    """Token ids of several documents laid end to end, with each document's length."""
+    """Token ids of several documents laid end to end, with each document's length; for
+    images, their `pixels` (uint8 [images, height, width, 3]), each image as long as the
+    tokens it is to the model, its token ids 0."""
 
     token_ids: np.ndarray
     lengths: np.ndarray
+    pixels: np.ndarray | None = None
 
     @classmethod
-    def from_sequences(cls, sequences: list[np.ndarray]) -> TokenBatch:
+    def from_sequences(
+        cls, sequences: list[np.ndarray], pixels: np.ndarray | None = None
+    ) -> TokenBatch:
         lengths = np.array([len(s) for s in sequences], dtype=np.int32)
         flat = np.concatenate(sequences) if sequences else np.empty(0, np.int32)
-        return cls(flat.astype(np.int32, copy=False), lengths)
+        return cls(flat.astype(np.int32, copy=False), lengths, pixels)
 
     def __len__(self) -> int:
         return len(self.lengths)
@@ -129,9 +134,18 @@ class TokenBatch:
         """The first half of the documents and the rest."""
         middle = len(self.lengths) // 2
         cut = int(self.lengths[:middle].sum())
+        pixels = self.pixels
         return (
-            TokenBatch(self.token_ids[:cut], self.lengths[:middle]),
-            TokenBatch(self.token_ids[cut:], self.lengths[middle:]),
+            TokenBatch(
+                self.token_ids[:cut],
+                self.lengths[:middle],
+                None if pixels is None else pixels[:middle],
+            ),
+            TokenBatch(
+                self.token_ids[cut:],
+                self.lengths[middle:],
+                None if pixels is None else pixels[middle:],
+            ),
         )
 
 

@@ -277,3 +277,65 @@ class S3Bucket:
         """Copy a local file into the bucket; its URI."""
         self.server.client().upload_file(str(local), self.name, key)
         return self.uri(key)
+
+
+def _two_towers(folder: Path, kind: str) -> Path:
+    """A tiny random CLIP or SigLIP (2 layers, width 32, patches of 32 pixels) with the
+    tiny WordPiece tokenizer and the processor's image settings, as a plain HF folder."""
+    import torch
+    from transformers import (
+        CLIPConfig,
+        CLIPImageProcessorPil,
+        CLIPModel,
+        SiglipConfig,
+        SiglipImageProcessorPil,
+        SiglipModel,
+    )
+
+    _train_tokenizer(folder)
+    tower = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2}
+    tower["intermediate_size"] = 64
+    vision = tower | {"image_size": 224, "patch_size": 32}
+    # [PAD] 0, [SEP] 3: CLIP pools at the first end-of-text token.
+    text = tower | {"vocab_size": 400, "pad_token_id": 0, "eos_token_id": 3, "bos_token_id": 2}
+    torch.manual_seed(0)
+    if kind == "clip":
+        config = CLIPConfig(
+            text_config=text | {"max_position_embeddings": 77},
+            vision_config=vision,
+            projection_dim=24,
+        )
+        CLIPModel(config).eval().save_pretrained(folder)
+        CLIPImageProcessorPil().save_pretrained(folder)
+    else:
+        config = SiglipConfig(
+            text_config=text | {"max_position_embeddings": 64}, vision_config=vision
+        )
+        SiglipModel(config).eval().save_pretrained(folder)
+        SiglipImageProcessorPil().save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_clip(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _two_towers(tmp_path_factory.mktemp("tiny-clip"), "clip")
+
+
+@pytest.fixture(scope="session")
+def tiny_siglip(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _two_towers(tmp_path_factory.mktemp("tiny-siglip"), "siglip")
+
+
+@pytest.fixture(scope="session")
+def photos() -> list[Path]:
+    """230 real photographs (JPEG, 357 to 1024 pixels a side), from the data of the
+    ai-benchmark package (a dev dependency; its code is never imported)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("ai_benchmark")
+    assert spec is not None and spec.submodule_search_locations, "pip install ai-benchmark"
+    data = Path(next(iter(spec.submodule_search_locations))) / "data"
+    found = [p for p in data.rglob("*.jpg") if "_segmented" not in p.name]
+    assert len(found) >= 200
+    # The folders' photos in turn, so that any first few are of several sizes.
+    return sorted(found, key=lambda p: (int(p.stem), p.parent.name))

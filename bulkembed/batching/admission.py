@@ -26,17 +26,21 @@ NOT_CUT_EXACTLY_REASON = (
 ).format(margin=f"{MARGIN:,}")
 
 
-def set_aside_uncut(
-    chunks: Iterable[TokenizedChunk], files: list[InputFile]
-) -> Iterator[TokenizedChunk]:
-    """Make bad records of the records whose text could not be cut exactly."""
+def set_aside(chunks: Iterable[TokenizedChunk], files: list[InputFile]) -> Iterator[TokenizedChunk]:
+    """Make bad records of the records whose text could not be cut exactly, and of those
+    that could not be read (an image that does not decode: `TokenizedChunk.reasons`)."""
     for tokenized in chunks:
-        read = tokenized.read
-        if read is not None and (read == NOT_CUT_EXACTLY).any():
-            chunk = tokenized.chunk
+        read, reasons = tokenized.read, tokenized.reasons or {}
+        uncut = np.zeros(len(tokenized.lengths), bool)
+        if read is not None:
             uncut = read == NOT_CUT_EXACTLY
-            for index in np.flatnonzero(uncut).tolist():
-                chunk.bad.append(_bad(chunk, files, index, NOT_CUT_EXACTLY_REASON))
+        if uncut.any() or reasons:
+            chunk = tokenized.chunk
+            for index in range(len(uncut)):
+                reason = NOT_CUT_EXACTLY_REASON if uncut[index] else reasons.get(index)
+                if reason is not None:
+                    chunk.bad.append(_bad(chunk, files, index, reason))
+                    uncut[index] = True
             tokenized.keep(np.flatnonzero(~uncut))
         yield tokenized
 

@@ -17,7 +17,7 @@ import os
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -26,6 +26,9 @@ from bulkembed.contracts import RowCounts, ragged_positions
 from bulkembed.sources import Chunk, IdKey
 from bulkembed.sources.long_texts import MARGIN, tokenizer_bound
 from bulkembed.workers import WorkerPool
+
+if TYPE_CHECKING:
+    from bulkembed.batching.decode import ImageSettings
 
 
 class KnownTexts(Protocol):
@@ -50,11 +53,24 @@ class TokenizerSettings:
     prompt: str = ""
     lowercase: bool = False
     marker_id: int | None = None
+    # What its worker processes are called in errors.
+    stage = "tokenizer"
 
     def model_text(self, text: str) -> str:
         """The text as the model reads it: prompt first, lowercased if the model wants."""
         text = self.prompt + text
         return text.lower() if self.lowercase else text
+
+    def preparer(self, previous: KnownTexts | None, id_key: IdKey | None) -> TextTokenizer:
+        """What a worker process runs on each chunk (`Preparer`)."""
+        return TextTokenizer(self, previous, id_key)
+
+
+class Preparer(Protocol):
+    """What a worker process does to a chunk's contents: `TextTokenizer` tokenizes texts,
+    `bulkembed.batching.decode.ImagePreparer` decodes images."""
+
+    def timed(self, inputs_of_chunk: tuple[pa.Array, pa.Array, np.ndarray]) -> Prepared: ...
 
 
 @dataclass(slots=True)
@@ -65,7 +81,12 @@ class TokenizedChunk:
     kept: they left the chunk). `untokenized` marks the records whose text the previous
     output holds unchanged, with their counts: they were not tokenized (length 0 here),
     since they are carried over. `read` says how each text was read (`WHOLE`, `CUT`,
-    `NOT_CUT_EXACTLY`: see `long_texts`; None: every one whole)."""
+    `NOT_CUT_EXACTLY`: see `long_texts`; None: every one whole). An image record is
+    `tokens` long (the tokens it is to the model: `ImageProcessing.tokens`) and its token
+    ids are 0; `pixels` holds the decoded image of each record whose length is not 0, in
+    order, uint8 [images, height, width, 3]. `reasons` says why each record that could
+    not be read (an image that does not decode) cannot be embedded, by its index: it is
+    set aside (`admission.set_aside`)."""
 
     chunk: Chunk
     token_ids: np.ndarray
@@ -76,6 +97,8 @@ class TokenizedChunk:
     carried_truncated: int = 0
     untokenized: np.ndarray | None = None
     read: np.ndarray | None = None
+    pixels: np.ndarray | None = None
+    reasons: dict[int, str] | None = None
 
     @property
     def truncated(self) -> int:
@@ -92,6 +115,12 @@ class TokenizedChunk:
         starts = np.cumsum(self.lengths, dtype=np.int64) - self.lengths
         lengths = self.lengths[rows]
         self.token_ids = self.token_ids[ragged_positions(starts[rows], lengths)]
+        if self.pixels is not None:
+            images = np.cumsum(self.lengths > 0) - 1
+            self.pixels = self.pixels[images[rows][lengths > 0]]
+        if self.reasons is not None:
+            kept = {int(old): new for new, old in enumerate(np.asarray(rows).tolist())}
+            self.reasons = {kept[i]: why for i, why in self.reasons.items() if i in kept} or None
         self.lengths, self.truncated_rows = lengths, self.truncated_rows[rows]
         if self.untokenized is not None:
             self.untokenized = self.untokenized[rows]
@@ -122,12 +151,23 @@ class TokenizedChunk:
         self.keep(np.flatnonzero(others))
 
 
-# What a worker returns for a chunk: token ids, lengths, whether each text was truncated,
-# seconds, the content hashes (16-byte digests), the ids' hashes ([ids, 2]), which texts
-# were left untokenized (None: none), and how each text was read (`WHOLE`, ...).
-Tokens = tuple[
-    np.ndarray, np.ndarray, np.ndarray, float, np.ndarray, np.ndarray, np.ndarray | None, np.ndarray
-]
+@dataclass(slots=True)
+class Prepared:
+    """What a worker returns for a chunk (`TokenizedChunk` says what each is), with the
+    content hashes (16-byte digests) and the ids' hashes ([ids, 2])."""
+
+    token_ids: np.ndarray
+    lengths: np.ndarray
+    truncated: np.ndarray
+    seconds: float
+    digests: np.ndarray
+    id_hashes: np.ndarray
+    skipped: np.ndarray | None
+    read: np.ndarray
+    pixels: np.ndarray | None = None
+    reasons: dict[int, str] | None = None
+
+
 # How a text was read: whole; cut before tokenizing, its kept tokens the whole text's
 # (`long_texts`); cut by the reader, and not provably so: it is set aside.
 WHOLE, CUT, NOT_CUT_EXACTLY = 0, 1, 2
@@ -203,7 +243,7 @@ class TextTokenizer:
             return encoding, WHOLE
         return encoding, CUT if _kept_before(encoding, len(text) - MARGIN) else NOT_CUT_EXACTLY
 
-    def timed(self, inputs_of_chunk: tuple[pa.Array, pa.Array, np.ndarray]) -> Tokens:
+    def timed(self, inputs_of_chunk: tuple[pa.Array, pa.Array, np.ndarray]) -> Prepared:
         """For a chunk's texts, ids and the content hashes the reader took (of the texts
         it cut; zero for the others): their tokens, the seconds the tokenizer took, and
         the hashes of the texts (as the model reads them) and of the ids."""
@@ -233,7 +273,7 @@ class TextTokenizer:
             read = np.zeros(len(inputs), np.int8)
             read[others] = some_read
         seconds = time.perf_counter() - started
-        return flat, lengths, truncated, seconds, digests, keys, skipped, read
+        return Prepared(flat, lengths, truncated, seconds, digests, keys, skipped, read)
 
 
 def _kept_before(encoding: Any, end: int) -> bool:
@@ -262,14 +302,14 @@ def tokenizer_threads(workers: int) -> int:
 
 
 def _start_tokenizer(
-    setting: tuple[TokenizerSettings, int, KnownTexts | None, IdKey],
-) -> tuple[Callable[[tuple[pa.Array, pa.Array, np.ndarray]], Tokens], None]:
-    """A worker's tokenizer (`bulkembed.workers`): rebuilt once, from its JSON, and timed,
+    setting: tuple[TokenizerSettings | ImageSettings, int, KnownTexts | None, IdKey],
+) -> tuple[Callable[[tuple[pa.Array, pa.Array, np.ndarray]], Prepared], None]:
+    """A worker's preparer (`bulkembed.workers`): a tokenizer rebuilt once, from its JSON,
     with its batch encoding spread over `threads` (the tokenizers library's thread pool
-    reads this variable when it first starts, in this new process)."""
+    reads this variable when it first starts, in this new process), or an image decoder."""
     settings, threads, previous, id_key = setting
     os.environ["RAYON_NUM_THREADS"] = str(threads)
-    return TextTokenizer(settings, previous, id_key).timed, None
+    return settings.preparer(previous, id_key).timed, None
 
 
 def _texts(chunk: Chunk) -> tuple[pa.Array, pa.Array, np.ndarray]:
@@ -278,25 +318,35 @@ def _texts(chunk: Chunk) -> tuple[pa.Array, pa.Array, np.ndarray]:
     return chunk.texts, chunk.ids, chunk.hashes
 
 
-def _tokenized(chunk: Chunk, result: Tokens) -> TokenizedChunk:
+def _tokenized(chunk: Chunk, result: Prepared) -> TokenizedChunk:
     """The chunk with its tokens and hashes; its texts are dropped, since a window must not
     hold megabytes of them once they are tokenized."""
-    flat, lengths, truncated, seconds, digests, ids, skipped, read = result
-    chunk.hashes, chunk.id_hashes = digests, ids
+    chunk.hashes, chunk.id_hashes = result.digests, result.id_hashes
     # A new empty array: a slice of the texts would still pickle their whole buffer.
     chunk.texts = pa.nulls(0, chunk.texts.type)
-    return TokenizedChunk(chunk, flat, lengths, truncated, seconds, untokenized=skipped, read=read)
+    return TokenizedChunk(
+        chunk,
+        result.token_ids,
+        result.lengths,
+        result.truncated,
+        result.seconds,
+        untokenized=result.skipped,
+        read=result.read,
+        pixels=result.pixels,
+        reasons=result.reasons,
+    )
 
 
 class TokenizerPool:
     """Tokenize chunks on `workers` processes (0: in this process), in order, bounded, their
     ids hashed with the run's `id_key`; with `previous` (a previous output's lookup), texts
-    it holds unchanged are left untokenized (`TextTokenizer`). The processes start without
-    the pool waiting for them (the first chunk does): the run loads its model meanwhile."""
+    it holds unchanged are left untokenized (`TextTokenizer`). Image settings make it
+    decode images instead (`ImagePreparer`). The processes start without the pool waiting
+    for them (the first chunk does): the run loads its model meanwhile."""
 
     def __init__(
         self,
-        settings: TokenizerSettings,
+        settings: TokenizerSettings | ImageSettings,
         workers: int,
         id_key: IdKey,
         max_in_flight: int = 0,
@@ -305,15 +355,15 @@ class TokenizerPool:
         self.max_in_flight = max_in_flight or max(2, 4 * workers)
         # Whether `map` was left with results it did not read.
         self._unread = False
-        self._local: TextTokenizer | None = None
-        self._pool: WorkerPool[tuple[pa.Array, pa.Array, np.ndarray], Tokens] | None = None
+        self._local: Preparer | None = None
+        self._pool: WorkerPool[tuple[pa.Array, pa.Array, np.ndarray], Prepared] | None = None
         if workers == 0:
-            self._local = TextTokenizer(settings, previous, id_key)
+            self._local = settings.preparer(previous, id_key)
         else:
             self._pool = WorkerPool(
                 _start_tokenizer,
                 [(settings, tokenizer_threads(workers), previous, id_key)] * workers,
-                "tokenizer",
+                settings.stage,
                 [f"process {n}" for n in range(workers)],
                 START_TIMEOUT_SECONDS,
                 RESULT_TIMEOUT_SECONDS,

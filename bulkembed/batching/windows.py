@@ -40,6 +40,10 @@ MULTIVECTOR_WINDOW_BYTES = 256 * 1024 * 1024
 # previous output (`--since`), however few documents it has to embed.
 CARRIED_WINDOW_BYTES = 64 * 1024 * 1024
 
+# And once it holds this many bytes of decoded images (about 1,300 of 224 x 224 pixels),
+# however small the images are to the model in tokens.
+PIXEL_WINDOW_BYTES = 192 * 1024 * 1024
+
 
 def window_tokens(budget: int, multivector_dim: int | None) -> int:
     """Tokens per window: `WINDOW_BATCHES` budgets, fewer when every token keeps a vector.
@@ -86,6 +90,10 @@ def split_chunk(tokenized: TokenizedChunk, max_tokens: int) -> list[TokenizedChu
         piece = TokenizedChunk(
             part, token_ids, lengths[a:b], tokenized.truncated_rows[a:b], read=read
         )
+        if tokenized.pixels is not None:
+            images = np.cumsum(lengths > 0)
+            first_image = int(images[a - 1]) if a else 0
+            piece.pixels = tokenized.pixels[first_image : int(images[b - 1])]
         if first:
             piece.carried_tokens = tokenized.carried_tokens
             piece.carried_truncated = tokenized.carried_truncated
@@ -98,37 +106,47 @@ def _carried_bytes(chunk: TokenizedChunk) -> int:
     return 0 if carried is None else carried.nbytes
 
 
+def _pixel_bytes(chunk: TokenizedChunk) -> int:
+    return 0 if chunk.pixels is None else chunk.pixels.nbytes
+
+
 def share_of_window(chunk: TokenizedChunk, budget: int) -> float:
-    """What a chunk takes of a full window: its tokens over `WINDOW_BATCHES` budgets, plus
-    its carried-over vectors over `CARRIED_WINDOW_BYTES`."""
+    """What a chunk takes of a full window: its tokens over `WINDOW_BATCHES` budgets (or
+    its decoded images over `PIXEL_WINDOW_BYTES`, where that is more), plus its
+    carried-over vectors over `CARRIED_WINDOW_BYTES`."""
     tokens = int(chunk.lengths.sum()) / (WINDOW_BATCHES * budget)
+    tokens = max(tokens, _pixel_bytes(chunk) / PIXEL_WINDOW_BYTES)
     return tokens + _carried_bytes(chunk) / CARRIED_WINDOW_BYTES
 
 
 def windows(chunks: Iterator[TokenizedChunk], max_tokens: int) -> Iterator[list[TokenizedChunk]]:
     """Consecutive chunks, gathered until they hold `max_tokens` to embed, or
-    `CARRIED_WINDOW_BYTES` of vectors carried over from a previous output; a larger chunk
-    is cut. A window also closes where a unit ends once it holds half of `max_tokens`, and
-    one that began inside a unit closes where that unit ends: so windows seldom straddle
+    `CARRIED_WINDOW_BYTES` of vectors carried over from a previous output, or
+    `PIXEL_WINDOW_BYTES` of decoded images; a larger chunk is cut. A window also closes
+    where a unit ends once it holds half of either limit, and one that began inside a
+    unit closes where that unit ends: so windows seldom straddle
     units, and a run of them from one unit's start to another's end (what a device
     process embeds and writes, see `bulkembed.engine.unit_pool`) stays about a unit long.
     Windows depend only on the chunks since the last unit end that closed one."""
     window: list[TokenizedChunk] = []
-    tokens = carried = 0
+    tokens = carried = pixels = 0
     inside = False  # whether this window began inside a unit
     for chunk in chunks:
         for piece in split_chunk(chunk, max_tokens):
             window.append(piece)
             tokens += int(piece.lengths.sum())
             carried += _carried_bytes(piece)
+            pixels += _pixel_bytes(piece)
             ends = piece.chunk.last_in_unit
+            full = 2 * max(tokens / max_tokens, pixels / PIXEL_WINDOW_BYTES) >= 1
             if (
                 tokens >= max_tokens
                 or carried >= CARRIED_WINDOW_BYTES
-                or (ends and (inside or 2 * tokens >= max_tokens))
+                or pixels >= PIXEL_WINDOW_BYTES
+                or (ends and (inside or full))
             ):
                 yield window
-                window, tokens, carried = [], 0, 0
+                window, tokens, carried, pixels = [], 0, 0, 0
                 inside = not ends
     if window:
         yield window
@@ -203,15 +221,25 @@ def pack_window(
         return PackedWindow(window, [], [], head=head)
     token_ids = np.concatenate([c.token_ids for c in window])
     starts = (np.cumsum(lengths) - lengths)[skip:]
+    images = _window_pixels(window, skip)
     lengths = lengths[skip:]
     batches = pack_batches(lengths, budget, padded=padded)
     token_batches = [
         TokenBatch.from_sequences(
-            [token_ids[s : s + n] for s, n in zip(starts[b.indices], b.lengths, strict=True)]
+            [token_ids[s : s + n] for s, n in zip(starts[b.indices], b.lengths, strict=True)],
+            None if images is None else images[b.indices],
         )
         for b in batches
     ]
     return PackedWindow(window, batches, token_batches, head=head)
+
+
+def _window_pixels(window: list[TokenizedChunk], skip: int) -> np.ndarray | None:
+    """The decoded images of a window's documents from the `skip`th on, one per document
+    (every document of an image window that reaches packing has its image)."""
+    if window[0].pixels is None:
+        return None
+    return np.concatenate([c.pixels for c in window if c.pixels is not None])[skip:]
 
 
 def embed_packed(

@@ -1,5 +1,6 @@
-"""`bulkembed embed`: a few texts embedded in this process, one JSON line each, or the
-dense matrix as a `.npy` file. The model options are `bulkembed run`'s."""
+"""`bulkembed embed`: a few texts (or images, with a two-tower model) embedded in this
+process, one JSON line each, or the dense matrix as a `.npy` file. The model options are
+`bulkembed run`'s."""
 
 from __future__ import annotations
 
@@ -26,9 +27,19 @@ class EmbedFormat(str, Enum):
 
 
 Texts = Annotated[
-    list[str],
+    list[str] | None,
     typer.Argument(
-        help="The texts to embed, one argument each.", metavar="TEXT...", show_default=False
+        help="The texts to embed, one argument each.", metavar="[TEXT]...", show_default=False
+    ),
+]
+Images = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--image",
+        help="An image file to embed instead of texts (repeat the option for more), with a "
+        "two-tower model (CLIP, SigLIP): turned upright by its EXIF orientation, as a run "
+        "turns it.",
+        show_default=False,
     ),
 ]
 Query = Annotated[
@@ -93,8 +104,9 @@ def embed_command(guarded: Callable[[Callable[[], Any]], Any]) -> Callable[..., 
 
     @with_group(ModelOptions, "model_options")
     def embed(
-        texts: Texts,
         model_options: ModelOptions,
+        texts: Texts = None,
+        image: Images = None,
         model: EmbedModel = None,
         like: Like = None,
         query: Query = False,
@@ -103,9 +115,11 @@ def embed_command(guarded: Callable[[Callable[[], Any]], Any]) -> Callable[..., 
         overwrite: Replace = False,
         devices: EmbedDevices = "auto",
     ) -> None:
-        """Embed TEXT... with a model in this process: one JSON line per text, in order.
+        """Embed TEXT... (or --image PATH...) with a model in this process: one JSON line
+        per text or image, in order.
 
-        The vectors are those `bulkembed run` writes for the same texts and options."""
+        The vectors are those `bulkembed run` writes for the same texts or images and
+        options."""
 
         def action() -> None:
             from bulkembed.api import load
@@ -115,7 +129,11 @@ def embed_command(guarded: Callable[[Callable[[], Any]], Any]) -> Callable[..., 
                 raise UsageError(
                     "--query applies the model's query prompt: leave out --prompt and --prompt-name"
                 )
-            _check_arguments(texts)
+            if bool(texts) == bool(image):
+                raise UsageError("pass the texts to embed, or --image PATH for images: one of them")
+            if image and query:
+                raise UsageError("--query embeds texts as queries: leave it out with --image")
+            _check_arguments(texts or [])
             target = None if output == "-" else output
             if output_format is EmbedFormat.NPY and output is None:
                 raise UsageError("--format npy writes a file: pass --output FILE.npy (or -)")
@@ -138,8 +156,12 @@ def embed_command(guarded: Callable[[Callable[[], Any]], Any]) -> Callable[..., 
             else:
                 source = model
             with load(source, **settings, devices=devices) as encoder:
-                found = encoder.encode_query(texts) if query else encoder.encode(texts)
-            _write(found, len(texts), output_format, target)
+                if image:
+                    found = encoder.encode_images(image)
+                else:
+                    listed = texts or []
+                    found = encoder.encode_query(listed) if query else encoder.encode(listed)
+            _write(found, len(texts or image or []), output_format, target)
 
         guarded(action)
 

@@ -27,7 +27,9 @@ Inputs = Annotated[
     typer.Argument(
         help="Files, directories (searched recursively) or globs: .parquet, .jsonl, "
         ".jsonl.gz, .json (JSON lines), .arrow, .csv, .tsv (.arrow also in folders made by "
-        "datasets' save_to_disk; CSV and TSV with a header row, read as text); "
+        "datasets' save_to_disk; CSV and TSV with a header row, read as text); image files "
+        "(.jpg, .jpeg, .png, .webp, .gif, .tif, .tiff, .bmp), each folder of them one input "
+        "whose images are its records, for a two-tower model; "
         "or hf://NAME, hf://NAME/CONFIG, hf://NAME/CONFIG:SPLIT: a Hugging Face dataset, "
         "streamed; or - for JSON lines on stdin (ids -:ROW without an id field; not "
         "resumable).",
@@ -58,6 +60,22 @@ Output = Annotated[
 ]
 TextColumn = Annotated[
     str, typer.Option(help="Column or JSON field holding the text.", **from_env("TEXT_COLUMN"))
+]
+ImageColumn = Annotated[
+    str | None,
+    typer.Option(
+        help="Column or JSON field holding images (bytes, a datasets Image, or paths relative "
+        "to the file), embedded by a two-tower model (CLIP, SigLIP). Folders of image files "
+        "need none.",
+        **from_env("IMAGE_COLUMN"),
+    ),
+]
+MaxImagePixels = Annotated[
+    int,
+    typer.Option(
+        help="Images with more pixels are set aside as bad records (a decompression bomb).",
+        **from_env("MAX_IMAGE_PIXELS"),
+    ),
 ]
 IdColumn = Annotated[
     str | None,

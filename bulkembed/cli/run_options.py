@@ -16,6 +16,7 @@ from bulkembed.cli.options import (
     EngineOption,
     Fts,
     IdColumn,
+    ImageColumn,
     Index,
     IndexPartitions,
     IndexTypeOption,
@@ -23,6 +24,7 @@ from bulkembed.cli.options import (
     Limit,
     MaxBadRecords,
     MaxDeletes,
+    MaxImagePixels,
     OnBadRecordOption,
     Overwrite,
     Quiet,
@@ -51,6 +53,7 @@ class InputOptions:
     """What is read: the text and id columns, which records, what to do with bad ones."""
 
     text_column: TextColumn = "text"
+    image_column: ImageColumn = None
     id_column: IdColumn = None
     limit: Limit = None
     on_bad_record: OnBadRecordOption = OnBadRecord.SKIP
@@ -58,6 +61,7 @@ class InputOptions:
     keep_columns: KeepColumns = None
     verify_inputs: VerifyInputs = False
     records_per_unit: RecordsPerUnit = DEFAULT_RECORDS_PER_UNIT
+    max_image_pixels: MaxImagePixels = 178_956_970
 
     def settings(self) -> dict[str, Any]:
         """The settings of `RunConfig` these options give, by its field names."""

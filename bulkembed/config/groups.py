@@ -94,6 +94,10 @@ class InputSettings:
     limit: int | None = None
     records_per_unit: int = DEFAULT_RECORDS_PER_UNIT
     verify_inputs: bool = False
+    # The column of images in tables (None: folders of image files are the images).
+    image_column: str | None = None
+    # Larger images are set aside: decoding them would take too much memory.
+    max_image_pixels: int = 178_956_970
 
     def __post_init__(self) -> None:
         paths: Any = self.paths
@@ -105,7 +109,7 @@ class InputSettings:
             raise UsageError("no input given: pass one or more files, directories or globs")
         if self.paths.count("-") > 1:
             raise UsageError("stdin (-) can be given as an input once")
-        _at_least_one(self, "limit", "records_per_unit")
+        _at_least_one(self, "limit", "records_per_unit", "max_image_pixels")
 
     @property
     def stdin(self) -> bool:

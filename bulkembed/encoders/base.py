@@ -245,7 +245,9 @@ class Encoder(DeviceRuntime):
         from bulkembed.encoders.kernels import AUTO
         from bulkembed.encoders.transfer import DeviceInputs
 
-        if self.unpadded:
+        if batch.pixels is not None:
+            inputs = DeviceInputs.images(batch)
+        elif self.unpadded:
             inputs = DeviceInputs.flat(batch, self.attention_kernel or AUTO)
         else:
             width = self.padded_width(int(batch.lengths.max(initial=0)))

@@ -23,6 +23,7 @@ _BUILT_IN = {
     "bge-m3": "bulkembed.encoders.bge_m3:BGEM3Encoder",
     "splade": "bulkembed.encoders.splade:SpladeEncoder",
     "colbert": "bulkembed.encoders.colbert:ColbertEncoder",
+    "clip": "bulkembed.encoders.clip:ClipEncoder",
 }
 _REGISTRY: dict[str, type[Encoder]] = {}
 # CPU threads of a process that feeds a CUDA device.

@@ -56,7 +56,8 @@ class DeviceInputs:
       each real token is in `input_ids` flattened.
 
     `sequences` says where each document's tokens are in the flat order, in both layouts;
-    `copied` is, on CUDA, the event that marks the end of the copy (see `Encoder.upload`)."""
+    `copied` is, on CUDA, the event that marks the end of the copy (see `Encoder.upload`).
+    A batch of images has its `pixels` (uint8 [images, height, width, 3]) and no tokens."""
 
     batch: TokenBatch
     input_ids: torch.Tensor
@@ -64,6 +65,15 @@ class DeviceInputs:
     attention_mask: torch.Tensor | None = None
     token_index: torch.Tensor | None = None
     copied: Any = None
+    pixels: torch.Tensor | None = None
+
+    @classmethod
+    def images(cls, batch: TokenBatch) -> DeviceInputs:
+        """A batch of images, on the host: their pixels, as the worker decoded them."""
+        assert batch.pixels is not None, "a batch of images holds their pixels"
+        pixels = torch.from_numpy(batch.pixels)
+        empty = torch.empty(0, dtype=torch.long)
+        return cls(batch, empty, Sequences.on_host(batch.lengths), pixels=pixels)
 
     @classmethod
     def flat(cls, batch: TokenBatch, kernel: str = AUTO) -> DeviceInputs:
@@ -93,7 +103,8 @@ class DeviceInputs:
     def tensors(self) -> list[torch.Tensor]:
         """Every tensor of the batch."""
         found = [self.input_ids, self.sequences.cu_seqlens, self.sequences.token_documents]
-        return found + [t for t in (self.attention_mask, self.token_index) if t is not None]
+        optional = (self.attention_mask, self.token_index, self.pixels)
+        return found + [t for t in optional if t is not None]
 
     def moved(self, device: str) -> DeviceInputs:
         """These inputs copied to CUDA `device` from pinned memory, without waiting: call
@@ -102,13 +113,14 @@ class DeviceInputs:
         def move(tensor: torch.Tensor) -> torch.Tensor:
             return tensor.pin_memory().to(device, non_blocking=True)
 
-        mask, index = self.attention_mask, self.token_index
+        mask, index, pixels = self.attention_mask, self.token_index, self.pixels
         return DeviceInputs(
             self.batch,
             move(self.input_ids),
             self.sequences.to(move),
             None if mask is None else move(mask),
             None if index is None else move(index),
+            pixels=None if pixels is None else move(pixels),
         )
 
     @property

@@ -21,7 +21,7 @@ from bulkembed.batching.admission import (
     drop_duplicate_ids,
     fail_on_bad_records,
     leave_id_hashes,
-    set_aside_uncut,
+    set_aside,
     take,
 )
 from bulkembed.batching.tokenize import TokenizedChunk, TokenizerPool
@@ -67,7 +67,7 @@ def _admitted(
     mine = {k: v for k, v in done.items() if plan.my_units is None or k in plan.my_units}
     seen.add_all(sink.committed_ids(mine))
     files = list(plan.files)
-    chunks = drop_duplicate_ids(set_aside_uncut(tokenized, files), seen, files)
+    chunks = drop_duplicate_ids(set_aside(tokenized, files), seen, files)
     if config.inputs.limit is not None:
         chunks = take(chunks, config.inputs.limit - sum(r.rows for r in done.values()))
     if config.run.on_bad_record is OnBadRecord.FAIL:

@@ -20,6 +20,7 @@ from bulkembed.run_dir.files import CONFIG_FILE
 from bulkembed.sinks import OutputTarget, parse_output
 from bulkembed.sources import IdKey, InputFile, RecordReader, list_inputs
 from bulkembed.sources.files import STDIN
+from bulkembed.sources.images import ImageFolderFormat
 from bulkembed.sources.long_texts import TextCut, reader_bound
 from bulkembed.sources.reader import SHORT_CHUNK_SIZE
 from bulkembed.storage import ObjectPath, StorageOptions, location
@@ -27,6 +28,7 @@ from bulkembed.wording import counted
 from bulkembed.workers.script_guard import MAIN_GUARD_ADVICE, script_reruns
 
 if TYPE_CHECKING:
+    from bulkembed.batching.decode import ImageSettings
     from bulkembed.encoders import VectorSizes
     from bulkembed.engine.precision import PrecisionCheck
     from bulkembed.models.model_spec import ModelSpec
@@ -64,8 +66,16 @@ class RunPlan:
     id_key: IdKey = field(default_factory=IdKey.fresh)
 
     @property
-    def tokenizer_settings(self) -> TokenizerSettings:
+    def tokenizer_settings(self) -> TokenizerSettings | ImageSettings:
+        """What the worker processes do to the records: tokenize their texts, or decode
+        their images (`bulkembed.batching.decode`)."""
         spec = self.spec
+        if self.reader.images:
+            from bulkembed.batching.decode import ImageSettings
+
+            assert spec.image is not None, "an image run's model has an image tower"
+            pixels = self.config.inputs.max_image_pixels
+            return ImageSettings(spec.image, pixels, self.storage_options)
         return TokenizerSettings(
             spec.tokenizer_json, spec.max_length, spec.prompt, spec.lowercase, spec.prefix_token_id
         )
@@ -77,16 +87,28 @@ class RunPlan:
         outputs = []
         if sizes.dense_dim is not None:
             pooling = spec.pooling.value if spec.pooling else "cls"
-            outputs.append(f"dense {sizes.dense_dim}-d ({pooling} pooling)")
+            pooled = "image tower" if self.reader.images else f"{pooling} pooling"
+            outputs.append(f"dense {sizes.dense_dim}-d ({pooled})")
         if "sparse" in spec.outputs:
             outputs.append("sparse")
         if sizes.multivector_dim is not None:
             outputs.append(f"multivector {sizes.multivector_dim}-d")
+        if self.reader.images and spec.image is not None:
+            height, width = spec.image.shape
+            sizing = (
+                f"images at {height}x{width} = {spec.image.tokens} tokens; batches of {budget} "
+                f"tokens = {max(1, budget // spec.image.tokens)} images; "
+                f"{counted(self.workers, 'image decoder process', 'image decoder processes')}"
+            )
+        else:
+            sizing = (
+                f"max length {spec.max_length}; batches of {budget} tokens = "
+                f"{max(1, budget // spec.max_length)} docs at max length; "
+                f"{counted(self.workers, 'tokenizer process', 'tokenizer processes')}"
+            )
         return (
             f"{spec.source} on {', '.join(self.devices)} ({self.dtype}): "
-            f"{', '.join(outputs)}; max length {spec.max_length}; batches of {budget} "
-            f"tokens = {max(1, budget // spec.max_length)} docs at max length; "
-            f"{counted(self.workers, 'tokenizer process', 'tokenizer processes')}; "
+            f"{', '.join(outputs)}; {sizing}; "
             f"{counted(len(self.files), 'input file')}"
             + (f"; resuming after {counted(done, 'done unit')}" if done else "")
             + (f"; {mode}" if mode else "")
@@ -113,6 +135,9 @@ class RunPlan:
             ),
             "attention_kernel": None if outcome is None else outcome.kernel,
             "compile": spec.compile,
+            # What the records are: texts, or images (embedded by a two-tower model's image
+            # tower; `summary.json` then gives images/s and the decode stage's seconds).
+            "modality": "images" if self.reader.images else "texts",
             "outputs": ",".join(spec.outputs),
             "pooling": spec.pooling.value if spec.pooling else None,
             "normalize": spec.normalize,
@@ -213,17 +238,16 @@ def plan_run(config: RunConfig, reporter: Reporter, started: float) -> RunPlan:
     files = list_inputs(config.inputs.paths, exclude=target.path, skipped=skipped, options=options)
     for directory, why in skipped:
         reporter.warn(f"input directory {directory} ({why}) cannot be read: its files are left out")
-    reader = RecordReader(
-        files,
-        config.inputs.text_column,
-        config.inputs.id_column,
-        records_per_unit=config.inputs.records_per_unit,
-        keep_columns=config.output.keep_columns,
-        short_chunk_size=SHORT_CHUNK_SIZE,
-    )
+    reader = _reader(config, files)
     reader.check()
     spec = resolve_model(config)
-    reader.text_cut = TextCut(reader_bound(spec.max_length), spec.prompt, spec.lowercase)
+    if reader.images and spec.image is None:
+        raise UsageError(
+            f"the inputs are images, and {spec.source} reads texts only: embed them with a "
+            "two-tower model (clip-vit-base-patch32, siglip2-base-patch16-224, ...)"
+        )
+    if not reader.images:
+        reader.text_cut = TextCut(reader_bound(spec.max_length), spec.prompt, spec.lowercase)
     if config.run.engine is Engine.RAY:
         # The cluster's devices, not this machine's: the Ray engine resolves both there.
         devices, dtype = [config.batching.devices], "float32"
@@ -264,3 +288,30 @@ def plan_run(config: RunConfig, reporter: Reporter, started: float) -> RunPlan:
         started=started,
         unread_directories=tuple(directory for directory, _ in skipped),
     )
+
+
+def _reader(config: RunConfig, files: list[InputFile]) -> RecordReader:
+    """The reader of the run's inputs: of their texts, or of their images (`_images`)."""
+    images = _images(config, files)
+    return RecordReader(
+        files,
+        config.inputs.image_column or config.inputs.text_column,
+        config.inputs.id_column,
+        records_per_unit=config.inputs.records_per_unit,
+        keep_columns=config.output.keep_columns,
+        short_chunk_size=SHORT_CHUNK_SIZE,
+        images=images,
+    )
+
+
+def _images(config: RunConfig, files: list[InputFile]) -> bool:
+    """Whether the run embeds images: an image column is named, or the inputs are folders
+    of image files (`sources.images`), which a run does not mix with tables of texts."""
+    folders = [f for f in files if f.format == ImageFolderFormat.name]
+    if config.inputs.image_column is None and folders and len(folders) < len(files):
+        texts = next(f for f in files if f.format != ImageFolderFormat.name)
+        raise UsageError(
+            f"the inputs mix image files ({folders[0].path}) and records ({texts.path}): "
+            "embed them in two runs, or name the column of images with --image-column"
+        )
+    return config.inputs.image_column is not None or bool(folders)

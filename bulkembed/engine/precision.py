@@ -50,15 +50,36 @@ _RECORD_FORMAT = 1
 _KIND = "dtype-checks"
 
 
-def sample_sequences(window: list[TokenizedChunk]) -> list[np.ndarray]:
-    """The token ids of the window's first `SAMPLE_DOCUMENTS` documents, one array each."""
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """A window's first documents: their token ids, one array each, and for images their
+    pixels (one image each)."""
+
+    sequences: list[np.ndarray]
+    pixels: np.ndarray | None
+
+    def __len__(self) -> int:
+        return len(self.sequences)
+
+    def batch(self, indices: np.ndarray) -> TokenBatch:
+        """The documents at `indices` as a batch."""
+        pixels = None if self.pixels is None else self.pixels[indices]
+        return TokenBatch.from_sequences([self.sequences[i] for i in indices], pixels)
+
+
+def sample_sequences(window: list[TokenizedChunk]) -> Sample:
+    """The window's first `SAMPLE_DOCUMENTS` documents."""
     sequences: list[np.ndarray] = []
+    pixels: list[np.ndarray] = []
     for tokenized in window:
         ends = np.cumsum(tokenized.lengths)
         sequences += np.split(tokenized.token_ids, ends[:-1]) if len(ends) else []
+        if tokenized.pixels is not None:
+            pixels.append(tokenized.pixels)
         if len(sequences) >= SAMPLE_DOCUMENTS:
             break
-    return sequences[:SAMPLE_DOCUMENTS]
+    images = np.concatenate(pixels)[:SAMPLE_DOCUMENTS] if pixels else None
+    return Sample(sequences[:SAMPLE_DOCUMENTS], images)
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,16 +204,13 @@ def _percentile(cosines: list[np.ndarray]) -> float | None:
     return float(np.percentile(joined, PERCENTILE)) if len(joined) else None
 
 
-def embed_sample(encoder: Encoder, sequences: list[np.ndarray], budget: int) -> EmbeddedHead:
-    """A few token sequences embedded in token-budget batches, packed as a window's are;
-    their vectors in the sequences' order."""
-    lengths = np.array([len(s) for s in sequences], dtype=np.int32)
+def embed_sample(encoder: Encoder, sample: Sample, budget: int) -> EmbeddedHead:
+    """A few documents embedded in token-budget batches, packed as a window's are; their
+    vectors in the sample's order."""
+    lengths = np.array([len(s) for s in sample.sequences], dtype=np.int32)
     batches = pack_batches(lengths, budget, padded=not encoder.unpadded)
     started = time.perf_counter()
-    outputs = [
-        encoder.embed_within_memory(TokenBatch.from_sequences([sequences[i] for i in b.indices]))
-        for b in batches
-    ]
+    outputs = [encoder.embed_within_memory(sample.batch(b.indices)) for b in batches]
     vectors = Embeddings.concatenate(outputs).take(input_order(batches))
     return EmbeddedHead(vectors, batches, time.perf_counter() - started)
 
@@ -216,15 +234,15 @@ def check_on_window(
     encoder if every vector agrees, else with `reference`, and keep the sample as the
     encoder gone on with embedded it. None when the window holds no document to embed:
     the next one decides."""
-    sequences = sample_sequences(window)
-    if not sequences:
+    sample = sample_sequences(window)
+    if not sample:
         return None
     fast = reference.in_dtype(dtype)
     with exact_float32():
-        expected = embed_sample(reference, sequences, budget)
-    found = embed_sample(fast, sequences, budget)
+        expected = embed_sample(reference, sample, budget)
+    found = embed_sample(fast, sample, budget)
     tried = str(dtype).removeprefix("torch.")
-    check = PrecisionCheck(tried, agreement(expected.vectors, found.vectors), len(sequences))
+    check = PrecisionCheck(tried, agreement(expected.vectors, found.vectors), len(sample))
     if check.passed:
         return CheckedWindow(fast, check, found)
     return CheckedWindow(reference, check, expected)
@@ -240,11 +258,11 @@ def replay_on_window(
     """The window's first documents embedded by `encoder` (in the dtype `check`, recorded
     by an earlier run, kept) as the check embedded them, `embedding` told first; None when
     the window holds no document to embed."""
-    sequences = sample_sequences(window)
-    if not sequences:
+    sample = sample_sequences(window)
+    if not sample:
         return None
     embedding()
     if check.passed:
-        return embed_sample(encoder, sequences, check.budget or budget)
+        return embed_sample(encoder, sample, check.budget or budget)
     with exact_float32():
-        return embed_sample(encoder, sequences, check.budget or budget)
+        return embed_sample(encoder, sample, check.budget or budget)

@@ -30,8 +30,9 @@ from bulkembed.batching.admission import (
     drop_duplicate_ids,
     fail_on_bad_records,
     leave_id_hashes,
-    set_aside_uncut,
+    set_aside,
 )
+from bulkembed.batching.decode import ImageSettings
 from bulkembed.batching.packing import BatchPolicy
 from bulkembed.batching.tokenize import TokenizedChunk, TokenizerPool, TokenizerSettings
 from bulkembed.config import DType, OnBadRecord, ShardSpec
@@ -90,7 +91,7 @@ class _Work:
     """What the tasks and actors need, pickled once with the functions Ray ships."""
 
     reader: RecordReader
-    settings: TokenizerSettings
+    settings: TokenizerSettings | ImageSettings
     id_key: IdKey
     carrier: CarryOver
     fail_on_bad_records: bool
@@ -115,7 +116,7 @@ def _tokenize_unit(part: str, offset: int, work: _Work) -> list[TokenizedChunk]:
         # Repeated ids are found within the unit: the units of a cluster run side by side.
         seen = SeenIds(work.id_key)
         files = work.reader.files
-        tokenized = drop_duplicate_ids(set_aside_uncut(pool.map(chunks), files), seen, files)
+        tokenized = drop_duplicate_ids(set_aside(pool.map(chunks), files), seen, files)
         if work.fail_on_bad_records:
             tokenized = fail_on_bad_records(tokenized)
         return list(leave_id_hashes(work.carrier.carry(tokenized)))

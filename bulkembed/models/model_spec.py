@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bulkembed.config import DEFAULT_MAX_BATCH_TOKENS, ModelSettings, Pooling, RunConfig
 from bulkembed.errors import ModelError, UsageError
@@ -32,13 +32,19 @@ from bulkembed.models.recipes import (
 from bulkembed.models.st_folder import SentenceTransformersInfo, read_sentence_transformers_info
 from bulkembed.models.tokenizer_facts import TokenizerFacts, tokenizer_facts
 
+if TYPE_CHECKING:
+    from bulkembed.models.image_processing import ImageProcessing
+
 # What each family of encoder can produce; with no `--outputs`, all of it.
 FAMILY_OUTPUTS = {
     "dense": ("dense",),
     "bge-m3": ("dense", "sparse", "multivector"),
     "splade": ("sparse",),
     "colbert": ("multivector",),
+    "clip": ("dense",),
 }
+# Architectures (config.json `model_type`) of two towers, images and texts into one space.
+TWO_TOWERS = {"clip": "clip", "siglip": "siglip"}
 
 
 @dataclass(frozen=True)
@@ -86,6 +92,8 @@ class ModelSpec:
     # model's default one), and the model's prompt named `query` (None: it has none).
     document_prompt: str = ""
     query_prompt: str | None = None
+    # A two-tower model's image preprocessing (None: the model reads texts only).
+    image: ImageProcessing | None = None
 
 
 def _family(
@@ -98,6 +106,9 @@ def _family(
     """The encoder family: from the recipe, else from what the model folder holds."""
     if recipe is not None:
         return recipe.family
+    model_type = (read_json(model_file(source, revision, "config.json")) or {}).get("model_type")
+    if model_type in TWO_TOWERS:
+        return "clip"
     if st.splade:
         return "splade"
     if st.colbert is not None:
@@ -245,7 +256,8 @@ def _pooling(
     """How a model of `family` pools its token vectors, and whether it normalizes: the
     options, else the recipe, else the sentence-transformers folder."""
     if family != "dense" and (
-        config.model.pooling is not None or config.model.normalize is not None
+        config.model.pooling is not None
+        or (config.model.normalize is not None and family != "clip")
     ):
         raise UsageError(
             f"--pooling and --normalize apply to dense models; a {family} model has its own"
@@ -253,6 +265,11 @@ def _pooling(
     pooling = config.model.pooling or (recipe.pooling if recipe else None) or st.pooling
     if family == "bge-m3":
         pooling = Pooling.CLS
+    if family == "clip":
+        # Each tower pools as it was trained; the vectors are compared normalized.
+        return None, config.model.normalize is not False and (
+            recipe is None or recipe.normalize is not False
+        )
     if pooling is None and family == "dense":
         raise ModelError(
             f"no pooling is known for {source}: pass --pooling cls|mean|last-token or --recipe NAME"
@@ -285,6 +302,8 @@ def resolve_model(config: RunConfig) -> ModelSpec:
     outputs = _outputs(config, recipe, family)
     version = model_version(source, revision, config_file)
     tokenizer = tokenizer_facts(source, revision, version, st)
+    image = _image_processing(source, revision, model_config) if family == "clip" else None
+    text_config = model_config.get("text_config") or {}
 
     return ModelSpec(
         source=source,
@@ -296,7 +315,9 @@ def resolve_model(config: RunConfig) -> ModelSpec:
         outputs=outputs,
         pooling=pooling if family != "splade" else None,
         normalize=normalize,
-        max_length=_max_length(config, recipe, st, tokenizer, _position_limit(model_config)),
+        max_length=_max_length(
+            config, recipe, st, tokenizer, _position_limit(text_config or model_config)
+        ),
         prompt=_prompt(config.model, recipe, st),
         lowercase=st.lowercase,
         pad_token_id=tokenizer.pad_token_id,
@@ -304,9 +325,7 @@ def resolve_model(config: RunConfig) -> ModelSpec:
         prefix_token_id=tokenizer.prefix_token_id,
         skip_token_ids=tokenizer.skip_token_ids,
         projection=st.colbert.projection if st.colbert else None,
-        dense_dim=int(model_config["hidden_size"])
-        if "dense" in outputs and "hidden_size" in model_config
-        else None,
+        dense_dim=_dense_dim(model_config) if "dense" in outputs else None,
         dims=recipe.dims if recipe else (),
         matryoshka_layer_norm=bool(recipe and recipe.matryoshka_layer_norm),
         sparse_top_k=config.model.sparse_top_k,
@@ -323,4 +342,29 @@ def resolve_model(config: RunConfig) -> ModelSpec:
         multivector_dtype=config.model.dtype_out.value,
         document_prompt=_prompt(replace(config.model, prompt=None, prompt_name=None), recipe, st),
         query_prompt=_query_prompt(recipe, st),
+        image=image,
     )
+
+
+def _dense_dim(model_config: dict[str, Any]) -> int | None:
+    """The size of the dense vectors: a two-tower model's projection (CLIP) or its image
+    tower's width (SigLIP), else the transformer's width."""
+    if model_config.get("model_type") in TWO_TOWERS:
+        vision = model_config.get("vision_config") or {}
+        width = model_config.get("projection_dim") or vision.get("hidden_size")
+        return None if width is None else int(width)
+    width = model_config.get("hidden_size")
+    return None if width is None else int(width)
+
+
+def _image_processing(
+    source: str, revision: str | None, model_config: dict[str, Any]
+) -> ImageProcessing:
+    """A two-tower model's image preprocessing, from its `preprocessor_config.json`."""
+    from bulkembed.models.image_processing import ImageProcessing
+
+    processor = read_json(model_file(source, revision, "preprocessor_config.json"))
+    if processor is None:
+        raise ModelError(f"{source} has no preprocessor_config.json: how its images are prepared")
+    kind = TWO_TOWERS[model_config["model_type"]]
+    return ImageProcessing.of(processor, model_config.get("vision_config") or {}, kind)

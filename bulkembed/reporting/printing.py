@@ -35,10 +35,11 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
     output = summary.get("output") or "stdout"
     seconds = summary.get("seconds") or 0.0
     batches = summary.get("batches_this_run", 0)
+    things = "images" if summary.get("modality") == "images" else "docs"
     lines = [
-        f"this run: {summary.get('docs_this_run', 0):,} docs embedded in {duration(seconds)}: "
-        f"{summary.get('docs_per_s', 0):,.0f} docs/s, {summary.get('tokens_per_s', 0):,.0f} "
-        "tok/s",
+        f"this run: {summary.get('docs_this_run', 0):,} {things} embedded in "
+        f"{duration(seconds)}: {summary.get('docs_per_s', 0):,.0f} {things}/s, "
+        f"{summary.get('tokens_per_s', 0):,.0f} tok/s",
         *(
             [
                 f"padding efficiency {summary.get('padding_efficiency', 1.0):.2f}, device idle "

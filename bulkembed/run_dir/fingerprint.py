@@ -4,8 +4,9 @@ and the description of what changed cannot drift apart."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -73,6 +74,9 @@ SETTINGS: dict[str, _Setting] = {
     # As given: with `auto` a run may resume on another kind of device.
     "dtype": _Setting("--dtype", lambda c, s, f: c.batching.dtype.value),
     "text_column": _Setting("--text-column", lambda c, s, f: c.inputs.text_column),
+    "image_column": _Setting("--image-column", lambda c, s, f: c.inputs.image_column),
+    # How images are decoded, resized and cropped: the model's processor's settings.
+    "image": _Setting("the model's image preprocessing", lambda c, s, f: _image(s)),
     # Left out, the id column is `id` where the inputs have one: the same setting.
     "id_column": _Setting("--id-column", lambda c, s, f: c.inputs.id_column, DEFAULT_ID_COLUMN),
     "limit": _Setting("--limit", lambda c, s, f: c.inputs.limit),
@@ -80,6 +84,11 @@ SETTINGS: dict[str, _Setting] = {
     "keep_columns": _Setting("--keep-columns", lambda c, s, f: list(c.output.keep_columns)),
     "since": _Setting("--since", lambda c, s, f: _since(c.run.since)),
 }
+
+
+def _image(spec: ModelSpec) -> dict[str, Any] | None:
+    """The model's image preprocessing as its JSON reads back (None: it reads texts)."""
+    return None if spec.image is None else json.loads(json.dumps(asdict(spec.image)))
 
 
 def fingerprint(config: RunConfig, spec: ModelSpec, files: list[InputFile]) -> dict[str, Any]:

@@ -33,6 +33,8 @@ class TextEncoderLike(Protocol):
 
     def embed_query(self, text: str) -> list[float]: ...
 
+    def embed_images(self, images: Any) -> list[list[float]]: ...
+
 
 # Makes the encoder of a record (`bulkembed.lancedb` sets it); None: text cannot be embedded.
 loader: Callable[[dict[str, Any]], TextEncoderLike] | None = None
@@ -72,8 +74,13 @@ class BulkembedFunction(TextEmbeddingFunction):
         vectors = iter(self._encoder().embed_documents(strings) if strings else [])
         return [next(vectors) if isinstance(t, str) else None for t in listed]
 
-    def compute_query_embeddings(self, query: str, *args: Any, **kwargs: Any) -> list[Any]:
-        return [self._encoder().embed_query(query)]
+    def compute_query_embeddings(self, query: Any, *args: Any, **kwargs: Any) -> list[Any]:
+        """The query vector of a text; of an image (a PIL image, bytes or a path object),
+        a two-tower model's image vector, so that `table.search(image)` finds the images
+        nearest to it."""
+        if isinstance(query, str):
+            return [self._encoder().embed_query(query)]
+        return self._encoder().embed_images([query])
 
     def _encoder(self) -> TextEncoderLike:
         """The encoder of these settings, loaded once per process."""

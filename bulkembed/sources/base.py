@@ -46,6 +46,8 @@ class ReadSettings:
     short_chunk_size: int
     # How long texts are cut (None: not at all); a longer JSON line is read alone.
     text_cut: TextCut | None = None
+    # Whether the records are images (`text_column` names their column: `sources.images`).
+    images: bool = False
 
     def chunk_rows(self, text_bytes: int, records: int) -> int:
         """The records of a chunk, for texts that hold `text_bytes` over `records`.
@@ -145,6 +147,10 @@ class TabularFormat(InputFormat):
     ) -> Chunk:
         """The records of `batch` (rows from `first_row` on), validated and typed: as Arrow
         arrays throughout when every record is valid, else record by record."""
+        if settings.images:
+            from bulkembed.sources.image_columns import image_chunk
+
+            return image_chunk(index, unit, file, batch, first_row, settings)
         whole = all_valid(index, unit, file, batch, first_row, settings)
         if whole is not None:
             return whole

@@ -273,8 +273,11 @@ def list_inputs(
     links, if there is one.
     Inputs on object storage are reached with `options`."""
     from bulkembed.sources.hf import HF_SCHEME, dataset_files
+    from bulkembed.sources.images import gather_images
 
     by_path: dict[AnyPath, InputFile] = {}
+    # The directory each image file was found through: its image folder.
+    roots: dict[str, AnyPath] = {}
     linked: set[Path] = set()
     streamed: list[InputFile] = []
     excluded = exclude.resolve() if exclude is not None else None
@@ -292,6 +295,7 @@ def list_inputs(
                     fmt = format_name(found) or ""
                     size, modified = found_status.st_size, found_status.st_mtime_ns
                     by_path.setdefault(found, InputFile(found, name, fmt, size, modified))
+                    roots.setdefault(str(found), where)
             continue
         local = argument if where is None else str(where)
         for path, root in _expand(local, [] if skipped is None else skipped):
@@ -306,6 +310,7 @@ def list_inputs(
                 by_path[resolved] = InputFile(
                     resolved, name, fmt, status.st_size, status.st_mtime_ns
                 )
+                roots[str(resolved)] = Path(root).resolve()
                 if _through_links(path):
                     linked.add(resolved)
                 else:
@@ -318,7 +323,8 @@ def list_inputs(
         raise UsageError(
             f"no input file ({readable(in_folders=True)}) found in {', '.join(inputs)}{hint}"
         )
-    files = sorted(by_path.values(), key=lambda s: str(s.path)) + streamed
+    files = gather_images(sorted(by_path.values(), key=lambda s: str(s.path)), roots)
+    files += streamed
     by_name: dict[str, InputFile] = {}
     for file in files:
         other = by_name.setdefault(file.name, file)

@@ -7,6 +7,7 @@ from bulkembed.contracts import part_name
 from bulkembed.sources.arrow import ArrowFormat
 from bulkembed.sources.delimited import DelimitedFormat
 from bulkembed.sources.hf import DatasetFormat
+from bulkembed.sources.images import ImageFolderFormat
 from bulkembed.sources.jsonl import JsonLinesFormat
 from bulkembed.sources.opening import READ_ERRORS
 from bulkembed.sources.parquet import ParquetFormat
@@ -14,8 +15,9 @@ from bulkembed.sources.records import InputFile
 from bulkembed.sources.registry import format_of, register_format
 from bulkembed.storage import stop_on_store_failure
 
-for _builtin in (ParquetFormat(), JsonLinesFormat(), ArrowFormat(), DelimitedFormat()):
+for _builtin in (ParquetFormat(), JsonLinesFormat(), ArrowFormat(), ImageFolderFormat()):
     register_format(_builtin)
+register_format(DelimitedFormat())
 register_format(DatasetFormat())
 
 

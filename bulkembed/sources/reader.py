@@ -24,6 +24,7 @@ from bulkembed.sources.columns import (
     unify,
 )
 from bulkembed.sources.formats import format_of
+from bulkembed.sources.image_columns import IMAGES_PER_CHUNK, as_images
 from bulkembed.sources.long_texts import TextCut
 from bulkembed.sources.records import Chunk, InputFile
 
@@ -57,8 +58,13 @@ class RecordReader:
         keep_columns: tuple[str, ...] = (),
         short_chunk_size: int | None = None,
         text_cut: TextCut | None = None,
+        images: bool = False,
     ) -> None:
         self.files = files
+        # Records of images: `text_column` is the image column (`sources.images`).
+        self.images = images
+        if images:
+            chunk_size = short_chunk_size = IMAGES_PER_CHUNK
         self.text_cut = text_cut
         self.short_chunk_size = short_chunk_size or chunk_size
         self.text_column = text_column
@@ -83,7 +89,8 @@ class RecordReader:
                 schemas += 1
                 id_column = self._check_columns(schema.names, str(file.path))
                 text_type = schema.field(self.text_column).type
-                if not is_text_type(text_type) and not is_binary_type(text_type):
+                textual = is_text_type(text_type) or is_binary_type(text_type)
+                if not self.images and not textual:
                     raise InputError(
                         f"text column '{self.text_column}' in {file.path} holds {text_type}, "
                         "not strings"
@@ -128,6 +135,7 @@ class RecordReader:
             self.records_per_unit,
             self.short_chunk_size,
             self.text_cut,
+            self.images,
         )
 
     def read(self, skip: Container[str] = ()) -> Iterator[Chunk]:
@@ -139,7 +147,7 @@ class RecordReader:
         """The chunks of the file at `index` alone, but for its units in `skip`."""
         file = self.files[index]
         for chunk in format_of(file).read(index, file, self._settings(index), skip):
-            yield self._cut(chunk)
+            yield self._cut(chunk, file)
 
     def read_unit(self, index: int, unit: int, offset: int | None) -> Iterator[Chunk]:
         """The chunks of unit `unit` of the file at `index` alone: read from byte `offset`
@@ -148,12 +156,15 @@ class RecordReader:
         skip = _AllBut(part_name(index, unit))
         settings = self._settings(index)
         for chunk in format_of(file).read_from(index, file, settings, skip, unit, offset):
-            yield self._cut(chunk)
+            yield self._cut(chunk, file)
             if chunk.last_in_unit:
                 return
 
-    def _cut(self, chunk: Chunk) -> Chunk:
-        """`chunk` with its long texts cut (`text_cut`)."""
+    def _cut(self, chunk: Chunk, file: InputFile) -> Chunk:
+        """`chunk` with its long texts cut (`text_cut`), or its images as the decoding
+        processes take them (`sources.images.as_images`)."""
+        if self.images:
+            return as_images(chunk, file)
         if self.text_cut is not None:
             self.text_cut.apply(chunk)
         return chunk
@@ -193,9 +204,10 @@ class RecordReader:
     def _check_columns(self, columns: list[str], source: str) -> str | None:
         """The id column to use (None: ids from the file name); an error if one is missing."""
         if self.text_column not in columns:
+            what = "image" if self.images else "text"
             raise InputError(
-                f"text column '{self.text_column}' not found in {source}; "
-                f"columns: {', '.join(columns) or 'none'} (choose one with --text-column)"
+                f"{what} column '{self.text_column}' not found in {source}; "
+                f"columns: {', '.join(columns) or 'none'} (choose one with --{what}-column)"
             )
         if self.id_column is None:
             return DEFAULT_ID_COLUMN if DEFAULT_ID_COLUMN in columns else None

@@ -19,13 +19,15 @@ from bulkembed.storage import AnyPath, parquet_file
 class InputFile:
     """One input file, local or on object storage. `name` is its path relative to the input
     it was found through; `modified` its modification time in nanoseconds (0 for a streamed
-    dataset)."""
+    dataset; for an image folder a digest of its images' names, sizes and times)."""
 
     path: AnyPath
     name: str
     format: str
     size: int
     modified: int = 0
+    # The images of an image folder (`sources.images`), by their paths relative to it.
+    members: tuple[str, ...] = ()
 
 
 # A bad record's `previous` in an incremental run: its id's row is not deleted; no row is

@@ -69,10 +69,12 @@ def readable(in_folders: bool = False) -> str:
     `in_folders`, those of the formats read from an input directory.
 
     >>> from bulkembed.sources import readable
-    >>> readable()
-    '.parquet, .jsonl, .jsonl.gz, .json (JSON lines), .arrow, .csv, .tsv'
-    >>> readable(in_folders=True)
-    '.parquet, .jsonl, .jsonl.gz, .json (JSON lines), .arrow'
+    >>> readable()  # doctest: +NORMALIZE_WHITESPACE
+    '.parquet, .jsonl, .jsonl.gz, .json (JSON lines), .arrow, .jpg, .jpeg, .png, .webp, .gif,
+    .tif, .tiff, .bmp (images), .csv, .tsv'
+    >>> readable(in_folders=True)  # doctest: +NORMALIZE_WHITESPACE
+    '.parquet, .jsonl, .jsonl.gz, .json (JSON lines), .arrow, .jpg, .jpeg, .png, .webp, .gif,
+    .tif, .tiff, .bmp (images)'
     """
     parts = []
     for fmt in _FORMATS.values():

@@ -28,12 +28,19 @@ EXTRA = {
 }  # fmt: skip
 
 
-def _tiny_model(recipe, folder, tiny_bert, tiny_bge_m3, tiny_colbert):
+# The width of the tiny models' dense vectors: CLIP's projection is 24 wide.
+WIDTH = {"clip": 24}
+
+
+def _tiny_model(recipe, folder, tiny_bert, tiny_bge_m3, tiny_colbert, request=None):
     import torch
     from transformers import AutoConfig, AutoModel, AutoModelForMaskedLM
 
     if recipe.family == "bge-m3":
         shutil.copytree(tiny_bge_m3, folder)
+        return folder
+    if recipe.family == "clip":
+        shutil.copytree(request.getfixturevalue(f"tiny_{recipe.model_type}"), folder)
         return folder
     tokenizer_source = tiny_bge_m3 if recipe.model_type == "xlm-roberta" else tiny_bert
     vocabulary = 500 if recipe.model_type == "xlm-roberta" else 400
@@ -57,8 +64,10 @@ def _tiny_model(recipe, folder, tiny_bert, tiny_bge_m3, tiny_colbert):
 
 
 @pytest.mark.parametrize("recipe", list_recipes(), ids=lambda r: r.name)
-def test_every_recipe_runs_through_the_cli(tmp_path, tiny_bert, tiny_bge_m3, tiny_colbert, recipe):
-    model = _tiny_model(recipe, tmp_path / "model", tiny_bert, tiny_bge_m3, tiny_colbert)
+def test_every_recipe_runs_through_the_cli(
+    tmp_path, tiny_bert, tiny_bge_m3, tiny_colbert, recipe, request
+):
+    model = _tiny_model(recipe, tmp_path / "model", tiny_bert, tiny_bge_m3, tiny_colbert, request)
     texts = sample_texts(12) + ["", "short"]
     args = ["--recipe", recipe.name, "--max-length", "32"]
     table, _ = embed_texts(tmp_path, model, texts, *args)
@@ -66,7 +75,7 @@ def test_every_recipe_runs_through_the_cli(tmp_path, tiny_bert, tiny_bge_m3, tin
     assert sorted(table.column("id").to_pylist(), key=int) == [str(i) for i in range(len(texts))]
     if "dense" in recipe.outputs:
         dense = np.array(table.column("dense").to_pylist())
-        assert dense.shape == (len(texts), 32)
+        assert dense.shape == (len(texts), WIDTH.get(recipe.model_type, 32))
         np.testing.assert_allclose(np.linalg.norm(dense, axis=1), 1.0, rtol=1e-5)
     if "sparse" in recipe.outputs:
         assert all(len(row["indices"]) for row in table.column("sparse").to_pylist()[:12])

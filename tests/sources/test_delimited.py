@@ -115,7 +115,8 @@ def test_csv_files_are_read_where_named_or_globbed_not_found_in_a_folder(tmp_pat
     with pytest.raises(UsageError) as refused:
         list_inputs([str(corpus)])
     assert str(refused.value) == (
-        f"no input file (.parquet, .jsonl, .jsonl.gz, .json (JSON lines), .arrow) found in "
+        "no input file (.parquet, .jsonl, .jsonl.gz, .json (JSON lines), .arrow, "
+        ".jpg, .jpeg, .png, .webp, .gif, .tif, .tiff, .bmp (images)) found in "
         f"{corpus}; .csv, .tsv files are read when named or matched by a glob"
     )
     (corpus / "docs.jsonl").write_text('{"text": "a"}\n')
@@ -141,5 +142,5 @@ def test_an_empty_csv_holds_no_record_and_a_doubled_column_is_one_line(tmp_path,
 
 def test_the_inputs_help_names_every_registered_suffix():
     help_text = Inputs.__metadata__[0].help
-    for suffix in readable().replace(" (JSON lines)", "").split(", "):
+    for suffix in readable().replace(" (JSON lines)", "").replace(" (images)", "").split(", "):
         assert suffix in help_text, suffix

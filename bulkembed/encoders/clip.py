@@ -1,0 +1,62 @@
+"""Two towers into one space: CLIP and SigLIP (`transformers` `CLIPModel`, `SiglipModel`).
+
+A batch of images runs through the image tower (`get_image_features`): the worker's uint8
+pixels become the processor's pixel values on the device, through a table of what each
+byte of each channel becomes (`ImageProcessing.table`). A batch of texts runs through the
+text tower (`get_text_features`): CLIP reads its padded batch with the attention mask and
+pools at the end-of-text token; SigLIP was trained on texts padded to their full length
+and pools the last position, so its texts are padded to the maximum length, as its
+processor pads them (`padding="max_length"`). Vectors are L2-normalized where the recipe
+says, as the models' cards compare them.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+
+from bulkembed.encoders.backend import load_model
+from bulkembed.encoders.base import Encoder
+from bulkembed.encoders.transfer import DeviceInputs, DeviceOutputs
+
+if TYPE_CHECKING:
+    from bulkembed.models.model_spec import ModelSpec
+
+# Architectures (config.json `model_type`) whose texts are padded to the maximum length.
+PADDED_TEXTS = frozenset({"siglip"})
+
+
+class ClipEncoder(Encoder):
+    """One vector per image or text, from the tower that reads it."""
+
+    def __init__(self, spec: ModelSpec, device: str, dtype: torch.dtype) -> None:
+        super().__init__(spec, device, dtype)
+        self.model = load_model(spec, device, self.weights_dtype)
+        assert spec.image is not None, "a two-tower model's spec has its image preprocessing"
+        self.table = torch.from_numpy(spec.image.table()).to(device)
+        self.channels = torch.arange(3, device=device)
+
+    @property
+    def dense_dim(self) -> int | None:
+        return self.spec.dense_dim
+
+    def padded_width(self, longest: int) -> int:
+        """SigLIP's texts are as long as its maximum length (`PADDED_TEXTS`)."""
+        if self.spec.model_type in PADDED_TEXTS and longest <= self.spec.max_length:
+            return self.spec.max_length
+        return super().padded_width(longest)
+
+    def embed(self, inputs: DeviceInputs) -> DeviceOutputs:
+        if inputs.pixels is not None:
+            # [images, height, width, 3] bytes -> [images, 3, height, width] pixel values.
+            values = self.table[self.channels, inputs.pixels.long()].permute(0, 3, 1, 2)
+            output = self.model.get_image_features(pixel_values=values.to(self.weights_dtype))
+        else:
+            mask = None if self.spec.model_type in PADDED_TEXTS else inputs.attention_mask
+            output = self.model.get_text_features(input_ids=inputs.input_ids, attention_mask=mask)
+        vectors = output.pooler_output.float()
+        if self.spec.normalize:
+            vectors = F.normalize(vectors, p=2, dim=1)
+        return DeviceOutputs(dense=vectors)
