@@ -29,7 +29,7 @@ Inputs = Annotated[
         ".jsonl.gz, .json (JSON lines), .arrow, .csv, .tsv (.arrow also in folders made by "
         "datasets' save_to_disk; CSV and TSV with a header row, read as text); image files "
         "(.jpg, .jpeg, .png, .webp, .gif, .tif, .tiff, .bmp), each folder of them one input "
-        "whose images are its records, for a two-tower model; "
+        "whose images are its records, and WebDataset shards (.tar), for a two-tower model; "
         "or hf://NAME, hf://NAME/CONFIG, hf://NAME/CONFIG:SPLIT: a Hugging Face dataset, "
         "streamed; or - for JSON lines on stdin (ids -:ROW without an id field; not "
         "resumable).",

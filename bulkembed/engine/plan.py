@@ -18,9 +18,8 @@ from bulkembed.errors import UsageError
 from bulkembed.output.format import OutputFormat
 from bulkembed.run_dir.files import CONFIG_FILE
 from bulkembed.sinks import OutputTarget, parse_output
-from bulkembed.sources import IdKey, InputFile, RecordReader, list_inputs
+from bulkembed.sources import IdKey, InputFile, RecordReader, format_of, list_inputs
 from bulkembed.sources.files import STDIN
-from bulkembed.sources.images import ImageFolderFormat
 from bulkembed.sources.long_texts import TextCut, reader_bound
 from bulkembed.sources.reader import SHORT_CHUNK_SIZE
 from bulkembed.storage import ObjectPath, StorageOptions, location
@@ -305,11 +304,12 @@ def _reader(config: RunConfig, files: list[InputFile]) -> RecordReader:
 
 
 def _images(config: RunConfig, files: list[InputFile]) -> bool:
-    """Whether the run embeds images: an image column is named, or the inputs are folders
-    of image files (`sources.images`), which a run does not mix with tables of texts."""
-    folders = [f for f in files if f.format == ImageFolderFormat.name]
+    """Whether the run embeds images: an image column is named, or the inputs are of
+    images (folders of image files, WebDataset shards), which a run does not mix with
+    tables of texts."""
+    folders = [f for f in files if format_of(f).images]
     if config.inputs.image_column is None and folders and len(folders) < len(files):
-        texts = next(f for f in files if f.format != ImageFolderFormat.name)
+        texts = next(f for f in files if not format_of(f).images)
         raise UsageError(
             f"the inputs mix image files ({folders[0].path}) and records ({texts.path}): "
             "embed them in two runs, or name the column of images with --image-column"

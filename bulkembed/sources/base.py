@@ -19,6 +19,7 @@ import pyarrow.compute as pc
 
 from bulkembed.contracts import part_name
 from bulkembed.sources.columns import cast_misfits, misfit
+from bulkembed.sources.image_columns import IMAGE_TYPE, image_value
 from bulkembed.sources.long_texts import TextCut
 from bulkembed.sources.records import BadRecord, Chunk, InputFile, Rows
 from bulkembed.sources.validate import bad_record, decoded, problem
@@ -78,7 +79,8 @@ class InputFormat(ABC):
     when named or matched by a glob (`in_folders` False). `tabular` formats have a schema
     (`schema`); the others are sampled by their first records (`sample`). A `streamed`
     format's units cannot be counted, nor its content digested, before it is read.
-    `lines`: positions are line numbers."""
+    `lines`: positions are line numbers. An `images` format's records are images (an image
+    folder, WebDataset shards), read with no column named."""
 
     name: ClassVar[str]
     suffixes: ClassVar[tuple[str, ...]] = ()
@@ -87,6 +89,7 @@ class InputFormat(ABC):
     tabular = False
     streamed = False
     lines = False
+    images = False
 
     @abstractmethod
     def records(self, file: InputFile) -> int:
@@ -298,7 +301,8 @@ class RecordFormat(InputFormat):
             name: pa.array(rows.values.get(name, []), kind)
             for name, kind in settings.column_types.items()
         }
-        return rows.chunk(index, unit, last, settings.id_type, columns)
+        contents = IMAGE_TYPE if settings.images else pa.string()
+        return rows.chunk(index, unit, last, settings.id_type, columns, contents)
 
 
 def _take(
@@ -309,12 +313,17 @@ def _take(
         return f"no '{settings.text_column}' field"
     column = settings.id_column
     doc_id = f"{file.name}:{number}" if column is None else record.get(column)
-    reason = problem(doc_id, record[settings.text_column])
+    content = record[settings.text_column]
+    if settings.images:
+        content, reason = image_value(content)
+        reason = reason or problem(doc_id, "")
+    else:
+        reason = problem(doc_id, content)
     if reason == "id is null" and column is not None and column not in record:
         return f"no '{column}' field"
     if reason is not None:
         return reason
-    rows.add(doc_id, record[settings.text_column], number)
+    rows.add(doc_id, content, number)
     for name in settings.keep_columns:
         rows.values.setdefault(name, []).append(record.get(name))
     return None

@@ -13,10 +13,12 @@ from bulkembed.sources.opening import READ_ERRORS
 from bulkembed.sources.parquet import ParquetFormat
 from bulkembed.sources.records import InputFile
 from bulkembed.sources.registry import format_of, register_format
+from bulkembed.sources.webdataset import WebDatasetFormat
 from bulkembed.storage import stop_on_store_failure
 
 for _builtin in (ParquetFormat(), JsonLinesFormat(), ArrowFormat(), ImageFolderFormat()):
     register_format(_builtin)
+register_format(WebDatasetFormat())
 register_format(DelimitedFormat())
 register_format(DatasetFormat())
 

@@ -63,9 +63,11 @@ def _stream(dataset: DatasetName) -> Any:
     import datasets
 
     try:
-        return datasets.load_dataset(
+        stream = datasets.load_dataset(
             dataset.name, dataset.config, split=dataset.split, streaming=True
         )
+        # Images (the `Image` feature) come as their bytes and path, not decoded here.
+        return stream.decode(False)
     except Exception as e:  # datasets raises many kinds: missing, offline, bad split
         raise InputError(f"cannot open {dataset.label}: {e}") from e
 

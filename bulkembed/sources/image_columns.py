@@ -6,7 +6,7 @@ or the path to read them from (`bulkembed.batching.decode`)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -72,12 +72,28 @@ def image_chunk(
     return chunk
 
 
+def image_value(value: Any) -> tuple[dict[str, Any] | None, str | None]:
+    """A record's image as an `IMAGE_TYPE` value (None: null, set aside by the decoder), or
+    why it is none: bytes, a path, or a `datasets` image (a dict of `bytes` and `path`)."""
+    if value is None:
+        return None, None
+    if isinstance(value, str):
+        return {"bytes": None, "path": value}, None
+    if isinstance(value, bytes):
+        return {"bytes": value, "path": None}, None
+    if isinstance(value, dict) and {"bytes", "path"} >= set(value) and value:
+        held, path = value.get("bytes"), value.get("path")
+        if isinstance(held, (bytes, type(None))) and isinstance(path, (str, type(None))):
+            return {"bytes": held, "path": path}, None
+    kind = type(value).__name__
+    return None, f"image is of type {kind}, not bytes, a path or a datasets Image"
+
+
 def as_images(chunk: Chunk, file: InputFile) -> Chunk:
-    """`chunk` with its contents as `IMAGE_TYPE`: paths read from records (JSON lines)
-    resolved against the folder of their `file`."""
-    if chunk.texts.type != IMAGE_TYPE:
-        images = _column_images(chunk.texts, Path(str(file.path)).parent)
-        chunk.texts = images if images is not None else pa.nulls(len(chunk.texts), IMAGE_TYPE)
+    """`chunk` with its contents as `IMAGE_TYPE`, relative paths read from records (JSON
+    lines, datasets) resolved against the folder of their `file`."""
+    images = _column_images(chunk.texts, Path(str(file.path)).parent)
+    chunk.texts = images if images is not None else pa.nulls(len(chunk.texts), IMAGE_TYPE)
     return chunk
 
 

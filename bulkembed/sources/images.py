@@ -33,6 +33,7 @@ class ImageFolderFormat(InputFormat):
     name = "images"
     suffixes: ClassVar[tuple[str, ...]] = IMAGE_SUFFIXES
     title = "images"
+    images = True
 
     def records(self, file: InputFile) -> int:
         return len(file.members)

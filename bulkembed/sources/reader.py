@@ -82,6 +82,12 @@ class RecordReader:
         schemas = 0
         for index, file in enumerate(self.files):
             kind = format_of(file)
+            if kind.images:
+                # Its records are images, named by their paths or keys: no column to check.
+                self._id_columns[index] = None
+                integer_ids = False
+                self._image_keep_columns(file)
+                continue
             if kind.tabular:
                 schema = kind.schema(file)
                 if schema is None:
@@ -120,6 +126,19 @@ class RecordReader:
                 self.column_types[name] = pa.string()
         self.id_type = pa.int64() if integer_ids and schemas else pa.string()
         return self.id_type
+
+    def _image_keep_columns(self, file: InputFile) -> None:
+        """The passthrough columns of an input of images: a WebDataset sample's text
+        members; an image folder has none."""
+        from bulkembed.sources.webdataset import TEXT_MEMBERS, WebDatasetFormat
+
+        for name in self.keep_columns:
+            if file.format != WebDatasetFormat.name or name not in TEXT_MEMBERS:
+                raise InputError(
+                    f"--keep-columns '{name}': {file.path} holds images, whose columns are "
+                    f"their samples' {' and '.join(TEXT_MEMBERS)} members (WebDataset shards)"
+                )
+            self._set_column_type(name, pa.string())
 
     def _settings(self, index: int) -> ReadSettings:
         if self.id_type is None:
@@ -162,7 +181,7 @@ class RecordReader:
 
     def _cut(self, chunk: Chunk, file: InputFile) -> Chunk:
         """`chunk` with its long texts cut (`text_cut`), or its images as the decoding
-        processes take them (`sources.images.as_images`)."""
+        processes take them (`sources.image_columns.as_images`)."""
         if self.images:
             return as_images(chunk, file)
         if self.text_cut is not None:

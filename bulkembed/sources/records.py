@@ -252,7 +252,8 @@ class Rows:
     records read as Python objects (JSON lines), by column."""
 
     ids: list[Any] = field(default_factory=list)
-    texts: list[str] = field(default_factory=list)
+    # Texts, or images (`image_columns.image_value`).
+    texts: list[Any] = field(default_factory=list)
     bad: list[BadRecord] = field(default_factory=list)
     positions: list[int] = field(default_factory=list)
     values: dict[str, list[Any]] = field(default_factory=dict)
@@ -261,11 +262,11 @@ class Rows:
     def __len__(self) -> int:
         return len(self.texts) + len(self.bad)
 
-    def add(self, doc_id: Any, text: str, position: int) -> None:
+    def add(self, doc_id: Any, text: Any, position: int) -> None:
         self.ids.append(doc_id)
         self.texts.append(text)
         self.positions.append(position)
-        self.text_bytes += len(text)
+        self.text_bytes += len(text) if isinstance(text, str) else 0
 
     def drop(self, indices: set[int]) -> list[tuple[Any, int]]:
         """Remove the records at `indices`; return their (id, position) pairs."""
@@ -284,13 +285,16 @@ class Rows:
         last_in_unit: bool,
         id_type: pa.DataType,
         columns: dict[str, pa.Array] | None = None,
+        contents: pa.DataType | None = None,
     ) -> Chunk:
+        """The records as a chunk, their texts (or images) as an array of `contents`
+        (None: strings)."""
         ids = self.ids if pa.types.is_integer(id_type) else [str(i) for i in self.ids]
         return Chunk(
             file,
             unit,
             pa.array(ids, type=id_type),
-            pa.array(self.texts, pa.string()),
+            pa.array(self.texts, contents or pa.string()),
             last_in_unit,
             self.bad,
             np.array(self.positions, dtype=np.int64),

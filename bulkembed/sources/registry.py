@@ -71,10 +71,10 @@ def readable(in_folders: bool = False) -> str:
     >>> from bulkembed.sources import readable
     >>> readable()  # doctest: +NORMALIZE_WHITESPACE
     '.parquet, .jsonl, .jsonl.gz, .json (JSON lines), .arrow, .jpg, .jpeg, .png, .webp, .gif,
-    .tif, .tiff, .bmp (images), .csv, .tsv'
+    .tif, .tiff, .bmp (images), .tar (WebDataset shards), .csv, .tsv'
     >>> readable(in_folders=True)  # doctest: +NORMALIZE_WHITESPACE
     '.parquet, .jsonl, .jsonl.gz, .json (JSON lines), .arrow, .jpg, .jpeg, .png, .webp, .gif,
-    .tif, .tiff, .bmp (images)'
+    .tif, .tiff, .bmp (images), .tar (WebDataset shards)'
     """
     parts = []
     for fmt in _FORMATS.values():

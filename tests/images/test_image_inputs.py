@@ -144,3 +144,68 @@ def test_a_text_model_on_images_and_a_mixed_input_are_one_line_errors(
     result = run_cli(folder, tiny_clip, tmp_path / "out2")
     assert result.exit_code == 2
     assert "the inputs mix image files" in result.output
+
+
+def _shard(path, samples) -> None:
+    """A WebDataset shard: each sample's members (`KEY.SUFFIX`) in order."""
+    import tarfile
+
+    with tarfile.open(path, "w") as tar:
+        for key, members in samples:
+            for suffix, data in members.items():
+                info = tarfile.TarInfo(f"{key}.{suffix}")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+
+
+def test_webdataset_shards_give_the_folders_vectors_and_their_captions(
+    tiny_clip, reference, tmp_path
+):
+    vectors, files = reference
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    samples = [
+        (f.stem, {"jpg": f.read_bytes(), "txt": f"caption of {f.stem}".encode()}) for f in files
+    ]
+    samples.insert(3, ("no-image", {"txt": b"a caption alone", "json": b"{}"}))
+    _shard(shards / "00000.tar", samples[:7])
+    _shard(shards / "00001.tar", samples[7:])
+    # A shard cut short: its whole samples are read, the rest set aside.
+    whole = (shards / "00001.tar").read_bytes()
+    (shards / "00002.tar").write_bytes(whole[: len(whole) // 2])
+    out = tmp_path / "out"
+    arguments = ["--keep-columns", "txt", "--dtype", "float32", "--records-per-unit", "4"]
+    result = run_cli(shards, tiny_clip, out, *arguments)
+    assert result.exit_code == 0, result.output
+    table = pq.read_table(out)
+    found = read_output(out)
+    assert set(found) == {f.stem for f in files}
+    for key, vector in found.items():
+        assert np.allclose(vector, vectors[f"{key}.jpg"], atol=1e-6)
+    captions = dict(
+        zip(table.column("id").to_pylist(), table.column("txt").to_pylist(), strict=True)
+    )
+    assert captions[files[0].stem] == f"caption of {files[0].stem}"
+    reasons = [(r.get("id"), r["reason"]) for r in _quarantine(out)]
+    assert ("no-image", "no image in the sample (its members: json, txt)") in reasons
+    cut = [reason for _, reason in reasons if reason.startswith("unreadable after sample")]
+    duplicates = [key for key, reason in reasons if reason.startswith("duplicate id")]
+    assert len(cut) == 1 and len(duplicates) >= 1
+
+
+def test_a_datasets_image_column_is_read_streamed_and_saved_to_disk(tiny_clip, reference, tmp_path):
+    import datasets
+
+    vectors, files = reference
+    table = {"id": [f.name for f in files], "image": [str(f) for f in files]}
+    dataset = datasets.Dataset.from_dict(table).cast_column("image", datasets.Image())
+    (tmp_path / "hub" / "data").mkdir(parents=True)
+    dataset.to_parquet(tmp_path / "hub" / "data" / "train-00000.parquet")
+    dataset.save_to_disk(tmp_path / "saved")
+    for name, source in (("hub", f"hf://{tmp_path / 'hub'}"), ("saved", tmp_path / "saved")):
+        out = tmp_path / f"out-{name}"
+        result = run_cli(source, tiny_clip, out, "--image-column", "image", "--dtype", "float32")
+        assert result.exit_code == 0, result.output
+        found = read_output(out)
+        assert found.keys() == vectors.keys()
+        assert all(np.allclose(found[k], vectors[k], atol=1e-6) for k in found)

@@ -4,6 +4,7 @@ file."""
 
 import csv
 import json
+import re
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -116,7 +117,8 @@ def test_csv_files_are_read_where_named_or_globbed_not_found_in_a_folder(tmp_pat
         list_inputs([str(corpus)])
     assert str(refused.value) == (
         "no input file (.parquet, .jsonl, .jsonl.gz, .json (JSON lines), .arrow, "
-        ".jpg, .jpeg, .png, .webp, .gif, .tif, .tiff, .bmp (images)) found in "
+        ".jpg, .jpeg, .png, .webp, .gif, .tif, .tiff, .bmp (images), .tar (WebDataset "
+        "shards)) found in "
         f"{corpus}; .csv, .tsv files are read when named or matched by a glob"
     )
     (corpus / "docs.jsonl").write_text('{"text": "a"}\n')
@@ -142,5 +144,5 @@ def test_an_empty_csv_holds_no_record_and_a_doubled_column_is_one_line(tmp_path,
 
 def test_the_inputs_help_names_every_registered_suffix():
     help_text = Inputs.__metadata__[0].help
-    for suffix in readable().replace(" (JSON lines)", "").replace(" (images)", "").split(", "):
+    for suffix in re.sub(r" \([^)]*\)", "", readable()).split(", "):
         assert suffix in help_text, suffix

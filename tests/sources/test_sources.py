@@ -54,7 +54,8 @@ def test_unsupported_file_is_an_error(tmp_path):
         list_inputs([str(path)])
     assert str(refused.value) == (
         f"unsupported input {path}: use .parquet, .jsonl, .jsonl.gz, .json (JSON lines), "
-        ".arrow, .jpg, .jpeg, .png, .webp, .gif, .tif, .tiff, .bmp (images), .csv, .tsv"
+        ".arrow, .jpg, .jpeg, .png, .webp, .gif, .tif, .tiff, .bmp (images), .tar (WebDataset "
+        "shards), .csv, .tsv"
     )
 
 
@@ -64,7 +65,8 @@ def test_directory_without_inputs_is_an_error(tmp_path):
         list_inputs([str(tmp_path)])
     assert str(refused.value) == (
         "no input file (.parquet, .jsonl, .jsonl.gz, .json (JSON lines), .arrow, "
-        ".jpg, .jpeg, .png, .webp, .gif, .tif, .tiff, .bmp (images)) found in "
+        ".jpg, .jpeg, .png, .webp, .gif, .tif, .tiff, .bmp (images), .tar (WebDataset "
+        "shards)) found in "
         f"{tmp_path}; .csv, .tsv files are read when named or matched by a glob"
     )
 
