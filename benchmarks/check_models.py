@@ -78,7 +78,7 @@ def _unigram_tokenizer(folder: Path, vocab: int, max_length: int) -> None:
     fast.save_pretrained(folder)
 
 
-def _wordpiece_tokenizer(folder: Path, vocab: int, max_length: int) -> None:
+def wordpiece_tokenizer(folder: Path, vocab: int, max_length: int) -> None:
     """A BERT-style tokenizer ([CLS] ... [SEP], WordPiece, lowercased)."""
     from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
     from transformers import BertTokenizerFast
@@ -137,7 +137,7 @@ def minilm_shaped(folder: Path, tiny: bool = False) -> Path:
     shape = TINY if tiny else MINILM
     bert = folder / "bert"
     bert.mkdir(parents=True, exist_ok=True)
-    _wordpiece_tokenizer(bert, shape.tokenizer_vocab, shape.positions)
+    wordpiece_tokenizer(bert, shape.tokenizer_vocab, shape.positions)
     config = BertConfig(
         vocab_size=shape.vocab,
         hidden_size=shape.width,

@@ -33,8 +33,8 @@ if TYPE_CHECKING:
     from bulkembed.models.model_spec import ModelSpec
 
 # The architectures whose conversion is tested against PyTorch and the reference libraries:
-# `--backend auto` takes OpenVINO for these only.
-CONVERTED_MODEL_TYPES = frozenset({"bert", "roberta", "xlm-roberta"})
+# `--backend auto` takes OpenVINO for these only (of CLIP and SigLIP, the image tower).
+CONVERTED_MODEL_TYPES = frozenset({"bert", "roberta", "xlm-roberta", "clip", "siglip"})
 # Bumped when the conversion changes what it writes, so that older folders are not used.
 CONVERSION_FORMAT = 1
 # Input shapes whose compiled kernels OpenVINO's CPU plugin keeps (its default: 5,000). Packed
@@ -91,20 +91,12 @@ class OpenVINOModel:
     def __init__(
         self, graph: Any, config: Any, masked_lm: bool, dtype: torch.dtype, threads: int
     ) -> None:
-        import openvino as ov
-
         self.graph = graph
         self.config = config
         self.masked_lm = masked_lm
         self.dtype = dtype
         self.threads = threads
-        settings = {
-            "INFERENCE_PRECISION_HINT": _PRECISIONS[str(dtype)],
-            "PERFORMANCE_HINT": "LATENCY",
-            "INFERENCE_NUM_THREADS": threads,
-            "CPU_RUNTIME_CACHE_CAPACITY": RUNTIME_CACHE_SHAPES,
-        }
-        self.compiled = ov.Core().compile_model(graph, "CPU", settings)
+        self.compiled = compiled_for_cpu(graph, dtype, threads)
         self.request = self.compiled.create_infer_request()
 
     def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> ModelOutput:
@@ -121,14 +113,14 @@ class OpenVINOModel:
         return OpenVINOModel(self.graph, self.config, self.masked_lm, dtype, self.threads)
 
 
-def conversion_key(spec: ModelSpec, masked_lm: bool) -> dict[str, Any]:
+def conversion_key(spec: ModelSpec, head: str) -> dict[str, Any]:
     """What a conversion depends on: the model's exact weights (wherever they lie), the
-    head, and the versions of bulkembed and of the libraries that load, trace and convert
-    it."""
+    head (`base`, `masked-lm`, `image-tower`), and the versions of bulkembed and of the
+    libraries that load, trace and convert it."""
     return {
         "format": CONVERSION_FORMAT,
         "weights": spec.version,
-        "head": "masked-lm" if masked_lm else "base",
+        "head": head,
         "bulkembed": __version__,
         **{name: installed_version(name) for name in ("openvino", "torch", "transformers")},
     }
@@ -143,6 +135,22 @@ def _example(vocabulary: int) -> tuple[torch.Tensor, torch.Tensor]:
     attention_mask = torch.ones(2, 16, dtype=torch.long)
     attention_mask[1, 10:] = 0
     return input_ids, attention_mask
+
+
+def converted_graph(source: str, module: Any, example: Any, shapes: list[Any]) -> Any:
+    """`module` traced on `example` into an OpenVINO graph with the input `shapes`."""
+    import openvino as ov
+    import torch
+
+    try:
+        # The tracer warns of every Python branch it records; the graph is checked against
+        # PyTorch by the tests, not by these.
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return ov.convert_model(module, example_input=example, input=shapes)
+    except Exception as e:
+        # The converter raises its own error types, and torch's tracer others.
+        raise ModelError(f"OpenVINO cannot convert {source}: {e}".splitlines()[0]) from e
 
 
 def convert(load: Callable[[], Any], source: str, masked_lm: bool, folder: Path) -> None:
@@ -166,17 +174,8 @@ def convert(load: Callable[[], Any], source: str, masked_lm: bool, folder: Path)
         ("input_ids", [-1, -1], ov.Type.i64),
         ("attention_mask", [-1, -1], ov.Type.i64),
     ]
-    try:
-        # The tracer warns of every Python branch it records; the graph is checked against
-        # PyTorch by the tests, not by these.
-        with torch.no_grad(), warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            graph = ov.convert_model(
-                Outputs(), example_input=_example(model.config.vocab_size), input=dynamic
-            )
-    except Exception as e:
-        # The converter raises its own error types, and torch's tracer others.
-        raise ModelError(f"OpenVINO cannot convert {source}: {e}".splitlines()[0]) from e
+    example = _example(model.config.vocab_size)
+    graph = converted_graph(source, Outputs(), example, dynamic)
     ov.save_model(graph, folder / "model.xml", compress_to_fp16=False)
 
 
@@ -189,13 +188,26 @@ def load_openvino(
     tell: Callable[[str], None],
 ) -> OpenVINOModel:
     """The model of `spec` compiled by OpenVINO for the CPU in `dtype`: converted from the
-    PyTorch model `load()` returns into the export cache unless a valid conversion is there.
-    `tell` is told when one there is replaced, and when the cache cannot be written (the
-    conversion is then made in a temporary folder, removed once read); a conversion that
-    fails, or cannot be written there either, is a `ModelError`."""
-    import openvino as ov
-
+    PyTorch model `load()` returns into the export cache unless a valid conversion is there
+    (`cached_graph`)."""
     config = ModelShape.of(spec)
+
+    def build(into: Path) -> None:
+        convert(load, spec.source, masked_lm, into)
+
+    graph = cached_graph(spec, "masked-lm" if masked_lm else "base", build, tell)
+    return OpenVINOModel(graph, config, masked_lm, dtype, threads)
+
+
+def cached_graph(
+    spec: ModelSpec, head: str, build: Callable[[Path], None], tell: Callable[[str], None]
+) -> Any:
+    """The OpenVINO graph of `spec`'s `head` (`conversion_key`) from the export cache,
+    which `build` writes first unless a valid one is there. `tell` is told when one there
+    is replaced, and when the cache cannot be written (the conversion is then made in a
+    temporary folder, removed once read); a conversion that fails, or cannot be written
+    there either, is a `ModelError`."""
+    import openvino as ov
 
     def rebuilt(reason: str) -> None:
         tell(
@@ -209,13 +221,21 @@ def load_openvino(
             "this run (set BULKEMBED_CACHE_DIR to a writable folder to convert it once)"
         )
 
-    def build(into: Path) -> None:
-        convert(load, spec.source, masked_lm, into)
-
-    key = conversion_key(spec, masked_lm)
     try:
-        with converted("openvino", key, build, rebuilt, unwritable) as folder:
-            graph = ov.Core().read_model(folder / "model.xml")
+        with converted("openvino", conversion_key(spec, head), build, rebuilt, unwritable) as f:
+            return ov.Core().read_model(f / "model.xml")
     except (OSError, RuntimeError) as e:
         raise ModelError(f"OpenVINO cannot convert {spec.source}: {e}".splitlines()[0]) from e
-    return OpenVINOModel(graph, config, masked_lm, dtype, threads)
+
+
+def compiled_for_cpu(graph: Any, dtype: torch.dtype, threads: int) -> Any:
+    """`graph` compiled for the CPU plugin to compute in `dtype` on `threads` threads."""
+    import openvino as ov
+
+    settings = {
+        "INFERENCE_PRECISION_HINT": _PRECISIONS[str(dtype)],
+        "PERFORMANCE_HINT": "LATENCY",
+        "INFERENCE_NUM_THREADS": threads,
+        "CPU_RUNTIME_CACHE_CAPACITY": RUNTIME_CACHE_SHAPES,
+    }
+    return ov.Core().compile_model(graph, "CPU", settings)

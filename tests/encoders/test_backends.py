@@ -161,7 +161,7 @@ def test_the_run_warns_when_it_falls_back(tmp_path, tiny_st, monkeypatch):
 
 
 def _cache_folder(spec, masked_lm: bool = False) -> Path:
-    key = ov_backend.conversion_key(spec, masked_lm)
+    key = ov_backend.conversion_key(spec, "masked-lm" if masked_lm else "base")
     return Path(os.environ["BULKEMBED_CACHE_DIR"]) / "openvino" / key_digest(key)
 
 
@@ -221,7 +221,7 @@ def test_a_damaged_cache_is_detected_and_rebuilt(tiny_bge_m3, monkeypatch, damag
     encoder, found = _encode(spec, texts)
     assert made == [spec.source]
     assert len(encoder.notices) == 1 and reason in encoder.notices[0]
-    assert problem(folder, ov_backend.conversion_key(spec, False)) is None
+    assert problem(folder, ov_backend.conversion_key(spec, "base")) is None
     np.testing.assert_array_equal(found.dense, expected.dense)
     assert sorted(p.name for p in folder.parent.iterdir() if p.name.startswith(".")) == []
 
@@ -304,7 +304,7 @@ def test_two_runs_converting_the_same_model_at_once_both_embed(tmp_path, tiny_st
     np.testing.assert_array_equal(outputs[0], outputs[1])
     (converted,) = (tmp_path / "openvino").iterdir()
     spec = _spec(folder)
-    assert problem(converted, ov_backend.conversion_key(spec, False)) is None
+    assert problem(converted, ov_backend.conversion_key(spec, "base")) is None
 
 
 def test_a_batch_not_finite_in_bfloat16_runs_again_in_float32_through_openvino(

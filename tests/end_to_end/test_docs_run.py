@@ -29,6 +29,8 @@ HUB_MODELS = {
     "sentence-transformers/all-MiniLM-L6-v2": "st",
     "intfloat/e5-base-v2": "st",
     "BAAI/bge-m3": "bge_m3",
+    "openai/clip-vit-base-patch32": "clip",
+    "google/siglip2-base-patch16-224": "siglip",
 }
 # Shell lines not run here, by how they start, and why.
 NOT_RUN = {
@@ -44,6 +46,7 @@ NOT_RUN = {
 QDRANT = 'QdrantClient("localhost")'
 POSTGRES = 'psycopg.connect("dbname=search")'
 CORPUS_DOCS = 40
+PHOTOS = 12
 PAGES = {page.name: page for page in DOC_PAGES}
 
 
@@ -118,20 +121,27 @@ def _hub_cache(folder: Path, models: dict[str, Path]) -> Path:
 
 
 @pytest.fixture(scope="module")
-def environment(tmp_path_factory, tiny_st, tiny_bge_m3, s3_server) -> dict[str, str]:
+def environment(
+    tmp_path_factory, tiny_st, tiny_bge_m3, tiny_clip, tiny_siglip, s3_server
+) -> dict[str, str]:
     """What every page runs with: offline, the cache of tiny models, the S3 server, this
     environment's `bulkembed` first on the PATH."""
-    tiny = {"st": tiny_st("mean"), "bge_m3": tiny_bge_m3}
+    tiny = {"st": tiny_st("mean"), "bge_m3": tiny_bge_m3, "clip": tiny_clip}
+    tiny["siglip"] = tiny_siglip
     cache = _hub_cache(tmp_path_factory.mktemp("hub"), {h: tiny[t] for h, t in HUB_MODELS.items()})
     path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
     return {**os.environ, **s3_server.environment, "HF_HUB_CACHE": str(cache), "PATH": path}
 
 
 @pytest.fixture(scope="module")
-def base(tmp_path_factory, environment, s3_server) -> Path:
+def base(tmp_path_factory, environment, s3_server, photos) -> Path:
     """What a reader of the docs has before the first block: a corpus (JSON lines with a
-    title), the bundled sample and its demo output, and the same corpus in S3."""
+    title), a folder of photos, the bundled sample and its demo output, and the same
+    corpus in S3."""
     folder = tmp_path_factory.mktemp("workspace")
+    (folder / "photos").mkdir()
+    for photo in photos[:PHOTOS]:
+        shutil.copyfile(photo, folder / "photos" / f"{photo.parent.name}-{photo.name}")
     texts = sample_texts(2 * CORPUS_DOCS)
     for number, name in enumerate("ab"):
         chosen = texts[number * CORPUS_DOCS : (number + 1) * CORPUS_DOCS]
@@ -239,6 +249,21 @@ def _checked_queries(workspace: Path, shown: str) -> None:
     assert np.load(workspace / "v.npy").shape == (2, 32)
 
 
+def _checked_images(workspace: Path, shown: str) -> None:
+    import lancedb
+
+    photos = sorted(p.name for p in (workspace / "photos").iterdir())
+    assert _rows(workspace / "photo-vectors") == photos
+    saved = [f"data-00000-of-00001.arrow:{i}" for i in range(PHOTOS)]
+    assert _rows(workspace / "dataset-vectors") == sorted(saved)
+    assert _rows(workspace / "shot-vectors") == sorted(p.rsplit(".", 1)[0] for p in photos)
+    assert _rows(workspace / "shard-vectors") == [f"{i:06d}" for i in range(PHOTOS)]
+    table = lancedb.connect(str(workspace / "photo-db")).open_table("photos")
+    assert sorted(table.to_arrow().column("id").to_pylist()) == photos
+    # The photo found by an image is that image.
+    assert f"['{photos[0]}']" in shown
+
+
 def _checked_design(workspace: Path, shown: str) -> None:
     assert re.search(rf"^{2 * CORPUS_DOCS} rows$", shown, re.M)
 
@@ -254,6 +279,7 @@ CHECKS: dict[str, Callable[..., None]] = {
     "incremental.md": _checked_incremental,
     "queries.md": _checked_queries,
     "design.md": _checked_design,
+    "images.md": _checked_images,
     "object-storage.md": _checked_object_storage,
     "scaling-out.md": _checked_object_storage,
 }
