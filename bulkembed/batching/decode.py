@@ -23,9 +23,11 @@ import numpy as np
 import pyarrow as pa
 
 from bulkembed.batching.tokenize import KnownTexts, Prepared, TokenizedChunk
-from bulkembed.errors import InputError
-from bulkembed.models.image_processing import DEFAULT_MAX_PIXELS, BadImage, ImageProcessing
+from bulkembed.config import DEFAULT_MAX_IMAGE_PIXELS
+from bulkembed.errors import BulkembedError, InputError
+from bulkembed.models.image_processing import BadImage, ImageProcessing
 from bulkembed.sources import Chunk
+from bulkembed.sources.image_columns import IMAGES_PER_CHUNK
 from bulkembed.storage import StorageOptions, location
 
 if TYPE_CHECKING:
@@ -38,7 +40,7 @@ class ImageSettings:
     (pixels), and how to reach images on object storage."""
 
     processing: ImageProcessing
-    max_pixels: int = DEFAULT_MAX_PIXELS
+    max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
     storage: StorageOptions | None = None
     # What its worker processes are called in errors.
     stage = "image decoder"
@@ -121,12 +123,10 @@ class ImagePreparer:
             return location(path, self.settings.storage).read_bytes()
         except FileNotFoundError:
             raise BadImage(f"no image at {path}") from None
-        except OSError as e:
+        except (OSError, ValueError, BulkembedError) as e:
+            # A path that names no file a store holds (`location` refuses it), or a read
+            # that fails: the record's, not the run's.
             raise BadImage(f"cannot read the image at {path}: {e}") from None
-
-
-# Images decoded at a time: about 10 MB of pixels at 224 x 224.
-IMAGES_PER_CHUNK = 64
 
 
 def image_list(images: Any) -> list[Any]:

@@ -40,6 +40,7 @@ from bulkembed.cli.options import (
 )
 from bulkembed.config import (
     DEFAULT_MAX_DELETES,
+    DEFAULT_MAX_IMAGE_PIXELS,
     DEFAULT_RECORDS_PER_UNIT,
     Engine,
     IndexType,
@@ -61,7 +62,7 @@ class InputOptions:
     keep_columns: KeepColumns = None
     verify_inputs: VerifyInputs = False
     records_per_unit: RecordsPerUnit = DEFAULT_RECORDS_PER_UNIT
-    max_image_pixels: MaxImagePixels = 178_956_970
+    max_image_pixels: MaxImagePixels = DEFAULT_MAX_IMAGE_PIXELS
 
     def settings(self) -> dict[str, Any]:
         """The settings of `RunConfig` these options give, by its field names."""

@@ -14,6 +14,7 @@ from typing import Any
 from bulkembed.config.choices import (
     DEFAULT_MAX_BATCH_TOKENS,
     DEFAULT_MAX_DELETES,
+    DEFAULT_MAX_IMAGE_PIXELS,
     DEFAULT_RECORDS_PER_UNIT,
     OUTPUTS,
     RESERVED_COLUMNS,
@@ -44,6 +45,7 @@ from bulkembed.errors import UsageError
 __all__ = [
     "DEFAULT_MAX_BATCH_TOKENS",
     "DEFAULT_MAX_DELETES",
+    "DEFAULT_MAX_IMAGE_PIXELS",
     "DEFAULT_RECORDS_PER_UNIT",
     "OUTPUTS",
     "RESERVED_COLUMNS",

@@ -14,6 +14,8 @@ DEFAULT_MAX_BATCH_TOKENS = 16384
 # Records per unit of work in JSON lines, Arrow and dataset inputs (a Parquet unit is a
 # row group): the granularity of parts and of resume.
 DEFAULT_RECORDS_PER_UNIT = 4096
+# Pillow's own decompression-bomb limit: larger images are set aside (`--max-image-pixels`).
+DEFAULT_MAX_IMAGE_PIXELS = 178_956_970
 # What an incremental run may delete at most (`--max-deletes`): a tenth of the previous
 # output's rows.
 DEFAULT_MAX_DELETES = 0.1

@@ -17,6 +17,7 @@ from typing import Any
 
 from bulkembed.config.choices import (
     DEFAULT_MAX_DELETES,
+    DEFAULT_MAX_IMAGE_PIXELS,
     DEFAULT_RECORDS_PER_UNIT,
     OUTPUTS,
     RESERVED_COLUMNS,
@@ -97,7 +98,7 @@ class InputSettings:
     # The column of images in tables (None: folders of image files are the images).
     image_column: str | None = None
     # Larger images are set aside: decoding them would take too much memory.
-    max_image_pixels: int = 178_956_970
+    max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
 
     def __post_init__(self) -> None:
         paths: Any = self.paths

@@ -35,14 +35,14 @@ class TwoTowers:
         """[images, D]: the image tower's output, projected where the model projects."""
         if self.images is not None:
             return self.images(pixel_values)
-        return self.model.get_image_features(pixel_values=pixel_values).pooler_output
+        return _features(self.model.get_image_features(pixel_values=pixel_values))
 
     def text_features(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None
     ) -> torch.Tensor:
         """[texts, D]: the text tower's output, projected where the model projects."""
         found = self.model.get_text_features(input_ids=input_ids, attention_mask=attention_mask)
-        return found.pooler_output
+        return _features(found)
 
     def in_dtype(self, dtype: torch.dtype) -> TwoTowers:
         """The same towers, the OpenVINO image tower compiled to compute in `dtype`."""
@@ -58,7 +58,7 @@ class _ImageFeatures(torch.nn.Module):
         self.model = model
 
     def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        return self.model.get_image_features(pixel_values=pixel_values).pooler_output
+        return _features(self.model.get_image_features(pixel_values=pixel_values))
 
 
 class OpenVINOImageTower:
@@ -96,3 +96,9 @@ def openvino_image_tower(
         ov.save_model(graph, into / "model.xml", compress_to_fp16=False)
 
     return OpenVINOImageTower(cached_graph(spec, "image-tower", build, tell), dtype, threads)
+
+
+def _features(found: Any) -> torch.Tensor:
+    """The features `get_image_features` or `get_text_features` return: a tensor (before
+    transformers 5) or an output whose `pooler_output` holds them."""
+    return found if isinstance(found, torch.Tensor) else found.pooler_output

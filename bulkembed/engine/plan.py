@@ -237,7 +237,8 @@ def plan_run(config: RunConfig, reporter: Reporter, started: float) -> RunPlan:
     files = list_inputs(config.inputs.paths, exclude=target.path, skipped=skipped, options=options)
     for directory, why in skipped:
         reporter.warn(f"input directory {directory} ({why}) cannot be read: its files are left out")
-    reader = _reader(config, files)
+    files, images = _one_kind(config, files, reporter)
+    reader = _reader(config, files, images)
     reader.check()
     spec = resolve_model(config)
     if reader.images and spec.image is None:
@@ -289,9 +290,8 @@ def plan_run(config: RunConfig, reporter: Reporter, started: float) -> RunPlan:
     )
 
 
-def _reader(config: RunConfig, files: list[InputFile]) -> RecordReader:
-    """The reader of the run's inputs: of their texts, or of their images (`_images`)."""
-    images = _images(config, files)
+def _reader(config: RunConfig, files: list[InputFile], images: bool) -> RecordReader:
+    """The reader of the run's inputs: of their texts, or of their `images`."""
     return RecordReader(
         files,
         config.inputs.image_column or config.inputs.text_column,
@@ -303,15 +303,21 @@ def _reader(config: RunConfig, files: list[InputFile]) -> RecordReader:
     )
 
 
-def _images(config: RunConfig, files: list[InputFile]) -> bool:
-    """Whether the run embeds images: an image column is named, or the inputs are of
-    images (folders of image files, WebDataset shards), which a run does not mix with
-    tables of texts."""
-    folders = [f for f in files if format_of(f).images]
-    if config.inputs.image_column is None and folders and len(folders) < len(files):
-        texts = next(f for f in files if not format_of(f).images)
-        raise UsageError(
-            f"the inputs mix image files ({folders[0].path}) and records ({texts.path}): "
-            "embed them in two runs, or name the column of images with --image-column"
-        )
-    return config.inputs.image_column is not None or bool(folders)
+def _one_kind(
+    config: RunConfig, files: list[InputFile], reporter: Reporter
+) -> tuple[list[InputFile], bool]:
+    """The inputs the run embeds, and whether they are images: a column of images is named
+    (`--image-column`), or every input is of images (folders of image files, WebDataset
+    shards). A run embeds texts or images: where the inputs hold both (a thumbnail beside
+    Parquet files, the Parquet of metadata img2dataset writes beside its shards), it
+    embeds the texts, and the images are left out with a warning."""
+    if config.inputs.image_column is not None:
+        return files, True
+    images = [f for f in files if format_of(f).images]
+    if not images or len(images) == len(files):
+        return files, bool(images)
+    reporter.warn(
+        f"{counted(len(images), 'input')} of images left out ({images[0].path}): a run embeds "
+        "texts or images; name the images alone (a folder, a glob) to embed them"
+    )
+    return [f for f in files if not format_of(f).images], False

@@ -19,15 +19,17 @@ from __future__ import annotations
 
 import io
 import math
+import threading
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from bulkembed.config import DEFAULT_MAX_IMAGE_PIXELS
 from bulkembed.errors import ModelError
 
-# Pillow's own decompression-bomb limit: larger images are set aside (`--max-image-pixels`).
-DEFAULT_MAX_PIXELS = 178_956_970
+# Pillow's limit is a global of its module: it is lifted for one decoding at a time.
+_PILLOW_LIMIT = threading.Lock()
 
 # Each processor's defaults, for what its preprocessor_config.json leaves out.
 _OPENAI_MEAN = (0.48145466, 0.4578275, 0.40821073)
@@ -102,7 +104,8 @@ class ImageProcessing:
             )
         if not settings.get("do_resize", True):
             raise ModelError("an image processor that does not resize is not supported")
-        patch = int(vision.get("patch_size", 16))
+        # The vision configs' own defaults: CLIP's patches are 32 pixels, SigLIP's 16.
+        patch = int(vision.get("patch_size", 32 if kind == "clip" else 16))
         patches = (shape[0] // patch) * (shape[1] // patch)
         return cls(
             resize=resize,
@@ -112,8 +115,8 @@ class ImageProcessing:
             rescale=float(settings.get("rescale_factor", 1 / 255))
             if settings.get("do_rescale", True)
             else None,
-            mean=tuple(settings["image_mean"]) if settings.get("do_normalize", True) else None,
-            std=tuple(settings["image_std"]) if settings.get("do_normalize", True) else None,
+            mean=_channels(settings["image_mean"]) if settings.get("do_normalize", True) else None,
+            std=_channels(settings["image_std"]) if settings.get("do_normalize", True) else None,
             tokens=patches + (kind == "clip"),
         )
 
@@ -130,7 +133,7 @@ class ImageProcessing:
             scaled = (scaled - mean) / std
         return np.ascontiguousarray(scaled, dtype=np.float32)
 
-    def pixels(self, data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS) -> np.ndarray:
+    def pixels(self, data: bytes, max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS) -> np.ndarray:
         """An image file's bytes, decoded, upright, RGB, resized and cropped: uint8
         [height, width, 3]. A `BadImage` says why an image cannot be: not an image,
         truncated, more than `max_pixels` pixels."""
@@ -138,13 +141,14 @@ class ImageProcessing:
 
         if not data:
             raise BadImage("the image is empty (0 bytes)")
-        limit = Image.MAX_IMAGE_PIXELS
-        # The limit is this function's own: Pillow's warns, or fails at twice it.
-        Image.MAX_IMAGE_PIXELS = None
-        try:
-            return self._pixels(data, max_pixels)
-        finally:
-            Image.MAX_IMAGE_PIXELS = limit
+        with _PILLOW_LIMIT:
+            limit = Image.MAX_IMAGE_PIXELS
+            # The limit is this function's own: Pillow's warns, or fails at twice it.
+            Image.MAX_IMAGE_PIXELS = None
+            try:
+                return self._pixels(data, max_pixels)
+            finally:
+                Image.MAX_IMAGE_PIXELS = limit
 
     def _pixels(self, data: bytes, max_pixels: int) -> np.ndarray:
         from PIL import Image, ImageOps, UnidentifiedImageError
@@ -159,20 +163,25 @@ class ImageProcessing:
                     )
                 upright = ImageOps.exif_transpose(opened)
                 rgb = _rgb(upright)
+            return self.prepared(rgb)
+        except BadImage:
+            raise
         except UnidentifiedImageError:
             raise BadImage("not an image of a format Pillow reads") from None
-        except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as e:
-            if isinstance(e, BadImage):
-                raise
+        except (OSError, SyntaxError, ValueError) as e:
             raise BadImage(f"cannot decode the image: {e}") from None
-        return self.prepared(rgb)
+        except Exception as e:  # noqa: BLE001 (a user's bytes: any failure of Pillow's is theirs)
+            raise BadImage(f"cannot decode the image: {type(e).__name__}: {e}") from None
 
     def prepared(self, image: Any) -> np.ndarray:
         """A PIL image as it is (no EXIF turn: the processor, given an image, makes
         none), in RGB, resized and cropped: uint8 [height, width, 3]."""
-        rgb = _rgb(image) if image.mode != "RGB" else image
-        resized = rgb.resize(self._resized_size(rgb.height, rgb.width), resample=self.resample)
-        array = np.asarray(resized, dtype=np.uint8)
+        try:
+            rgb = _rgb(image) if image.mode != "RGB" else image
+            size = self._resized_size(rgb.height, rgb.width)
+            array = np.asarray(rgb.resize(size, resample=self.resample), dtype=np.uint8)
+        except Exception as e:  # noqa: BLE001 (a user's image: any failure of Pillow's is theirs)
+            raise BadImage(f"cannot convert the image: {type(e).__name__}: {e}") from None
         if self.crop is not None:
             array = _center_crop(array, self.crop)
         return np.ascontiguousarray(array)
@@ -212,6 +221,14 @@ def _center_crop(array: np.ndarray, crop: tuple[int, int]) -> np.ndarray:
     padded[top_pad : top_pad + height, left_pad : left_pad + width] = array
     top, left = (padded_height - crop[0]) // 2, (padded_width - crop[1]) // 2
     return padded[top : top + crop[0], left : left + crop[1]]
+
+
+def _channels(value: Any) -> tuple[float, float, float]:
+    """A mean or a standard deviation per channel: one number stands for all three."""
+    if isinstance(value, (int, float)):
+        return float(value), float(value), float(value)
+    first, second, third = (float(v) for v in value)
+    return first, second, third
 
 
 def _hw(value: Any) -> tuple[int, int]:

@@ -4,6 +4,7 @@ and the description of what changed cannot drift apart."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -45,7 +46,13 @@ def _inputs(config: RunConfig, spec: ModelSpec, files: list[InputFile]) -> list[
     found = []
     for file in files:
         entry: dict[str, Any] = {"name": file.name, "size": file.size, "modified": file.modified}
-        if config.inputs.verify_inputs and not format_of(file).streamed:
+        if config.inputs.verify_inputs and file.members:
+            # An image folder: the digest of its images' digests, in order.
+            digests = [content_digest(file.path / name) for name in file.members]
+            entry["content"] = hashlib.blake2b(
+                "".join(digests).encode(), digest_size=16
+            ).hexdigest()
+        elif config.inputs.verify_inputs and not format_of(file).streamed:
             entry["content"] = content_digest(file.path)
         found.append(entry)
     return found

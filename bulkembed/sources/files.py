@@ -295,7 +295,9 @@ def list_inputs(
                     fmt = format_name(found) or ""
                     size, modified = found_status.st_size, found_status.st_mtime_ns
                     by_path.setdefault(found, InputFile(found, name, fmt, size, modified))
-                    roots.setdefault(str(found), where)
+                    # Where `name` starts: the prefix, or the folder, it was found through.
+                    prefix = str(found)[: len(str(found)) - len(name)].rstrip("/")
+                    roots.setdefault(str(found), location(prefix, options))
             continue
         local = argument if where is None else str(where)
         for path, root in _expand(local, [] if skipped is None else skipped):

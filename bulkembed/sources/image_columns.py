@@ -53,7 +53,7 @@ def image_chunk(
             bad.append(BadRecord(source, reason, doc_id, first_row + offset))
         else:
             keep.append(offset)
-    images = _column_images(column, Path(source).parent)
+    images = _column_images(column, str(file.path.parent))
     if images is None:
         reason = f"image column '{settings.text_column}' holds {column.type}, not images"
         bad += [BadRecord(source, reason, values[i], first_row + i) for i in keep]
@@ -92,12 +92,12 @@ def image_value(value: Any) -> tuple[dict[str, Any] | None, str | None]:
 def as_images(chunk: Chunk, file: InputFile) -> Chunk:
     """`chunk` with its contents as `IMAGE_TYPE`, relative paths read from records (JSON
     lines, datasets) resolved against the folder of their `file`."""
-    images = _column_images(chunk.texts, Path(str(file.path)).parent)
+    images = _column_images(chunk.texts, str(file.path.parent))
     chunk.texts = images if images is not None else pa.nulls(len(chunk.texts), IMAGE_TYPE)
     return chunk
 
 
-def _column_images(column: pa.Array, folder: Path) -> pa.Array | None:
+def _column_images(column: pa.Array, folder: str) -> pa.Array | None:
     """A column of images as `IMAGE_TYPE`, relative paths taken from `folder`; None for a
     column of another type."""
     kind = column.type
@@ -112,14 +112,17 @@ def _column_images(column: pa.Array, folder: Path) -> pa.Array | None:
     return None
 
 
-def _resolved(paths: pa.Array, folder: Path) -> pa.Array:
-    """`paths`, those relative to nothing (no scheme, not absolute) taken from `folder`."""
+def _resolved(paths: pa.Array, folder: str) -> pa.Array:
+    """`paths`, those relative to nothing (no scheme, not absolute) taken from `folder`
+    (a local folder, or a prefix on object storage)."""
     from bulkembed.storage import is_uri
 
     def resolve(path: str | None) -> str | None:
         if path is None or is_uri(path) or Path(path).is_absolute():
             return path
-        return str(folder / path)
+        if is_uri(folder):
+            return f"{folder.rstrip('/')}/{path}"
+        return str(Path(folder) / path)
 
     return pa.array([resolve(p) for p in paths.to_pylist()], pa.string())
 

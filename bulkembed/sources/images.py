@@ -19,6 +19,7 @@ import numpy as np
 import pyarrow as pa
 
 from bulkembed.contracts import part_name
+from bulkembed.errors import InputError
 from bulkembed.sources.base import InputFormat, ReadSettings
 from bulkembed.sources.image_columns import IMAGES_PER_CHUNK, images_of
 from bulkembed.sources.records import Chunk, InputFile
@@ -72,7 +73,15 @@ def gather_images(files: list[InputFile], roots: dict[str, AnyPath]) -> list[Inp
             folders.setdefault(roots[str(file.path)], []).append(file)
         else:
             others.append(file)
+    named: dict[str, AnyPath] = {}
     for root, images in folders.items():
+        for image in images:
+            other = named.setdefault(image.name, root)
+            if other != root:
+                raise InputError(
+                    f"{other}/{image.name} and {root}/{image.name} would have the same id "
+                    f"({image.name}): pass their common parent directory instead"
+                )
         listing = hashlib.blake2b(digest_size=8)
         for image in images:
             listing.update(f"{image.name}\0{image.size}\0{image.modified}\n".encode())

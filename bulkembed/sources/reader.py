@@ -84,6 +84,11 @@ class RecordReader:
             kind = format_of(file)
             if kind.images:
                 # Its records are images, named by their paths or keys: no column to check.
+                if self.id_column is not None:
+                    raise InputError(
+                        f"--id-column: {file.path} holds images, whose ids are their paths "
+                        "(an image folder) or keys (WebDataset shards): leave it out"
+                    )
                 self._id_columns[index] = None
                 integer_ids = False
                 self._image_keep_columns(file)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import tarfile
 from collections.abc import Container, Iterator
-from typing import IO, Any, ClassVar
+from typing import IO, ClassVar
 
 import numpy as np
 import pyarrow as pa
@@ -42,23 +42,11 @@ class WebDatasetFormat(InputFormat):
         """Samples in the shard, up to where it cannot be read."""
         count = 0
         try:
-            for _ in _samples(file, keep=()):
+            for _ in _samples(file, keep=(), images=False):
                 count += 1
         except tarfile.TarError:
             pass
         return count
-
-    def sample(self, file: InputFile) -> tuple[list[dict[str, Any]], int]:
-        """The first samples' member kinds as fields (`id` and the suffixes)."""
-        found = []
-        try:
-            for key, members in _samples(file, keep=()):
-                found.append({"id": key, **dict.fromkeys(members)})
-                if len(found) == 10:
-                    break
-        except (*READ_ERRORS, tarfile.TarError) as e:
-            stop_on_store_failure(file.path, e)
-        return found, 0
 
     def read(
         self, index: int, file: InputFile, settings: ReadSettings, skip: Container[str]
@@ -125,9 +113,12 @@ class _Pending:
         return chunk
 
 
-def _samples(file: InputFile, keep: tuple[str, ...]) -> Iterator[tuple[str, dict[str, bytes]]]:
+def _samples(
+    file: InputFile, keep: tuple[str, ...], images: bool = True
+) -> Iterator[tuple[str, dict[str, bytes]]]:
     """(key, {suffix: bytes}) of each sample of a shard, in order; the bytes of members
-    with an image suffix and of those in `keep`, the others named with none."""
+    with an image suffix (unless `images` is false: the samples are only counted) and of
+    those in `keep`, the others named with none."""
     with open_binary(file.path) as stored, tarfile.open(fileobj=stored, mode="r|*") as tar:
         key, members = None, {}
         for member in tar:
@@ -142,7 +133,7 @@ def _samples(file: InputFile, keep: tuple[str, ...]) -> Iterator[tuple[str, dict
                 yield key, members
                 members = {}
             key = found
-            wanted = f".{suffix.lower()}" in IMAGE_SUFFIXES or suffix in keep
+            wanted = (images and f".{suffix.lower()}" in IMAGE_SUFFIXES) or suffix in keep
             members[suffix.lower()] = _read(tar, member) if wanted else b""
         if key is not None:
             yield key, members

@@ -5,12 +5,14 @@ embeds exactly those and carries the rest."""
 from __future__ import annotations
 
 import random
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 from fault_harness import run_forked
-from helpers import read_output, run_cli
+from helpers import read_output, run_arguments, run_cli
 
 IMAGES = 2000
 # Where a run is killed: a decoded chunk reached the run, a batch is about to run, rows
@@ -111,3 +113,57 @@ def test_since_embeds_the_edited_deleted_and_added_images_and_carries_the_rest(
     found = read_output(new)
     assert found.keys() == expected.keys()
     assert all(np.allclose(found[k], expected[k], atol=1e-6) for k in expected)
+
+
+def test_a_lancedb_image_table_synced_in_place_holds_the_rebuilds_vectors(
+    photos, tiny_clip, tmp_path
+):
+    import shutil
+
+    import lancedb
+    from PIL import Image
+
+    folder = _image_corpus(photos, tmp_path / "photos", 40)
+    table = f"lancedb://{tmp_path / 'db'}?table=photos"
+    assert run_cli(folder, tiny_clip, table, "--dtype", "float32").exit_code == 0
+    images = sorted(folder.rglob("*.jpg"))
+    with Image.open(images[0]) as image:
+        image.rotate(90).save(images[0], quality=85)
+    images[1].unlink()
+    shutil.copyfile(photos[0], folder / "0" / "added.jpg")
+    result = run_cli(folder, tiny_clip, table, "--dtype", "float32", "--since", table)
+    assert result.exit_code == 0, result.output
+    rebuild = tmp_path / "rebuild"
+    assert run_cli(folder, tiny_clip, rebuild, "--dtype", "float32").exit_code == 0
+    expected = read_output(rebuild)
+    rows = lancedb.connect(tmp_path / "db").open_table("photos").to_arrow()
+    found = dict(zip(rows.column("id").to_pylist(), rows.column("vector").to_pylist(), strict=True))
+    assert found.keys() == expected.keys() and len(found) == 40
+    assert all(np.allclose(found[k], expected[k], atol=1e-6) for k in expected)
+
+
+def test_images_stream_to_stdout_and_quantize_as_texts_do(photos, tiny_clip, tmp_path):
+    import io
+
+    import pyarrow as pa
+
+    folder = _image_corpus(photos, tmp_path / "photos", 20)
+    plain = tmp_path / "plain"
+    assert run_cli(folder, tiny_clip, plain, "--dtype", "float32").exit_code == 0
+    expected = read_output(plain)
+    arguments = run_arguments(folder, tiny_clip, "-", "--stream-format", "arrow", "--quiet")
+    streamed = subprocess.run(
+        [sys.executable, "-m", "bulkembed", *arguments], capture_output=True, timeout=300
+    )
+    assert streamed.returncode == 0, streamed.stderr.decode()
+    table = pa.ipc.open_stream(io.BytesIO(streamed.stdout)).read_all()
+    found = dict(
+        zip(table.column("id").to_pylist(), table.column("dense").to_pylist(), strict=True)
+    )
+    assert found.keys() == expected.keys()
+    assert all(np.allclose(found[k], expected[k], atol=1e-6) for k in expected)
+    quantized = tmp_path / "int8"
+    result = run_cli(folder, tiny_clip, quantized, "--dtype", "float32", "--quantize", "int8")
+    assert result.exit_code == 0, result.output
+    codes = read_output(quantized)
+    assert all(len(codes[k]) == 24 and all(-128 <= c <= 127 for c in codes[k]) for k in codes)

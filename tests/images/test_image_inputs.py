@@ -130,8 +130,8 @@ def test_missing_paths_and_columns_of_no_image_type_are_set_aside(tiny_clip, pho
     assert _quarantine(out)[0]["reason"] == "image column 'image' holds int64, not images"
 
 
-def test_a_text_model_on_images_and_a_mixed_input_are_one_line_errors(
-    tiny_st, tiny_clip, photos, tmp_path
+def test_a_text_model_on_images_is_a_one_line_error_and_texts_beside_images_are_embedded(
+    tiny_st, photos, tmp_path
 ):
     folder = tmp_path / "photos"
     folder.mkdir()
@@ -140,10 +140,12 @@ def test_a_text_model_on_images_and_a_mixed_input_are_one_line_errors(
     assert result.exit_code == 2
     assert "the inputs are images, and" in result.output
     assert "reads texts only: embed them with a two-tower model" in result.output
+    # Texts beside images (a thumbnail in a folder of documents): the texts are embedded.
     (folder / "texts.jsonl").write_text('{"id": "t", "text": "a red bicycle"}\n')
-    result = run_cli(folder, tiny_clip, tmp_path / "out2")
-    assert result.exit_code == 2
-    assert "the inputs mix image files" in result.output
+    result = run_cli(folder, tiny_st("mean"), tmp_path / "out2")
+    assert result.exit_code == 0, result.output
+    assert list(read_output(tmp_path / "out2")) == ["t"]
+    assert f"1 input of images left out ({folder}): a run embeds texts or images" in result.output
 
 
 def _shard(path, samples) -> None:
@@ -209,3 +211,32 @@ def test_a_datasets_image_column_is_read_streamed_and_saved_to_disk(tiny_clip, r
         found = read_output(out)
         assert found.keys() == vectors.keys()
         assert all(np.allclose(found[k], vectors[k], atol=1e-6) for k in found)
+
+
+@pytest.mark.parametrize("argument", ["photos/", "photos/*.jpg", "photos/sub/", "table"])
+def test_images_on_object_storage_give_the_local_vectors(
+    tiny_clip, reference, s3, tmp_path, argument
+):
+    vectors, files = reference
+    for number, file in enumerate(files):
+        s3.upload(file, f"photos/{'sub/' if number % 2 else ''}{file.name}")
+    # A table beside the photos naming them by relative paths.
+    names = [f"{'sub/' if i % 2 else ''}{f.name}" for i, f in enumerate(files)]
+    if argument == "table":
+        table = tmp_path / "paths.parquet"
+        pq.write_table(pa.table({"id": [f.name for f in files], "image": names}), table)
+        s3.upload(table, "photos/paths.parquet")
+    source = s3.uri("photos/paths.parquet") if argument == "table" else s3.uri(argument)
+    options = ["--image-column", "image"] if argument == "table" else []
+    out = tmp_path / "out"
+    result = run_cli(source, tiny_clip, out, "--dtype", "float32", *options)
+    assert result.exit_code == 0, result.output
+    found = read_output(out)
+    expected = {
+        "photos/": {n: vectors[n.rpartition("/")[2]] for n in names},
+        "photos/*.jpg": {f.name: vectors[f.name] for f in files[::2]},
+        "photos/sub/": {f.name: vectors[f.name] for f in files[1::2]},
+        "table": vectors,
+    }[argument]
+    assert found.keys() == expected.keys()
+    assert all(np.allclose(found[k], expected[k], atol=1e-6) for k in expected)
