@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 
 from bulkembed.contracts import part_name
 from bulkembed.sources.columns import cast_misfits, misfit
-from bulkembed.sources.image_columns import IMAGE_TYPE, image_value
+from bulkembed.sources.image_columns import IMAGE_TYPE, image_chunk, image_value
 from bulkembed.sources.long_texts import TextCut
 from bulkembed.sources.records import BadRecord, Chunk, InputFile, Rows
 from bulkembed.sources.validate import bad_record, decoded, problem
@@ -151,8 +151,6 @@ class TabularFormat(InputFormat):
         """The records of `batch` (rows from `first_row` on), validated and typed: as Arrow
         arrays throughout when every record is valid, else record by record."""
         if settings.images:
-            from bulkembed.sources.image_columns import image_chunk
-
             return image_chunk(index, unit, file, batch, first_row, settings)
         whole = all_valid(index, unit, file, batch, first_row, settings)
         if whole is not None:
