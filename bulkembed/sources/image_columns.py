@@ -12,6 +12,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from bulkembed.sources.columns import cast_misfits
 from bulkembed.sources.records import BadRecord, Chunk, InputFile
 from bulkembed.sources.validate import problem
 
@@ -58,6 +59,15 @@ def image_chunk(
         reason = f"image column '{settings.text_column}' holds {column.type}, not images"
         bad += [BadRecord(source, reason, values[i], first_row + i) for i in keep]
         keep = []
+    # A passthrough value that does not fit its column's type sets its record aside.
+    for name, kind in settings.column_types.items():
+        kept = batch.column(name).take(pa.array(keep, pa.int64()))
+        misfits = cast_misfits(name, kept, kind)
+        bad += [
+            BadRecord(source, why, values[keep[i]], first_row + keep[i])
+            for i, why in misfits.items()
+        ]
+        keep = [row for i, row in enumerate(keep) if i not in misfits]
     taken = pa.array(keep, pa.int64())
     chunk = Chunk(
         index,

@@ -240,3 +240,23 @@ def test_images_on_object_storage_give_the_local_vectors(
     }[argument]
     assert found.keys() == expected.keys()
     assert all(np.allclose(found[k], expected[k], atol=1e-6) for k in expected)
+
+
+def test_a_kept_value_that_does_not_fit_its_column_sets_its_image_aside(
+    tiny_clip, photos, tmp_path
+):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    raw = [p.read_bytes() for p in photos[:3]]
+    # `n` is int64 in one file and float64 in the other: float64 over both, which an
+    # integer past 2^53 does not fit.
+    first = {"id": ["a", "b"], "image": raw[:2], "n": [1, 2**60 + 1]}
+    pq.write_table(pa.table(first), corpus / "a.parquet")
+    pq.write_table(pa.table({"id": ["c"], "image": raw[2:], "n": [0.5]}), corpus / "b.parquet")
+    out = tmp_path / "out"
+    arguments = ["--image-column", "image", "--keep-columns", "n"]
+    result = run_cli(corpus, tiny_clip, out, *arguments)
+    assert result.exit_code == 0, result.output
+    assert sorted(read_output(out)) == ["a", "c"]
+    (record,) = _quarantine(out)
+    assert record["id"] == "b" and record["reason"].startswith("--keep-columns 'n' holds ")
