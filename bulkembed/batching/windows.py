@@ -10,7 +10,7 @@ input order. The first documents of the first window may come embedded already
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -206,6 +206,19 @@ class PackedWindow:
             return Embeddings(), np.empty(0, dtype=np.int64)
         return Embeddings.concatenate(vectors), np.concatenate(padded)
 
+    def embedded_so_far(self) -> tuple[np.ndarray, Embeddings]:
+        """Which of the window's documents (positions among them, in order) are embedded
+        (the head, and the batches whose outputs landed), and their vectors in that order."""
+        skip = 0 if self.head is None else len(self.head)
+        done = self.batches[: len(self.outputs)]
+        rows = np.concatenate([np.arange(skip)] + [b.indices + skip for b in done])
+        parts = [] if self.head is None else [self.head.vectors]
+        vectors = Embeddings.concatenate(parts + self.outputs)
+        if not len(rows):
+            return rows.astype(np.int64), vectors
+        order = np.argsort(rows, kind="stable")
+        return rows[order].astype(np.int64), vectors.take(order)
+
 
 def pack_window(
     window: list[TokenizedChunk],
@@ -249,6 +262,7 @@ def embed_packed(
     stats: RunStats,
     reporter: Reporter,
     head: EmbeddedHead | None = None,
+    stopping: Callable[[], bool] = lambda: False,
 ) -> Iterator[PackedWindow]:
     """Each window packed into batches of `budget` tokens and embedded, in order, as one
     stream of batches: the next window is gathered and packed while the last batches of
@@ -256,12 +270,17 @@ def embed_packed(
     first window's first documents, embedded already: they count into `stats` as the
     batches they ran in, and go into that window's output in their place.
 
+    Once `stopping()` says so, no batch goes to the encoder after those in flight; the windows
+    left incomplete come last, as they are (`PackedWindow.complete` false).
+
     Embedding begins (`RunStats.begin_embedding`) as the first window goes to the encoder."""
     pending: deque[PackedWindow] = deque()
 
     def batches() -> Iterator[tuple[tuple[PackedWindow, int], TokenBatch | None]]:
         ahead = head
         for window in windows:
+            if stopping():
+                return
             with stats.timed("pack"):
                 packed = pack_window(window, budget, ahead, not encoder.unpadded)
             stats.begin_embedding()
@@ -271,6 +290,8 @@ def embed_packed(
                 ahead = None
             pending.append(packed)
             for number, batch in enumerate(packed.token_batches):
+                if stopping():
+                    return
                 yield (packed, number), batch
             if not packed.token_batches:
                 # Nothing to embed (bad records, rows carried over): a marker, so that the

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import chain
 from typing import TYPE_CHECKING
 
@@ -20,16 +20,19 @@ from bulkembed.batching.tokenize import TokenizedChunk
 from bulkembed.contracts import Embeddings
 from bulkembed.engine.modes import RunMode, part_writer
 from bulkembed.engine.plan import RunOutcome, RunPlan
+from bulkembed.engine.saved import OpenRows, kept_documents, save_rows, window_rows
 from bulkembed.engine.session import DeviceSession, Unsettled, start_session
+from bulkembed.engine.stopping import StopRequest
 from bulkembed.engine.stream import (
     CalibratingFormat,
     EmbeddedWindow,
+    PartlyEmbedded,
     embed_windows,
     gather_windows,
     part_schema,
 )
 from bulkembed.engine.writer import PartWriter, WriteBehind
-from bulkembed.errors import BulkembedError, OutputError
+from bulkembed.errors import BulkembedError, Interrupted, OutputError
 from bulkembed.reporting.progress import Reporter, RunStats
 from bulkembed.sources import count_records
 
@@ -73,11 +76,13 @@ def embed_in_process(
     stats: RunStats,
     done: dict[str, UnitRecord],
     reporter: Reporter,
+    stop: StopRequest,
 ) -> RunOutcome:
     """Embed on the run's devices in this process, and write behind. Where the mode knows
     the vectors' sizes without the model (`RunMode.sizes`), the documents it carries over
     are written first, and the model is loaded when the first document to embed comes:
-    never, when there is none."""
+    never, when there is none. Asked to `stop`, the run saves what it embedded and raises
+    `Interrupted` (`bulkembed.engine.saved`)."""
     config, devices = plan.config, list(plan.devices)
     sizes = writing.mode.sizes()
     writer: PartWriter | None = None
@@ -103,7 +108,12 @@ def embed_in_process(
             raise OutputError(
                 f"the model gives other vectors than {writing.mode.describe()}: run without --since"
             )
-        _embed_and_write(writing, session, writer, tokenized, stats, reporter, sessions.append)
+        with stop.graceful(reporter.warn):
+            unfinished = _embed_and_write(
+                writing, session, writer, tokenized, stats, reporter, sessions.append, stop
+            )
+        if stop.requested:
+            raise _saved_on_stop(plan, writing, writer, unfinished, stop)
         session = sessions[-1]
         return RunOutcome(
             stats,
@@ -155,7 +165,10 @@ def _write_carried(
         for _ in stats.timed_iterator("write", window.write(writer)):
             continue
         carried = chunk.chunk.carried
-        stats.carried += 0 if carried is None else len(carried.records.positions)
+        if carried is not None and carried.saved:
+            stats.saved += len(carried.records.positions)
+        elif carried is not None:
+            stats.carried += len(carried.records.positions)
         reporter.update(stats)
     return None
 
@@ -168,14 +181,46 @@ def _embed_and_write(
     stats: RunStats,
     reporter: Reporter,
     settled: Callable[[DeviceSession], None],
-) -> None:
+    stop: StopRequest,
+) -> list[PartlyEmbedded]:
     """Embed window after window in `session`, written behind by `writer`; the session
-    the first document settles it into goes to `settled`."""
+    the first document settles it into goes to `settled`. Asked to `stop`, the windows
+    embedded whole are written, and those embedded in part returned, their vectors as the
+    output stores them."""
+    writer.open_rows = OpenRows()
     with WriteBehind[EmbeddedWindow](
         lambda window: stats.timed_iterator("write", window.write(writer))
     ) as behind:
         formatted = CalibratingFormat(writing.output_format, writing.run)
-        gathered = gather_windows(tokenized, session.embedder, session.budget, stats)
-        embed_windows(gathered, session, formatted, behind.submit, stats, reporter, settled)
+        gathered = gather_windows(stop.until(tokenized), session.embedder, session.budget, stats)
+        unfinished = embed_windows(
+            gathered, session, formatted, behind.submit, stats, reporter, settled, stop.check
+        )
         behind.finish()
         stats.end_embedding()
+    if formatted.output_format.needs_ranges:
+        # int8/uint8 ranges are calibrated on the first window: one cut short is not saved.
+        return []
+    return [replace(w, vectors=formatted(w.vectors)) for w in unfinished]
+
+
+def _saved_on_stop(
+    plan: RunPlan,
+    writing: Writing,
+    writer: PartWriter,
+    unfinished: list[PartlyEmbedded],
+    stop: StopRequest,
+) -> Interrupted:
+    """Save the rows embedded but not committed (`bulkembed.engine.saved`); the error
+    that ends the run, which says what is kept and what remains."""
+    assert writer.open_rows is not None and stop.signal_number is not None
+    rows = writer.open_rows.batches()
+    for window in unfinished:
+        rows += window_rows(window.chunks, window.rows, window.vectors, writer.schema)
+    run = writing.run
+    save_rows(run.meta, rows)
+    kept = kept_documents(run, list(plan.files))
+    return Interrupted(
+        stop.signal_number,
+        f"stopped by {stop.name}: {kept.describe()}; run the same command again to resume",
+    )

@@ -33,7 +33,9 @@ from bulkembed.engine.calibration import calibrate_ahead
 from bulkembed.engine.in_process import Writing, embed_in_process, start_counting
 from bulkembed.engine.modes import RunMode
 from bulkembed.engine.plan import RunOutcome, RunPlan
+from bulkembed.engine.saved import SavedVectors
 from bulkembed.engine.session import load_ahead, settle_dtype, tell
+from bulkembed.engine.stopping import StopRequest
 from bulkembed.engine.stream import (
     gather_windows,
     resumed_output_format,
@@ -58,10 +60,11 @@ def _admitted(
     carrier: CarryOver,
     tokenized: Iterable[TokenizedChunk],
     stats: RunStats,
+    saved: SavedVectors | None,
 ) -> Iterator[TokenizedChunk]:
     """The tokenized records still to embed: first id wins (the ids of done units count
-    as seen), up to the limit; `carrier` (the mode's) carries over those it can. They are
-    counted as read into `stats`."""
+    as seen), up to the limit; `carrier` (the mode's) carries over those it can, and
+    `saved` takes those an interrupted run saved. They are counted as read into `stats`."""
     config = plan.config
     seen = SeenIds(plan.id_key)
     mine = {k: v for k, v in done.items() if plan.my_units is None or k in plan.my_units}
@@ -72,7 +75,10 @@ def _admitted(
         chunks = take(chunks, config.inputs.limit - sum(r.rows for r in done.values()))
     if config.run.on_bad_record is OnBadRecord.FAIL:
         chunks = fail_on_bad_records(chunks)
-    return _counted(leave_id_hashes(carrier.carry(chunks)), stats)
+    chunks = carrier.carry(chunks)
+    if saved is not None:
+        chunks = saved.carry(chunks)
+    return _counted(leave_id_hashes(chunks), stats)
 
 
 def _counted(chunks: Iterable[TokenizedChunk], stats: RunStats) -> Iterator[TokenizedChunk]:
@@ -93,9 +99,12 @@ def embed_locally(
     done: dict[str, UnitRecord],
     mode: RunMode,
     reporter: Reporter,
+    stop: StopRequest,
 ) -> RunOutcome:
     """Embed every unit not in `done` (nor outside this `--shard`'s share) into `sink`, as
-    `mode` says (rows carried over, each unit's upserts).
+    `mode` says (rows carried over, each unit's upserts). With one device, `stop` asked
+    (SIGINT, SIGTERM) saves what is embedded but not committed, which the next run takes
+    (`bulkembed.engine.saved`).
 
     Reading and tokenizing start first, on a thread (`ReadAhead`), so that the first window
     is tokenized while the model loads."""
@@ -112,7 +121,8 @@ def embed_locally(
         load_ahead("cpu" in devices and plan.spec.backend != "torch")
     settings = plan.tokenizer_settings
     with TokenizerPool(settings, plan.workers, plan.id_key, previous=carrier.lookup) as pool:
-        admitted = _admitted(plan, sink, done, carrier, pool.map(chunks), stats)
+        saved = SavedVectors.open(run)
+        admitted = _admitted(plan, sink, done, carrier, pool.map(chunks), stats, saved)
         with ReadAhead(admitted, lambda c: share_of_window(c, budget)) as tokenized:
             if len(devices) > 1 and plan.target.capabilities.many_writers:
                 return _embed_on_devices(
@@ -127,7 +137,7 @@ def embed_locally(
                     reporter,
                 )
             writing = Writing(run, sink, output_format, mode)
-            return embed_in_process(plan, writing, iter(tokenized), stats, done, reporter)
+            return embed_in_process(plan, writing, iter(tokenized), stats, done, reporter, stop)
 
 
 def _unit_groups(gathered: Iterator[list[TokenizedChunk]]) -> Iterator[list[list[TokenizedChunk]]]:

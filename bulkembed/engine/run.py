@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 from bulkembed.config import Engine, RunConfig
 from bulkembed.engine.modes import OpenedRun, RunMode
 from bulkembed.engine.plan import RunOutcome, RunPlan, plan_run
+from bulkembed.engine.stopping import StopRequest
 from bulkembed.errors import Interrupted
 from bulkembed.reporting.progress import QuietReporter, Reporter, RunStats
 from bulkembed.reporting.summary import Summary, check_bad_records, check_deletes, summarize
@@ -34,13 +35,17 @@ if TYPE_CHECKING:
 
 
 @contextlib.contextmanager
-def _stop_on_signals() -> Iterator[None]:
-    """Turn SIGINT and SIGTERM into `Interrupted`, so that cleanup runs and the lock drops."""
+def _stop_on_signals() -> Iterator[StopRequest]:
+    """Turn SIGINT and SIGTERM into a request to stop where the run keeps its work
+    (`StopRequest`), or else into `Interrupted`, so that cleanup runs and the lock drops."""
+    request = StopRequest()
     if threading.current_thread() is not threading.main_thread():
-        yield
+        yield request
         return
 
     def stop(signal_number: int, frame: object) -> None:
+        if request.ask(signal_number):
+            return
         name = signal.Signals(signal_number).name
         raise Interrupted(
             signal_number,
@@ -49,7 +54,7 @@ def _stop_on_signals() -> Iterator[None]:
 
     previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        yield
+        yield request
     finally:
         for number, handler in previous.items():
             signal.signal(number, handler)
@@ -80,10 +85,10 @@ def embed_corpus(config: RunConfig, reporter: Reporter | None = None) -> Summary
     one is left as it is."""
     started = _command_start()
     reporter = reporter or QuietReporter()
-    with _stop_on_signals(), contextlib.closing(reporter):
+    with _stop_on_signals() as stop, contextlib.closing(reporter):
         # Closed on the way out: a phase may hold the terminal (listing inputs, an index).
         plan = plan_run(config, reporter, started)
-        summary, precision = run_plan(plan, reporter)
+        summary, precision = run_plan(plan, reporter, stop)
     reporter.finish(summary.as_dict())
     if precision is not None and not precision.passed:
         # Said again last: a run several times slower than it could be is worth a look.
@@ -93,10 +98,12 @@ def embed_corpus(config: RunConfig, reporter: Reporter | None = None) -> Summary
     return summary
 
 
-def run_plan(plan: RunPlan, reporter: Reporter) -> tuple[Summary, PrecisionCheck | None]:
+def run_plan(
+    plan: RunPlan, reporter: Reporter, stop: StopRequest | None = None
+) -> tuple[Summary, PrecisionCheck | None]:
     """Run `plan` as its mode says: open the output, hand the pending units to an engine,
     finish the output once every unit is done, and write the summary; the summary and the
-    `--dtype auto` check, if one was made."""
+    `--dtype auto` check, if one was made. `stop` is asked by SIGINT and SIGTERM."""
     mode = plan.mode
     limited = plan.config.inputs.limit is not None
     with mode.open(plan, reporter) as opened:
@@ -105,7 +112,7 @@ def run_plan(plan: RunPlan, reporter: Reporter) -> tuple[Summary, PrecisionCheck
             summary = summarize(opened.done, stats, plan.run_info(), mode.changes(), limited)
             mode.finish(summary)
             return summary, None
-        outcome = _dispatch(opened, mode, reporter)
+        outcome = _dispatch(opened, mode, reporter, stop or StopRequest())
         _finish_if_whole(opened, reporter, mode.end(reporter.phase))
         run = opened.run
         done = run.done_units()
@@ -118,7 +125,9 @@ def run_plan(plan: RunPlan, reporter: Reporter) -> tuple[Summary, PrecisionCheck
         return summary, outcome.precision
 
 
-def _dispatch(opened: OpenedRun, mode: RunMode, reporter: Reporter) -> RunOutcome:
+def _dispatch(
+    opened: OpenedRun, mode: RunMode, reporter: Reporter, stop: StopRequest
+) -> RunOutcome:
     """Hand the pending units to the engine the configuration names."""
     plan, run, sink, done = opened.plan, opened.run, opened.sink, opened.done
     if plan.config.run.engine is Engine.RAY:
@@ -127,7 +136,7 @@ def _dispatch(opened: OpenedRun, mode: RunMode, reporter: Reporter) -> RunOutcom
         return embed_on_ray(plan, run, sink, done, mode, reporter)
     from bulkembed.engine.local import embed_locally
 
-    return embed_locally(plan, run, sink, done, mode, reporter)
+    return embed_locally(plan, run, sink, done, mode, reporter, stop)
 
 
 def _finish_if_whole(

@@ -83,6 +83,17 @@ class EmbeddedWindow:
         return write_window(writer, self.chunks, self.vectors, self.padded)
 
 
+@dataclass(frozen=True, slots=True)
+class PartlyEmbedded:
+    """A window embedded in part (the run was asked to stop): the documents embedded
+    (`rows`, positions among the window's documents) and their vectors, as the model gave
+    them."""
+
+    chunks: list[TokenizedChunk]
+    rows: np.ndarray
+    vectors: Embeddings
+
+
 def part_schema(
     reader: RecordReader, spec: ModelSpec, sizes: VectorSizes, output_format: OutputFormat
 ) -> pa.Schema:
@@ -157,19 +168,25 @@ def embed_windows(
     stats: RunStats,
     reporter: Reporter,
     settled: Callable[[DeviceSession], None],
-) -> None:
+    stopping: Callable[[], bool] = lambda: False,
+) -> list[PartlyEmbedded]:
     """Embed the windows `gathered` on `session`, and `write` each window's vectors as
     `formatted` makes them, in input order; count into `stats` (what the devices counted
     too: `DeviceCounts`). An `Unsettled` session is settled by the first window with a
     document (`Unsettled.settle`); the session it becomes is handed to `settled` at once,
-    to take its place for the next call, and to be closed."""
+    to take its place for the next call, and to be closed. Once `stopping()` says so, the
+    batches in flight finish and the windows they leave embedded in part are returned."""
 
     def emit(window: list[TokenizedChunk], embedded: Embeddings, padded: np.ndarray) -> None:
         with stats.timed("post-process"):
             vectors = formatted(embedded)
         write(EmbeddedWindow(window, vectors, padded))
-        carried = [c.chunk.carried for c in window if c.chunk.carried is not None]
-        stats.carried += sum(len(c.records.positions) for c in carried)
+        for chunk in window:
+            carried = chunk.chunk.carried
+            if carried is not None and carried.saved:
+                stats.saved += len(carried.records.positions)
+            elif carried is not None:
+                stats.carried += len(carried.records.positions)
         reporter.update(stats)
 
     # The dtype is settled on the first window with a document, before any batch runs (the
@@ -197,11 +214,24 @@ def embed_windows(
     # device seconds counted are those of the batches from here on.
     before = began[0] if began else session.counts
     packed_windows = embed_packed(
-        chain(first, gathered), session.embedder, session.budget, stats, reporter, sample
+        chain(first, gathered),
+        session.embedder,
+        session.budget,
+        stats,
+        reporter,
+        sample,
+        stopping,
     )
+    unfinished = []
     for packed in packed_windows:
-        with stats.timed("post-process"):
-            embedded, padded = packed.embedded()
         stats.counts = counted.copy()
         stats.counts.add(session.counts.since(before))
+        if not packed.complete:
+            rows, embedded = packed.embedded_so_far()
+            if len(rows):
+                unfinished.append(PartlyEmbedded(packed.chunks, rows, embedded))
+            continue
+        with stats.timed("post-process"):
+            embedded, padded = packed.embedded()
         emit(packed.chunks, embedded, padded)
+    return unfinished

@@ -25,6 +25,7 @@ import pyarrow as pa
 
 from bulkembed.batching.tokenize import TokenizedChunk
 from bulkembed.contracts import Embeddings, RowCounts, UnitRecord, part_name
+from bulkembed.engine.saved import OpenRows
 from bulkembed.schema import CONTENT_HASH, hex_strings, record_batch
 from bulkembed.sinks import Sink
 from bulkembed.sources.records import BadRecord, Carried
@@ -105,6 +106,8 @@ class PartWriter:
         # Records carried over whose vectors are not read yet: the first of their units,
         # rows of one part of the previous output in order (`Carried.source`).
         self.deferred: dict[str, list[Carried]] = {}
+        # The run's own process keeps the rows of open parts, to save them if interrupted.
+        self.open_rows: OpenRows | None = None
         sink.start(schema, fence)
 
     def write(self, tokenized: TokenizedChunk, embeddings: Embeddings, padded: np.ndarray) -> None:
@@ -125,9 +128,13 @@ class PartWriter:
             )
             counts.append(RowCounts(tokenized.lengths, tokenized.truncated_rows))
             self.embedded(chunk.part, batches[0])
+            if self.open_rows is not None:
+                self.open_rows.add(chunk.part, batches[0], chunk.file, chunk.positions)
         if carried is not None and carried.embeddings is not None:
             batches.append(_carried_batch(carried, self.schema))
             counts.append(carried.counts)
+            if carried.saved:
+                self.embedded(chunk.part, batches[-1])
         if len(batches) > 1:
             assert carried is not None
             positions = np.concatenate([chunk.positions, carried.records.positions])
@@ -139,12 +146,18 @@ class PartWriter:
         for batch in batches:
             self.sink.write(chunk.part, batch)
             tally.rows += batch.num_rows
-        tally.carried += 0 if carried is None else len(carried.records.positions)
         tally.changed += chunk.changed
         tally.bad_records += len(chunk.bad)
         tally.truncated += tokenized.truncated
         tally.tokens += int(tokenized.lengths.sum())
         tally.padded_tokens += int(padded.sum())
+        if carried is not None and carried.saved:
+            # Embedded by this run before an interrupt: counted as embedded, unpadded.
+            tally.tokens += int(carried.counts.tokens.sum())
+            tally.padded_tokens += int(carried.counts.tokens.sum())
+            tally.truncated += int(carried.counts.truncated.sum())
+        elif carried is not None:
+            tally.carried += len(carried.records.positions)
         tally.carried_tokens += tokenized.carried_tokens
         tally.carried_truncated += tokenized.carried_truncated
         tally.cut += tokenized.cut
@@ -182,6 +195,8 @@ class PartWriter:
         else:
             self._write_deferred(record.part)
             found = self.sink.commit(record.part, label)
+        if self.open_rows is not None:
+            self.open_rows.drop(record.part)
         self.committed(replace(record, **found), bad)
 
     def _adopted(self, record: UnitRecord, label: dict[str, Any]) -> bool:

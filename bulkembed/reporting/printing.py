@@ -26,7 +26,7 @@ def _fit(line: str, width: int = SUMMARY_WIDTH) -> str:
 
 
 def summary_lines(summary: dict[str, Any]) -> list[str]:
-    """The end of a run in at most 9 lines: what the output holds, this run's speed (and,
+    """The end of a run in at most 10 lines: what the output holds, this run's speed (and,
     when it ran batches, their padding and the device's idle time), the model, changes
     against `--since` (and the rows it did not delete), bad and truncated records, and
     where the full figures are (`summary.json`, `bulkembed status`). Lines are cut in the
@@ -54,6 +54,11 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
         f"{', flat' if summary.get('attention') == 'flat' else ''}): "
         f"{summary.get('outputs')}",
     ]
+    if summary.get("saved_this_run"):
+        lines.append(
+            f"{counted(summary['saved_this_run'], things[:-1])} embedded before an interrupt "
+            "taken as saved"
+        )
     if summary.get("new") is not None:
         lines += _since_lines(summary)
     if summary.get("bad_records"):

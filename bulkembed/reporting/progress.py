@@ -33,7 +33,9 @@ STAGES = ("read", "tokenize", "pack", "model", "post-process", "write")
 @dataclass(slots=True)
 class RunStats:
     """Counters of a run, updated after every batch. `docs` went through the model;
-    `carried` were copied from a previous output (`--since`); `read` were tokenized (or
+    `carried` were copied from a previous output (`--since`); `saved` were embedded by an
+    earlier run of the command, which an interrupt stopped (`bulkembed.engine.saved`);
+    `read` were tokenized (or
     carried over) by this process so far, ahead of the model, and `read_tokens` are the
     tokens of those of them to embed (for the ETA); `encode_seconds` is the time
     the model was busy (batches in, vectors back on the host); `counts` what the devices
@@ -51,6 +53,7 @@ class RunStats:
 
     docs: int = 0
     carried: int = 0
+    saved: int = 0
     read: int = 0
     read_tokens: int = 0
     encode_seconds: float = 0.0
@@ -99,6 +102,7 @@ class RunStats:
         times `share`: with N devices side by side, 1/N makes the seconds the mean device's."""
         self.docs += other.docs
         self.carried += other.carried
+        self.saved += other.saved
         self.encode_seconds += other.encode_seconds * share
         self.tokens += other.tokens
         self.padded_tokens += other.padded_tokens
@@ -265,7 +269,7 @@ class LogReporter(QuietReporter):
 
     def update(self, stats: RunStats) -> None:
         super().update(stats)
-        self.progress.count(stats.docs + stats.carried, stats.tokens)
+        self.progress.count(stats.docs + stats.carried + stats.saved, stats.tokens)
         self.progress.read(stats.read, stats.read_tokens)
 
     def finish(self, summary: dict[str, Any]) -> None:

@@ -54,6 +54,7 @@ class PreviousCounts:
 class Summary:
     """What the output holds, over every run that wrote it (`docs` ... `parts`), this run's
     figures (`docs_this_run` ... `stage_seconds`, the busy seconds of each stage;
+    `saved_this_run`, documents an interrupted run embedded and saved, taken by this one;
     `float32_retries_this_run`, batches embedded again in float32) and
     settings (`run`: model, device, dtype, ...). Written as `summary.json` (`as_dict`).
 
@@ -73,6 +74,7 @@ class Summary:
     units: int
     parts: int
     docs_this_run: int
+    saved_this_run: int
     batches_this_run: int
     float32_retries_this_run: int
     seconds: float
@@ -150,6 +152,7 @@ def summarize(
         units=len(done),
         parts=sum(1 for r in done.values() if r.rows),
         docs_this_run=stats.docs,
+        saved_this_run=stats.saved,
         batches_this_run=stats.batches,
         float32_retries_this_run=stats.counts.float32_retries,
         seconds=round(stats.seconds, 3),

@@ -40,6 +40,7 @@ from bulkembed.run_dir.files import (
     MODE_FILE,
     OWN_FILES,
     OWN_NAMES,
+    SAVED_FILE,
     TEMPORARY,
     read_json,
     write_json_atomically,
@@ -321,8 +322,26 @@ class RunDirectory:
         self.ledger.mark_done(record, bad)
 
     def mark_complete(self, units: int) -> None:
-        """Every unit of the inputs is done: there are `units` of them."""
+        """Every unit of the inputs is done: there are `units` of them. Vectors that an
+        interrupted run saved for the next (`bulkembed.engine.saved`) are not needed now."""
         self.ledger.mark_complete(units)
+        for path in self.saved_files():
+            path.unlink(missing_ok=True)
+
+    def saved_files(self) -> list[AnyPath]:
+        """The files of vectors that interrupted runs saved for the next
+        (`bulkembed.engine.saved`)."""
+        if not self.meta.is_dir():
+            return []
+        return sorted(p for p in self.meta.iterdir() if SAVED_FILE.fullmatch(p.name))
+
+    def saved_documents(self) -> int:
+        """How many documents the saved files hold (their footers say)."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        files = self.saved_files()
+        return sum(pq.read_metadata(pa.BufferReader(p.read_bytes())).num_rows for p in files)
 
     def is_complete(self, done: Collection[str] | None = None) -> bool:
         """Whether every unit is done (`Ledger.is_complete`)."""

@@ -33,8 +33,13 @@ OWN_FILES = (
 )
 # Temporary files: `.NAME.PID-TOKEN.tmp` (`write_json_atomically`) and the quarantine's.
 TEMPORARY = re.compile(r"\..+\.\d+-[0-9a-f]{8}\.tmp|\.bad_records(\.shard-\d+-of-\d+)?\.jsonl\.tmp")
+# Vectors an interrupted run saved for the next (`bulkembed.engine.saved`).
+SAVED_FILE = re.compile(r"saved-[0-9a-f]{16}\.parquet")
 OWN_NAMES = re.compile(
-    r"bad_records\.shard-\d+-of-\d+\.jsonl|lock\.shard-\d+-of-\d+|" + TEMPORARY.pattern
+    r"bad_records\.shard-\d+-of-\d+\.jsonl|lock\.shard-\d+-of-\d+|"
+    + SAVED_FILE.pattern
+    + "|"
+    + TEMPORARY.pattern
 )
 MARKER = re.compile(r"part-\d{5,}-\d{6,}\.json")
 

@@ -19,8 +19,10 @@ from bulkembed.config import DEFAULT_RECORDS_PER_UNIT
 STATES = ("not-started", "running", "stopped", "complete", "failed")
 
 if TYPE_CHECKING:
+    from bulkembed.contracts import UnitRecord
     from bulkembed.run_dir import RunDirectory
     from bulkembed.sinks import Sink
+    from bulkembed.sources import InputFile
     from bulkembed.storage import StorageOptions
 
 
@@ -67,10 +69,14 @@ def run_status(
     else:
         state, message = "stopped", "unfinished: run the same command to resume"
     pending: int | None = 0
+    remaining: int | None = 0
+    saved = 0
     if not run.is_complete(done):
+        saved = run.saved_documents()
         readable = all(s.path.is_file() for s in files)
         records = config.get("records_per_unit", DEFAULT_RECORDS_PER_UNIT)
         pending = len(set(unit_names(files, records)) - set(done)) if readable else None
+        remaining = _remaining(files, done, saved) if readable else None
     settings = ("model", "recipe", "pooling", "normalize", "max_length", "dtype", "device")
     return {
         "output": run.label,
@@ -79,9 +85,24 @@ def run_status(
         "units_done": len(done),
         "units_pending": pending,
         "docs": sum(r.rows for r in done.values()),
+        "docs_saved": saved,
+        "docs_remaining": remaining,
         "bad_records": sum(r.bad_records for r in done.values()),
         "truncated": sum(r.truncated + r.carried_truncated for r in done.values()),
         "inputs": len(files),
         "lock": holder,
         **{key: config.get(key) for key in settings},
     }
+
+
+def _remaining(files: list[InputFile], done: dict[str, UnitRecord], saved: int) -> int | None:
+    """Records of `files` neither in a unit done nor saved by an interrupted run (None:
+    they cannot be counted)."""
+    from bulkembed.errors import BulkembedError
+    from bulkembed.sources import count_records
+
+    try:
+        total = count_records(files)
+    except BulkembedError:
+        return None
+    return max(0, total - sum(r.rows + r.bad_records for r in done.values()) - saved)

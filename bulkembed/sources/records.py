@@ -208,12 +208,15 @@ class Carried:
     """Records whose text is unchanged since a previous output, their output columns from
     it (`embeddings`: dense, sparse, multivector as that output wrote them) and their
     counts. Where they are `source`, rows of one part of it in order, `embeddings` may be
-    None: read only if the rows are written (their unit's part is not carried over whole)."""
+    None: read only if the rows are written (their unit's part is not carried over whole).
+    `saved` records are not carried over but embedded by this run before it was interrupted
+    (`bulkembed.engine.saved`): they count as embedded."""
 
     records: Chunk
     embeddings: pa.Table | None
     counts: RowCounts
     source: PreviousRows | None = None
+    saved: bool = False
 
     @property
     def nbytes(self) -> int:
@@ -241,8 +244,18 @@ class Carried:
             return self, None
         head, tail = slice(0, cut), slice(cut, None)
         return (
-            Carried(self.records.rows(head), self.embeddings.slice(0, cut), self.counts.take(head)),
-            Carried(self.records.rows(tail), self.embeddings.slice(cut), self.counts.take(tail)),
+            Carried(
+                self.records.rows(head),
+                self.embeddings.slice(0, cut),
+                self.counts.take(head),
+                saved=self.saved,
+            ),
+            Carried(
+                self.records.rows(tail),
+                self.embeddings.slice(cut),
+                self.counts.take(tail),
+                saved=self.saved,
+            ),
         )
 
 
