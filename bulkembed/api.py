@@ -16,7 +16,9 @@ or one read from stdin, works.
 
 from __future__ import annotations
 
+import asyncio
 import os
+import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import replace
@@ -28,6 +30,15 @@ import pyarrow as pa
 from bulkembed.config import RUNTIME_SETTINGS, VECTOR_SETTINGS, RunConfig
 from bulkembed.contracts import Embeddings, SparseRows
 from bulkembed.errors import ModelError, UsageError, one_line
+
+if TYPE_CHECKING:
+    from langchain_core.embeddings import Embeddings as _LangChainEmbeddings
+else:
+    try:
+        from langchain_core.embeddings import Embeddings as _LangChainEmbeddings
+    except ImportError:
+        # LangChain takes any object with its methods: `TextEncoder` has them all.
+        _LangChainEmbeddings = object
 
 if TYPE_CHECKING:
     from bulkembed.batching.tokenize import TextTokenizer, TokenizedChunk
@@ -155,7 +166,7 @@ def load_recorded(
     return encoder
 
 
-class TextEncoder:
+class TextEncoder(_LangChainEmbeddings):
     """A model loaded in this process, embedding texts as `bulkembed run` does.
 
     - `encode(texts)`: with the prompt the settings name (`prompt`, `prompt_name`), else the
@@ -177,12 +188,14 @@ class TextEncoder:
     the first call checks it, as a run does at start-up: its first 64 texts are embedded
     in float32 and in the candidate, and the candidate is kept only if they agree. With
     `quantize="int8"` or `"uint8"` the first call's texts (two at least) calibrate the
-    ranges that every later call uses. One call at a time: an encoder is not meant to be
-    shared between threads.
+    ranges that every later call uses. Calls from several threads take turns: one embeds
+    at a time.
 
     `embed_documents(texts)` and `embed_query(text)` are LangChain's `Embeddings`: the dense
     vectors of `encode_document` and `encode_query` as lists of floats, so the encoder can
-    be given wherever LangChain takes an embedding model."""
+    be given wherever LangChain takes an embedding model (with `langchain-core` installed,
+    it is a subclass of its `Embeddings`). `aembed_documents` and `aembed_query` embed on a
+    worker thread, so an event loop runs on while they do."""
 
     def __init__(self, config: RunConfig, ranges: list[list[float]] | None = None) -> None:
         from bulkembed.engine.session import start_session
@@ -206,6 +219,8 @@ class TextEncoder:
             self.spec, devices, config.batching.dtype, None, self._reporter
         )
         self._tokenizers: dict[str, TextTokenizer] = {}
+        # One call embeds at a time, whichever thread it comes from.
+        self._turn = threading.Lock()
 
     @property
     def outputs(self) -> tuple[str, ...]:
@@ -262,6 +277,14 @@ class TextEncoder:
         row: list[float] = self._dense(self.encode_query([text]), "embed_query")[0].tolist()
         return row
 
+    async def aembed_documents(self, texts: list[str]) -> list[list[float]]:
+        """LangChain's async `embed_documents`, embedded on a worker thread."""
+        return await asyncio.to_thread(self.embed_documents, texts)
+
+    async def aembed_query(self, text: str) -> list[float]:
+        """LangChain's async `embed_query`, embedded on a worker thread."""
+        return await asyncio.to_thread(self.embed_query, text)
+
     def _dense(self, embedded: Embeddings, call: str) -> np.ndarray:
         if embedded.dense is None:
             raise UsageError(
@@ -313,16 +336,17 @@ class TextEncoder:
         from bulkembed.reporting.progress import RunStats
 
         stats = RunStats()
-        session = self._session
         found: list[Embeddings] = []
 
         def keep(window: EmbeddedWindow) -> None:
             found.append(window.vectors)
 
-        gathered = gather_windows(chunks, session.embedder, session.budget, stats)
-        embed_windows(
-            gathered, session, self._formatted, keep, stats, self._reporter, self._settled
-        )
+        with self._turn:
+            session = self._session
+            gathered = gather_windows(chunks, session.embedder, session.budget, stats)
+            embed_windows(
+                gathered, session, self._formatted, keep, stats, self._reporter, self._settled
+            )
         return Embeddings.concatenate(found)
 
     def _settled(self, session: DeviceSession) -> None:

@@ -84,7 +84,9 @@ def openvino_image_tower(
 ) -> OpenVINOImageTower:
     """The image tower of `model` (float32, on the CPU) converted by OpenVINO into the
     export cache unless a valid conversion is there, compiled in `dtype`."""
-    import openvino as ov
+    from bulkembed.encoders.openvino_import import import_openvino
+
+    ov = import_openvino()
 
     assert spec.image is not None, "a two-tower model's spec has its image preprocessing"
     height, width = spec.image.shape

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from bulkembed.encoders.openvino_import import import_openvino
 from bulkembed.errors import ModelError
 from bulkembed.models.export_cache import converted, installed_version
 from bulkembed.models.model_files import find_model_config, read_json
@@ -139,7 +140,7 @@ def _example(vocabulary: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 def converted_graph(source: str, module: Any, example: Any, shapes: list[Any]) -> Any:
     """`module` traced on `example` into an OpenVINO graph with the input `shapes`."""
-    import openvino as ov
+    ov = import_openvino()
     import torch
 
     try:
@@ -156,7 +157,7 @@ def converted_graph(source: str, module: Any, example: Any, shapes: list[Any]) -
 def convert(load: Callable[[], Any], source: str, masked_lm: bool, folder: Path) -> None:
     """Trace the PyTorch model that `load()` returns (float32, on the CPU) with dynamic batch
     and length, and save the graph as `folder/model.xml` and `model.bin`."""
-    import openvino as ov
+    ov = import_openvino()
     import torch
 
     model = load()
@@ -207,7 +208,7 @@ def cached_graph(
     is replaced, and when the cache cannot be written (the conversion is then made in a
     temporary folder, removed once read); a conversion that fails, or cannot be written
     there either, is a `ModelError`."""
-    import openvino as ov
+    ov = import_openvino()
 
     def rebuilt(reason: str) -> None:
         tell(
@@ -230,7 +231,7 @@ def cached_graph(
 
 def compiled_for_cpu(graph: Any, dtype: torch.dtype, threads: int) -> Any:
     """`graph` compiled for the CPU plugin to compute in `dtype` on `threads` threads."""
-    import openvino as ov
+    ov = import_openvino()
 
     settings = {
         "INFERENCE_PRECISION_HINT": _PRECISIONS[str(dtype)],

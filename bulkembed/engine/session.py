@@ -274,7 +274,9 @@ def load_ahead(openvino: bool) -> None:
             import torch  # noqa: F401
         with contextlib.suppress(Exception):
             if openvino:
-                import openvino as ov  # noqa: F401
+                from bulkembed.encoders.openvino_import import import_openvino
+
+                import_openvino()
             else:
                 from transformers import AutoModel  # noqa: F401
 

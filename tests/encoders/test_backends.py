@@ -4,6 +4,8 @@ its export cache (corrupt, other weights, cut short, two processes at once)."""
 import json
 import multiprocessing
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -455,3 +457,50 @@ def test_a_conversion_that_fails_for_another_reason_is_not_blamed_on_the_cache(
         f"OpenVINO cannot convert {spec.source}: [Errno 111] Connection refused; running it "
         "in PyTorch instead"
     ]
+
+
+def _without_ci(home):
+    """This environment with `home` as the home folder, and none of the variables by which
+    OpenVINO tells a CI job (where it declines its telemetry by itself)."""
+    environment = {
+        k: v for k, v in os.environ.items() if k not in ("CI", "TF_BUILD", "JENKINS_URL")
+    }
+    return {**environment, "HOME": str(home), "HF_HUB_OFFLINE": "1"}
+
+
+def test_a_run_on_openvino_sends_no_telemetry_and_writes_nothing_home(tmp_path, tiny_st):
+    home = tmp_path / "home"
+    home.mkdir()
+    write_jsonl(
+        tmp_path / "c.jsonl", [{"id": f"d{i}", "text": t} for i, t in enumerate(sample_texts(20))]
+    )
+    arguments = ["run", str(tmp_path / "c.jsonl"), "--model", str(tiny_st("mean"))]
+    arguments += ["--output", str(tmp_path / "out"), "--backend", "openvino", "--quiet"]
+    script = (
+        "import sys, threading; from bulkembed.cli import app\n"
+        "try:\n    app(sys.argv[1:], prog_name='bulkembed')\nexcept SystemExit as e:\n"
+        "    assert not e.code, e.code\n"
+        "assert sys.modules.get('openvino_telemetry') is None\n"
+        "assert 'openvino' in sys.modules\n"
+        "print(sorted(t.name for t in threading.enumerate()))\n"
+    )
+    ran = subprocess.run(
+        [sys.executable, "-c", script, *arguments],
+        env=_without_ci(home),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.strip() == "['MainThread']"
+    assert list(home.iterdir()) == []
+
+
+def test_openvino_telemetry_is_openvinos_to_decide_when_asked_for(tmp_path):
+    home = tmp_path / "home"
+    home.mkdir()
+    script = "from bulkembed.encoders.openvino_import import import_openvino; import_openvino()"
+    environment = {**_without_ci(home), "BULKEMBED_OPENVINO_TELEMETRY": "1"}
+    subprocess.run([sys.executable, "-c", script], env=environment, check=True, timeout=120)
+    # OpenVINO's own choice: its client id, written where it writes it.
+    assert (home / "intel" / "openvino_ga_cid").exists()

@@ -247,6 +247,9 @@ def _checked_queries(workspace: Path, shown: str) -> None:
     import numpy as np
 
     assert np.load(workspace / "v.npy").shape == (2, 32)
+    # Three documents of the corpus, found in the output that kept their texts.
+    found = [line.split()[0] for line in shown.splitlines() if re.match(r"[ab]-\d+ ", line)]
+    assert len(found) == 3 and set(found) <= set(_corpus_ids(workspace))
 
 
 def _checked_images(workspace: Path, shown: str) -> None:
