@@ -255,3 +255,26 @@ def doc_blocks(page: Path) -> Iterator[tuple[int, str, str]]:
                 language = None
         elif language is not None:
             lines.append(line)
+
+
+# The exit status of `bulkembed status` in each state (as the docs' table gives it).
+STATUS_EXITS = {
+    "missing": 66,
+    "not-started": 66,
+    "running": 75,
+    "stopped": 5,
+    "complete": 0,
+    "withheld": 4,
+    "damaged": 65,
+    "failed": 1,
+}
+
+
+def status_of(out: Any) -> dict:
+    """`bulkembed status OUT --json`, checked to exit with its state's status."""
+    from bulkembed.cli import app
+
+    result = CliRunner().invoke(app, ["status", str(out), "--json"])
+    status = json.loads(result.stdout)
+    assert result.exit_code == STATUS_EXITS[status["state"]], result.output
+    return status

@@ -90,8 +90,13 @@ def test_unknown_prompt_name_lists_the_known_ones(tiny_bert):
 
 def test_unknown_model_says_where_it_looked(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    with pytest.raises(ModelError, match="unknown model 'no-such/model': not a bundled recipe"):
+    with pytest.raises(ModelError) as offline:
         resolve_model(_config("no-such/model"))
+    assert str(offline.value) == (
+        "model 'no-such/model' is not in the Hugging Face cache, and the Hub cannot be "
+        "reached (offline): run `bulkembed pull no-such/model` where the Hub can be reached, "
+        "or pass a local folder"
+    )
     # A bundled recipe whose weights are not cached, offline: the recipe is known, the
     # weights are what is missing.
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
@@ -102,8 +107,8 @@ def test_unknown_model_says_where_it_looked(tmp_path, monkeypatch):
         "not in the Hugging Face cache and cannot be fetched from the Hub ("
     )
     assert str(missing.value).endswith(
-        "connect once to download them, or pass a local copy: --model FOLDER --recipe "
-        "all-minilm-l6-v2"
+        "run `bulkembed pull all-minilm-l6-v2` where the Hub can be reached, or pass a local "
+        "copy: --model FOLDER --recipe all-minilm-l6-v2"
     )
 
 

@@ -140,13 +140,16 @@ def status(
     ] = False,
     storage_option: StorageOption = None,
 ) -> None:
-    """Progress of a run: its state (not-started, running, stopped, complete, failed),
-    units done and pending, documents, bad records, lock."""
+    """Progress of a run: its state, units done and pending, documents (done, saved by an
+    interrupted run, remaining), bad records, lock. Exits with the state's status: 0
+    complete; 1 failed; 3 or 4 finished without deleting (over --max-bad-records or
+    --max-deletes); 5 stopped (run the command again); 65 damaged; 66 missing or
+    not-started (no run there); 75 running."""
 
-    def action() -> None:
+    def action() -> int:
         from bulkembed.engine.sync import latest_run
         from bulkembed.reporting.printing import print_status
-        from bulkembed.run_dir.status import run_status
+        from bulkembed.run_dir.status import exit_status, run_status
         from bulkembed.sinks import parse_output
         from bulkembed.storage import StorageOptions
 
@@ -158,17 +161,51 @@ def status(
             typer.echo(json.dumps(figures))
         else:
             print_status(figures)
+        return exit_status(figures)
 
-    _guarded(action)
+    code = _guarded(action)
+    if code:
+        raise typer.Exit(code)
 
 
 @recipes_app.callback(invoke_without_command=True)
-def recipes(context: typer.Context) -> None:
-    """List the bundled recipes."""
+def recipes(
+    context: typer.Context,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print a JSON list instead of a table.")
+    ] = False,
+) -> None:
+    """List the bundled recipes: name, hub id, whether the weights are in the Hugging Face
+    cache (`bulkembed pull RECIPE` downloads them), description."""
     if context.invoked_subcommand is not None:
         return
-    for item in _guarded(list_recipes):
-        typer.echo(f"{item.name:<24} {item.model:<44} {item.description}")
+
+    def action() -> list[dict[str, Any]]:
+        from bulkembed.models.hub import cached_snapshot
+
+        listed = []
+        for item in list_recipes():
+            cached = cached_snapshot(item.model, item.revision)
+            listed.append(
+                {
+                    "name": item.name,
+                    "model": item.model,
+                    "cached": None if cached is None else str(cached),
+                    "description": item.description,
+                }
+            )
+        return listed
+
+    listed = _guarded(action)
+    if as_json:
+        typer.echo(json.dumps(listed))
+        return
+    for item in listed:
+        cached = "cached" if item["cached"] else "-"
+        typer.echo(f"{item['name']:<24} {item['model']:<44} {cached:<7} {item['description']}")
+    from huggingface_hub.constants import HF_HUB_CACHE
+
+    typer.echo(f"cached: in {HF_HUB_CACHE} (bulkembed pull RECIPE downloads one)")
 
 
 @recipes_app.command("show")
@@ -176,12 +213,42 @@ def show_recipe(name: Annotated[str, typer.Argument(help="Recipe name.")]) -> No
     """Print one recipe file."""
 
     def action() -> str:
+        from bulkembed.models.hub import did_you_mean
+
         found = find_recipe(name)
         if found is None or found.path is None:
-            raise UsageError(f"unknown recipe '{name}': see `bulkembed recipes`")
+            raise UsageError(
+                f"unknown recipe '{name}': see `bulkembed recipes`{did_you_mean(name)}"
+            )
         return found.path.read_text(encoding="utf-8")
 
     typer.echo(_guarded(action), nl=False)
+
+
+@app.command()
+def pull(
+    name: Annotated[
+        str, typer.Argument(help="A recipe (all-minilm-l6-v2) or a hub id (BAAI/bge-m3).")
+    ],
+    revision: Annotated[
+        str | None,
+        typer.Option(
+            help="A branch, tag or commit of the model (default: the recipe's, else main)."
+        ),
+    ] = None,
+) -> None:
+    """Download what a run reads of a model (configuration, tokenizer, weights) into the
+    Hugging Face cache, for later runs without the network (HF_HUB_OFFLINE=1). Where the
+    Hub cannot be reached, say whether the cache holds it already."""
+
+    def action() -> str:
+        from bulkembed.models.hub import pull as pull_model
+
+        repository, _, folder = pull_model(name, revision)
+        what = name if repository == name else f"{name} ({repository})"
+        return f"{what} is in {folder}"
+
+    typer.echo(_guarded(action))
 
 
 app.command("embed")(embed_command(_guarded))

@@ -10,6 +10,7 @@ from typing import Any
 
 from bulkembed.errors import ModelError
 from bulkembed.models.file_digests import file_digests
+from bulkembed.models.hub import looks_like_a_path, not_found
 
 _COMMIT = re.compile(r"[0-9a-f]{40}")
 
@@ -98,20 +99,22 @@ def find_model_config(source: str, revision: str | None, recipe: str | None = No
         return found
     if Path(source).expanduser().exists():
         raise ModelError(f"--model {source} is a file; pass a model folder, a hub id or a recipe")
+    if looks_like_a_path(source):
+        raise ModelError(
+            f"no such folder: {source} (a model folder holds config.json); pass a folder that "
+            "exists, a recipe or a hub id"
+        )
     try:
         found = model_file(source, revision, "config.json")
     except (OSError, ValueError) as e:
         if recipe is not None:
             raise ModelError(
                 f"the weights of recipe '{recipe}' ({source}) are not in the Hugging Face "
-                f"cache and cannot be fetched from the Hub ({type(e).__name__}): connect once "
-                f"to download them, or pass a local copy: --model FOLDER --recipe {recipe}"
+                f"cache and cannot be fetched from the Hub ({type(e).__name__}): run "
+                f"`bulkembed pull {recipe}` where the Hub can be reached, or pass a local "
+                f"copy: --model FOLDER --recipe {recipe}"
             ) from e
-        raise ModelError(
-            f"unknown model '{source}': not a bundled recipe (see `bulkembed recipes`), "
-            f"not a local folder, and not found on the Hugging Face Hub or in its cache "
-            f"({type(e).__name__})"
-        ) from e
+        raise not_found(source, revision, e) from e
     if found is None:
         raise ModelError(f"model {source} on the Hugging Face Hub has no config.json")
     return found

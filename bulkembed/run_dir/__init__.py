@@ -160,7 +160,7 @@ class RunDirectory:
             except BulkembedError as e:
                 # Damage found: `status` says the output failed until a run mends it.
                 with contextlib.suppress(OSError, BulkembedError):
-                    self.record_failure(exit_status(e), one_line(e))
+                    self.record_failure(exit_status(e), one_line(e), damaged=True)
                 raise
         except BaseException:
             self.lock.release()
@@ -384,10 +384,12 @@ class RunDirectory:
     def write_summary(self, summary: dict[str, Any]) -> None:
         write_json_atomically(self.summary_path, summary)
 
-    def record_failure(self, exit_code: int, message: str) -> None:
-        """The last run ended with an error (`bulkembed status` says `failed`) until the
-        next run starts (`clear_failure`)."""
-        write_json_atomically(self.failure_path, {"exit_code": exit_code, "error": message})
+    def record_failure(self, exit_code: int, message: str, damaged: bool = False) -> None:
+        """The last run ended with an error (`bulkembed status` says `failed`, or
+        `damaged` where it found the output damaged) until the next run starts
+        (`clear_failure`)."""
+        failure = {"exit_code": exit_code, "error": message, "damaged": damaged}
+        write_json_atomically(self.failure_path, failure)
 
     def clear_failure(self) -> None:
         self.failure_path.unlink(missing_ok=True)

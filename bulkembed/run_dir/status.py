@@ -1,13 +1,21 @@
 """`bulkembed status`: where a run directory stands.
 
-`state` is one of `STATES`, for scripts; `message` says the same to a person:
+`state` is one of `STATES`, for scripts, and the command exits with its status
+(`exit_status`); `message` says the same to a person:
 
-- not-started: the output holds no run directory;
-- running: a live run holds the output's lock or lease;
-- stopped: unfinished, and no run holds it (interrupted, or killed): run the command again;
-- complete: every unit is done (and the last run did not fail);
-- failed: the last run ended with an error (`failed.json`, cleared when a run starts), also
-  one that found a finished output damaged.
+- missing (66): the output does not exist;
+- not-started (66): the output holds no run directory;
+- running (75): a live run holds the output's lock or lease;
+- stopped (5): unfinished, and no run holds it (interrupted, or killed): run the command
+  again;
+- complete (0): every unit is done (and the last run did not fail);
+- withheld (4, or 3): every unit is done, but the ids gone from the input were not deleted:
+  more than `--max-deletes` (or, 3, the run set aside more bad records than
+  `--max-bad-records`);
+- damaged (65): units marked done whose rows are gone from the output, or a run that found
+  the output damaged (a part cut short, a missing configuration);
+- failed (1): the last run ended with another error (`failed.json`, cleared when a run
+  starts).
 """
 
 from __future__ import annotations
@@ -15,8 +23,30 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from bulkembed.config import DEFAULT_RECORDS_PER_UNIT
+from bulkembed.errors import ExitCode
+from bulkembed.wording import counted
 
-STATES = ("not-started", "running", "stopped", "complete", "failed")
+STATES = (
+    "missing",
+    "not-started",
+    "running",
+    "stopped",
+    "complete",
+    "withheld",
+    "damaged",
+    "failed",
+)
+# The exit status of `bulkembed status` for each state (`withheld` by --max-bad-records: 3).
+EXIT_STATUS = {
+    "missing": 66,
+    "not-started": 66,
+    "running": int(ExitCode.OUTPUT_LOCKED),
+    "stopped": 5,
+    "complete": 0,
+    "withheld": int(ExitCode.TOO_MANY_DELETES),
+    "damaged": 65,
+    "failed": int(ExitCode.FAILED),
+}
 
 if TYPE_CHECKING:
     from bulkembed.contracts import UnitRecord
@@ -24,6 +54,13 @@ if TYPE_CHECKING:
     from bulkembed.sinks import Sink
     from bulkembed.sources import InputFile
     from bulkembed.storage import StorageOptions
+
+
+def exit_status(status: dict[str, Any]) -> int:
+    """What `bulkembed status` exits with for `status` (`run_status`)."""
+    if status["state"] == "withheld" and status.get("deletes_held_by") == "--max-bad-records":
+        return int(ExitCode.TOO_MANY_BAD_RECORDS)
+    return EXIT_STATUS[status["state"]]
 
 
 def run_status(
@@ -41,6 +78,12 @@ def run_status(
     if not run.config_path.exists():
         if holder:
             return {"output": run.label, "state": "running", "message": f"starting ({holder})"}
+        if not run.output.exists():
+            return {
+                "output": run.label,
+                "state": "missing",
+                "message": f"{run.label} does not exist: check the path, or run bulkembed run",
+            }
         return {
             "output": run.label,
             "state": "not-started",
@@ -56,14 +99,24 @@ def run_status(
     paths = [(location(i["path"], options), i["name"]) for i in inputs]
     files = [InputFile(p, name, format_name(p) or "", sizes[name]) for p, name in paths]
     failure = run.read_failure()
+    withheld = _withheld(run) if run.is_complete(done) else None
     if holder:
         state, message = "running", f"running ({holder})"
     elif failure is not None:
-        state = "failed"
+        state = "damaged" if failure.get("damaged") else "failed"
         message = (
             f"failed with exit status {failure['exit_code']}: {failure['error']}; run the "
             "same command to resume"
         )
+    elif lost:
+        state = "damaged"
+        message = (
+            f"{counted(len(lost), 'unit')} marked done but their rows are gone from "
+            f"{run.label} ({', '.join(sorted(lost)[:3])}{', ...' if len(lost) > 3 else ''}): "
+            "run the same command to embed them again"
+        )
+    elif withheld is not None:
+        state, message = "withheld", withheld
     elif run.is_complete(done):
         state, message = "complete", "every unit is done"
     else:
@@ -91,6 +144,7 @@ def run_status(
         "truncated": sum(r.truncated + r.carried_truncated for r in done.values()),
         "inputs": len(files),
         "lock": holder,
+        **_deletes(run),
         **{key: config.get(key) for key in settings},
     }
 
@@ -106,3 +160,32 @@ def _remaining(files: list[InputFile], done: dict[str, UnitRecord], saved: int) 
     except BulkembedError:
         return None
     return max(0, total - sum(r.rows + r.bad_records for r in done.values()) - saved)
+
+
+def _deletes(run: RunDirectory) -> dict[str, Any]:
+    """The last summary's deletes withheld, and the option that withheld them, if any."""
+    from bulkembed.errors import BulkembedError
+    from bulkembed.run_dir.files import read_json
+
+    if not run.summary_path.exists():
+        return {}
+    try:
+        summary = read_json(run.summary_path)
+    except BulkembedError:
+        return {}
+    if not summary.get("deletes_withheld"):
+        return {}
+    return {k: summary.get(k) for k in ("deletes_withheld", "deletes_held_by")}
+
+
+def _withheld(run: RunDirectory) -> str | None:
+    """What a finished run that withheld its deletes says (None: it withheld none)."""
+    deletes = _deletes(run)
+    if not deletes:
+        return None
+    ids = counted(deletes["deletes_withheld"], "id")
+    limit = deletes["deletes_held_by"]
+    return (
+        f"finished without deleting: {ids} gone from the input kept (over {limit}): check "
+        f"the input, or run the same command with a higher {limit}"
+    )

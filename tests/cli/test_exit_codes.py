@@ -8,7 +8,14 @@ import socket
 
 import pyarrow.parquet as pq
 import pytest
-from helpers import fail_at_commit, fill_the_disk_at_commit, records, run_cli, write_jsonl
+from helpers import (
+    fail_at_commit,
+    fill_the_disk_at_commit,
+    records,
+    run_cli,
+    status_of,
+    write_jsonl,
+)
 from typer.testing import CliRunner
 
 from bulkembed.cli import app
@@ -25,12 +32,6 @@ from bulkembed.errors import (
 from bulkembed.run_dir import LockedError, RunDirectory
 
 FLOAT32 = ("--dtype", "float32", "--max-batch-tokens", "512", "--records-per-unit", "10")
-
-
-def _status(out) -> dict:
-    result = CliRunner().invoke(app, ["status", str(out), "--json"])
-    assert result.exit_code == 0, result.output
-    return json.loads(result.stdout)
 
 
 def _corpus_with_bad_lines(tmp_path, good: int = 20):
@@ -73,14 +74,16 @@ def test_a_usage_error_exits_2_and_a_failed_run_1(tmp_path, tiny_st):
         fill_the_disk_at_commit(patched, 2)
         failed = run_cli(corpus, tiny_st("mean"), out, *FLOAT32)
     assert failed.exit_code == 1 and "No space left on device" in failed.stderr
-    status = _status(out)
+    status = status_of(out)
     assert (status["state"], status["units_done"], status["units_pending"]) == ("failed", 1, 1)
     assert status["message"].startswith("failed with exit status 1: cannot commit ")
     assert status["message"].endswith("; run the same command to resume")
     assert json.loads((out / "_bulkembed" / "failed.json").read_text())["exit_code"] == 1
     resumed = run_cli(corpus, tiny_st("mean"), out, *FLOAT32)
     assert resumed.exit_code == 0, resumed.output
-    assert _status(out)["state"] == "complete" and not (out / "_bulkembed" / "failed.json").exists()
+    assert (
+        status_of(out)["state"] == "complete" and not (out / "_bulkembed" / "failed.json").exists()
+    )
 
 
 @pytest.mark.parametrize(
@@ -113,7 +116,7 @@ def test_bad_records_over_the_limit_exit_3_after_committing_everything(
     assert result.exit_code == code, result.output
     assert result.stderr == message
     assert pq.read_table(out).num_rows == 20
-    status = _status(out)
+    status = status_of(out)
     assert (status["state"], status["bad_records"]) == ("complete", 2)
 
 
@@ -151,14 +154,14 @@ def test_the_bad_record_limit_is_checked(tmp_path, tiny_st):
 def test_an_output_in_use_exits_75_and_status_says_running(tmp_path, tiny_st):
     corpus = write_jsonl(tmp_path / "c.jsonl", records(20))
     out = tmp_path / "out"
-    assert _status(out) == {
+    assert status_of(out) == {
         "output": str(out),
-        "state": "not-started",
-        "message": f"no run has written here yet ({out / '_bulkembed' / 'config.json'} is missing)",
+        "state": "missing",
+        "message": f"{out} does not exist: check the path, or run bulkembed run",
     }
     assert run_cli(corpus, tiny_st("mean"), out, *FLOAT32, "--limit", "5").exit_code == 0
     (out / "_bulkembed" / "complete").unlink()
-    assert (_status(out)["state"], _status(out)["message"]) == (
+    assert (status_of(out)["state"], status_of(out)["message"]) == (
         "stopped",
         "unfinished: run the same command to resume",
     )
@@ -168,7 +171,7 @@ def test_an_output_in_use_exits_75_and_status_says_running(tmp_path, tiny_st):
     holder = RunDirectory(out)
     holder.acquire_lock()
     try:
-        status = _status(out)
+        status = status_of(out)
         expected = f"pid {os.getpid()} on {socket.gethostname()}"
         assert (status["state"], status["message"]) == ("running", f"running ({expected})")
         result = run_cli(corpus, tiny_st("mean"), out, *FLOAT32, "--limit", "5")
@@ -178,7 +181,7 @@ def test_an_output_in_use_exits_75_and_status_says_running(tmp_path, tiny_st):
         )
     finally:
         holder.release_lock()
-    assert _status(out)["state"] == "stopped"
+    assert status_of(out)["state"] == "stopped"
 
 
 def test_status_of_an_interrupted_run_is_stopped(tmp_path, tiny_st, monkeypatch):
@@ -187,6 +190,6 @@ def test_status_of_an_interrupted_run_is_stopped(tmp_path, tiny_st, monkeypatch)
     fail_at_commit(monkeypatch, 2, Interrupted(15, "stopped by SIGTERM"))
     result = run_cli(corpus, tiny_st("mean"), out, *FLOAT32)
     assert (result.exit_code, result.stderr) == (143, "error: stopped by SIGTERM\n")
-    status = _status(out)
+    status = status_of(out)
     assert (status["state"], status["units_done"]) == ("stopped", 1)
     assert not (out / "_bulkembed" / "failed.json").exists()

@@ -272,8 +272,13 @@ def test_max_deletes_stops_a_mass_delete_in_a_change_set_until_allowed(previous,
     # The output holds what the store holds once this change set is applied.
     ids = pq.read_table(out)["id"].to_pylist()
     assert len(ids) == len(set(ids)) == 501
-    status = json.loads(CliRunner().invoke(app, ["status", str(out), "--json"]).stdout)
-    assert (status["state"], status["docs"]) == ("complete", 501)
+    shown = CliRunner().invoke(app, ["status", str(out), "--json"])
+    status = json.loads(shown.stdout)
+    assert (shown.exit_code, status["state"], status["docs"]) == (DELETES, "withheld", 501)
+    assert status["message"] == (
+        "finished without deleting: 200 ids gone from the input kept (over --max-deletes): "
+        "check the input, or run the same command with a higher --max-deletes"
+    )
     allowed = _sync(model, corpus, str(out), str(prev), "--max-deletes", "0.4")
     assert allowed.exit_code == DONE, allowed.output
     assert _deletes(out) == sorted(f"f{f}-{i}" for f in (3, 4) for i in range(PER_FILE))
@@ -448,8 +453,9 @@ def test_a_finished_change_set_whose_previous_output_is_gone_stays_finished(prev
     # Without deletes to take up, the output needs no previous output: nothing to do.
     again = _sync(model, corpus, out, str(tmp_path / "prev"))
     assert again.exit_code == DELETES
-    status = json.loads(CliRunner().invoke(app, ["status", out, "--json"]).stdout)
-    assert (status["state"], status["docs"]) == ("complete", 501)
+    shown = CliRunner().invoke(app, ["status", out, "--json"])
+    status = json.loads(shown.stdout)
+    assert (shown.exit_code, status["state"], status["docs"]) == (DELETES, "withheld", 501)
 
 
 def test_deletes_withheld_by_both_limits_exit_4_once_the_bad_records_are_allowed(

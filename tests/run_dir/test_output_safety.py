@@ -10,6 +10,7 @@ from helpers import (
     read_output,
     records,
     run_cli,
+    status_of,
     write_corpus,
 )
 from typer.testing import CliRunner
@@ -34,12 +35,6 @@ def _corpus(tmp_path, n=40):
 
 def _summary(out):
     return json.loads((out / "_bulkembed" / "summary.json").read_text())
-
-
-def _status(out):
-    result = runner.invoke(app, ["status", str(out), "--json"])
-    assert result.exit_code == 0, result.output
-    return json.loads(result.stdout)
 
 
 def _tree(folder):
@@ -171,7 +166,7 @@ def test_a_lost_marker_of_a_finished_output_is_taken_back_from_its_part(finished
     )
     assert marker.read_text() == before
     assert (out / "_bulkembed" / "bad_records.jsonl").read_text() == bad
-    assert _status(out)["state"] == "complete" and _status(out)["docs"] == 38
+    assert status_of(out)["state"] == "complete" and status_of(out)["docs"] == 38
 
 
 def test_a_damaged_marker_is_taken_back_from_its_part(finished, tiny_st):
@@ -191,7 +186,7 @@ def test_a_part_deleted_by_hand_is_embedded_again_and_the_output_is_not_complete
 ):
     corpus, out, expected, bad = finished
     (out / "part-00000-000001.parquet").unlink()
-    status = _status(out)
+    status = status_of(out)
     assert status["state"] != "complete" and status["units_pending"] == 1
     result = run_cli(corpus, tiny_st("mean"), out, *FLOAT32)
     assert result.exit_code == 0, result.output
@@ -199,7 +194,7 @@ def test_a_part_deleted_by_hand_is_embedded_again_and_the_output_is_not_complete
     assert _summary(out)["docs_this_run"] == 9
     assert read_output(out).keys() == expected.keys()
     assert (out / "_bulkembed" / "bad_records.jsonl").read_text() == bad
-    assert _status(out)["state"] == "complete"
+    assert status_of(out)["state"] == "complete"
 
 
 @pytest.mark.parametrize("marker", ["deleted", "damaged"])
@@ -211,14 +206,14 @@ def test_a_unit_that_lost_both_its_marker_and_its_part_is_embedded_again(finishe
     else:
         path.write_text("{")
     (out / "part-00000-000001.parquet").unlink()
-    status = _status(out)
+    status = status_of(out)
     assert status["state"] != "complete" and status["units_done"] == 2
     result = run_cli(corpus, tiny_st("mean"), out, *FLOAT32)
     assert result.exit_code == 0, result.output
     assert _summary(out)["docs_this_run"] == 9
     assert read_output(out).keys() == expected.keys()
     assert (out / "_bulkembed" / "bad_records.jsonl").read_text() == bad
-    assert _status(out)["state"] == "complete"
+    assert status_of(out)["state"] == "complete"
 
 
 def test_a_damaged_part_is_refused_naming_it(finished, tiny_st):
@@ -232,8 +227,9 @@ def test_a_damaged_part_is_refused_naming_it(finished, tiny_st):
     assert line.endswith("delete it to have its unit embedded again, or use --overwrite")
     assert len(line.splitlines()) == 1 and part.exists()
     # The output was finished: the run that found it damaged is what `status` reports.
-    status = json.loads(CliRunner().invoke(app, ["status", str(out), "--json"]).stdout)
-    assert status["state"] == "failed"
+    shown = CliRunner().invoke(app, ["status", str(out), "--json"])
+    status = json.loads(shown.stdout)
+    assert (shown.exit_code, status["state"]) == (65, "damaged")
     assert status["message"].startswith(f"failed with exit status 1: {part} is damaged (")
     part.unlink()
     assert run_cli(corpus, tiny_st("mean"), out, *FLOAT32).exit_code == 0

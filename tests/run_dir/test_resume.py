@@ -215,8 +215,11 @@ def test_status_reports_done_and_pending_units(tmp_path, tiny_st):
     assert "units pending │ 0" in text and "lock │ -" in text
 
     missing = runner.invoke(app, ["status", str(tmp_path / "nothing")])
-    assert missing.exit_code == 0
-    assert "state │ not-started" in " ".join(missing.stdout.split())
+    assert missing.exit_code == 66
+    assert "state │ missing" in " ".join(missing.stdout.split())
+    (tmp_path / "empty").mkdir()
+    empty = runner.invoke(app, ["status", str(tmp_path / "empty"), "--json"])
+    assert empty.exit_code == 66 and json.loads(empty.stdout)["state"] == "not-started"
 
 
 def test_naming_the_default_id_column_is_the_same_setting(tmp_path, tiny_st):

@@ -3,7 +3,6 @@ several devices, Ray actors. Each writes what one process writes, each id once."
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -14,7 +13,15 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pytest
-from helpers import HARNESS, ROOT, run_arguments, sample_texts, write_jsonl, write_parquet
+from helpers import (
+    HARNESS,
+    ROOT,
+    run_arguments,
+    sample_texts,
+    status_of,
+    write_jsonl,
+    write_parquet,
+)
 from typer.testing import CliRunner
 
 from bulkembed.cli import app
@@ -104,9 +111,7 @@ def _assert_same(db: Path | str, expected: pa.Table) -> None:
 
 
 def _status(db: Path | str) -> dict:
-    status = CliRunner().invoke(app, ["status", _out(db), "--json"])
-    assert status.exit_code == 0, status.output
-    return json.loads(status.output)
+    return status_of(_out(db))
 
 
 @pytest.fixture(scope="module")

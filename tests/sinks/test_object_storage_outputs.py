@@ -24,13 +24,12 @@ from helpers import (
     records,
     run_cli,
     sample_texts,
+    status_of,
     write_jsonl,
     write_mixed_corpus,
 )
-from typer.testing import CliRunner
 
 from bulkembed import storage
-from bulkembed.cli import app
 from bulkembed.config import ShardSpec
 from bulkembed.errors import OutputError
 from bulkembed.run_dir import LockedError, RunDirectory
@@ -71,9 +70,7 @@ def _assert_same_rows(got, expected):
 
 
 def _status(out):
-    result = CliRunner().invoke(app, ["status", out, "--json"])
-    assert result.exit_code == 0, result.output
-    return json.loads(result.output)
+    return status_of(out)
 
 
 def test_an_output_on_s3_equals_the_same_run_on_a_local_disk(tmp_path, s3, tiny_st):

@@ -21,13 +21,12 @@ from helpers import (
     records,
     run_arguments,
     run_cli,
+    status_of,
     write_jsonl,
     write_parquet,
 )
-from typer.testing import CliRunner
 
 from bulkembed import storage
-from bulkembed.cli import app
 from bulkembed.errors import InputError, UsageError
 from bulkembed.sources import RecordReader, count_records, list_inputs, unit_names
 from bulkembed.sources.opening import content_digest
@@ -295,9 +294,7 @@ def test_verify_inputs_and_status_work_with_s3_inputs(s3, tmp_path, tiny_st):
     assert again.exit_code == 0, again.output
     marker = sorted((out / "_bulkembed" / "done").iterdir())[0]
     marker.unlink()
-    status = CliRunner().invoke(app, ["status", str(out), "--json"])
-    assert status.exit_code == 0, status.output
-    figures = json.loads(status.stdout)
+    figures = status_of(out)
     assert figures["inputs"] == 6 and figures["units_pending"] == 1
 
 
