@@ -31,8 +31,9 @@ class FakeClock:
         return self.now
 
 
-def _stats(docs: int, tokens: int, carried: int = 0) -> RunStats:
-    return RunStats(docs=docs, tokens=tokens, carried=carried)
+def _stats(docs: int, tokens: int, carried: int = 0, seconds: float = 1.0) -> RunStats:
+    """Counts of a run that has embedded for `seconds` (since its first batch)."""
+    return RunStats(docs=docs, tokens=tokens, carried=carried, embedding=1.0, ended=1.0 + seconds)
 
 
 def test_rates_leave_out_the_start_up_and_follow_the_last_half_minute():
@@ -51,7 +52,9 @@ def test_rates_leave_out_the_start_up_and_follow_the_last_half_minute():
         clock.now += 1
         progress.count(progress.done + 20, (progress.done + 20) * 50)
     assert progress.window.rates() == (20.0, 1_000.0)  # not 3,900 docs / 110 s
-    assert progress.rates() == "20 docs/s  1,000 tok/s"
+    # Shown: the run's own rates, as its summary gives them (the window's are the ETA's).
+    progress.mean = (3_900 / 70, 3_900 * 50 / 70)
+    assert progress.rates() == "56 docs/s  2,786 tok/s"
 
 
 def test_eta_comes_from_the_total_once_it_is_known():
@@ -61,6 +64,7 @@ def test_eta_comes_from_the_total_once_it_is_known():
     progress.count(200, 10_000)
     clock.now += 2
     progress.count(400, 20_000)
+    progress.mean = (100.0, 5_000.0)
     assert progress.describe() == "400 docs  100 docs/s  5,000 tok/s"  # no total: no % or ETA
     progress.total = 10_000
     assert progress.percent == 4 and progress.eta == 96.0
@@ -77,16 +81,21 @@ def test_log_lines_have_a_timestamp_percentage_counts_rates_and_eta(capsys):
     reporter.progress.begin(None)
     reporter.update(_stats(docs=1_000, tokens=40_000, carried=580))
     clock.now += 2
-    reporter.update(_stats(docs=3_000, tokens=120_000, carried=1_200))
+    reporter.update(_stats(docs=3_000, tokens=120_000, carried=1_200, seconds=2.5))
     reporter.tick()
     lines = capsys.readouterr().err.splitlines()
     reporter.close()
+    # The documents carried over are done, not embedded: the rates are the embedded ones'.
     assert lines == [
         "2026-11-25T10:41:07Z  listing the inputs",
         "2026-11-25T10:41:07Z  listing the inputs (3s)",
-        "2026-11-25T10:41:07Z  42%  4,200/10,000 docs  1,310 docs/s  40,000 tok/s  ETA 4s",
+        "2026-11-25T10:41:07Z  42%  4,200/10,000 docs (1,200 carried)  1,200 docs/s  "
+        "48,000 tok/s  ETA 4s",
     ]
-    pattern = rf"{STAMP}  \d+%  [\d,]+/[\d,]+ docs  [\d,]+ docs/s  [\d,]+ tok/s  ETA \w+"
+    pattern = (
+        rf"{STAMP}  \d+%  [\d,]+/[\d,]+ docs \([\d,]+ carried\)  [\d,]+ docs/s  "
+        r"[\d,]+ tok/s  ETA \w+"
+    )
     assert re.fullmatch(pattern, lines[-1])
 
 
@@ -213,12 +222,12 @@ def test_the_terminal_bar_shows_the_percentage_counts_rates_and_eta():
     reporter.set_total(1_000)
     reporter.update(_stats(docs=100, tokens=4_000))
     clock.now += 2
-    reporter.update(_stats(docs=420, tokens=16_800))
+    reporter.update(_stats(docs=420, tokens=16_800, seconds=3.0))
     shown = Console(file=io.StringIO(), width=140)
     shown.print(reporter._bar.get_renderable())
     reporter.close()
     line = " ".join(shown.file.getvalue().split())
-    assert line.endswith("42% 420/1,000 docs 160 docs/s 6,400 tok/s 2s ETA 4s")
+    assert line.endswith("42% 420/1,000 docs 140 docs/s 5,600 tok/s 2s ETA 4s")
 
 
 def test_the_eta_a_quarter_into_the_demo_is_within_30_percent_of_the_time_left():
@@ -243,3 +252,48 @@ def test_the_eta_a_quarter_into_the_demo_is_within_30_percent_of_the_time_left()
     assert 0.7 <= estimates[True] <= 1.3
     # By documents alone, as before the reads were counted: several times too long.
     assert estimates[False] > 3
+
+
+def test_the_last_progress_line_and_the_summary_give_the_same_rates(tmp_path, tiny_st):
+    corpus = write_jsonl(tmp_path / "c.jsonl", records(300))
+    arguments = ["run", str(corpus), "--model", str(tiny_st("mean")), "--output"]
+    arguments += [str(tmp_path / "out"), "--dtype", "float32", "--max-batch-tokens", "256"]
+    ran = CliRunner().invoke(app, arguments)
+    assert ran.exit_code == 0, ran.output
+    lines = ran.stderr.splitlines()
+    progress = [line for line in lines if re.match(rf"{STAMP}  100%  300/300 docs  ", line)]
+    rates = re.search(r"  ([\d,]+) docs/s  ([\d,]+) tok/s", progress[-1]).groups()
+    summary = next(line for line in lines if line.startswith("this run: 300 docs embedded"))
+    assert summary.endswith(f": {rates[0]} docs/s, {rates[1]} tok/s")
+
+
+def test_documents_carried_over_are_shown_as_carried_not_as_a_rate(tmp_path, tiny_st):
+    from helpers import incremental_corpora
+
+    model = str(tiny_st("mean"))
+    incremental_corpora(tmp_path)
+    first = ["run", str(tmp_path / "v1"), "--model", model, "--output", str(tmp_path / "v1-out")]
+    assert CliRunner().invoke(app, [*first, "--dtype", "float32", "--quiet"]).exit_code == 0
+    since = ["run", str(tmp_path / "v2"), "--model", model, "--output", str(tmp_path / "v2-out")]
+    since += ["--since", str(tmp_path / "v1-out"), "--dtype", "float32"]
+    ran = CliRunner().invoke(app, since)
+    assert ran.exit_code == 0, ran.output
+    last = [line for line in ran.stderr.splitlines() if "1,001/1,001 docs" in line][-1]
+    embedded = json.loads((tmp_path / "v2-out" / "_bulkembed" / "summary.json").read_text())
+    assert "1,001/1,001 docs (993 carried)" in last
+    rate = float(re.search(r"  ([\d,]+) docs/s", last).group(1).replace(",", ""))
+    assert rate == round(embedded["docs_per_s"])
+
+
+def test_a_relative_model_path_is_echoed_as_given(tmp_path, tiny_st, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "tiny").symlink_to(tiny_st("mean"))
+    write_jsonl(tmp_path / "c.jsonl", records(20))
+    arguments = ["run", "c.jsonl", "--model", "models/tiny", "--output", "out"]
+    ran = CliRunner().invoke(app, [*arguments, "--dtype", "float32"])
+    assert ran.exit_code == 0, ran.output
+    lines = ran.stderr.splitlines()
+    assert any(line.startswith("models/tiny on cpu (float32): dense 32-d") for line in lines)
+    assert any(line.startswith("model models/tiny on cpu (float32") for line in lines)
+    assert str(tmp_path) not in ran.stderr

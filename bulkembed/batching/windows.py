@@ -119,12 +119,15 @@ def share_of_window(chunk: TokenizedChunk, budget: int) -> float:
     return tokens + _carried_bytes(chunk) / CARRIED_WINDOW_BYTES
 
 
-def windows(chunks: Iterator[TokenizedChunk], max_tokens: int) -> Iterator[list[TokenizedChunk]]:
+def windows(
+    chunks: Iterator[TokenizedChunk], max_tokens: int, per_unit: bool = False
+) -> Iterator[list[TokenizedChunk]]:
     """Consecutive chunks, gathered until they hold `max_tokens` to embed, or
     `CARRIED_WINDOW_BYTES` of vectors carried over from a previous output, or
     `PIXEL_WINDOW_BYTES` of decoded images; a larger chunk is cut. A window also closes
-    where a unit ends once it holds half of either limit, and one that began inside a
-    unit closes where that unit ends: so windows seldom straddle
+    where a unit ends once it holds half of either limit (`per_unit`: at every unit's
+    end), and one that began inside a unit closes where that unit ends: so windows seldom
+    straddle
     units, and a run of them from one unit's start to another's end (what a device
     process embeds and writes, see `bulkembed.engine.unit_pool`) stays about a unit long.
     Windows depend only on the chunks since the last unit end that closed one."""
@@ -143,7 +146,7 @@ def windows(chunks: Iterator[TokenizedChunk], max_tokens: int) -> Iterator[list[
                 tokens >= max_tokens
                 or carried >= CARRIED_WINDOW_BYTES
                 or pixels >= PIXEL_WINDOW_BYTES
-                or (ends and (inside or full))
+                or (ends and (inside or full or per_unit))
             ):
                 yield window
                 window, tokens, carried, pixels = [], 0, 0, 0

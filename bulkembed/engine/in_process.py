@@ -67,6 +67,8 @@ class Writing:
     sink: Sink
     output_format: OutputFormat
     mode: RunMode
+    # The output is read as it is written (`Capabilities.streamed`).
+    streamed: bool = False
 
 
 def embed_in_process(
@@ -192,12 +194,18 @@ def _embed_and_write(
         lambda window: stats.timed_iterator("write", window.write(writer))
     ) as behind:
         formatted = CalibratingFormat(writing.output_format, writing.run)
-        gathered = gather_windows(stop.until(tokenized), session.embedder, session.budget, stats)
+        # A stream's reader gets each unit's rows as soon as they are embedded.
+        per_unit = writing.streamed
+        gathered = gather_windows(
+            stop.until(tokenized), session.embedder, session.budget, stats, per_unit
+        )
         unfinished = embed_windows(
             gathered, session, formatted, behind.submit, stats, reporter, settled, stop.check
         )
         behind.finish()
         stats.end_embedding()
+        # The rates shown last are the summary's, to the end of the embedding.
+        reporter.update(stats)
     if formatted.output_format.needs_ranges:
         # int8/uint8 ranges are calibrated on the first window: one cut short is not saved.
         return []

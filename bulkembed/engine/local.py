@@ -136,7 +136,8 @@ def embed_locally(
                     mode,
                     reporter,
                 )
-            writing = Writing(run, sink, output_format, mode)
+            streamed = plan.target.capabilities.streamed
+            writing = Writing(run, sink, output_format, mode, streamed)
             return embed_in_process(plan, writing, iter(tokenized), stats, done, reporter, stop)
 
 
@@ -225,6 +226,8 @@ def _embed_on_devices(
                 stats.add(unit.stats, share=1 / len(devices))
                 reporter.update(stats)
             stats.end_embedding()
+            # The rates shown last are the summary's, to the end of the embedding.
+            reporter.update(stats)
         finally:
             reporter.close()
         stopped = False

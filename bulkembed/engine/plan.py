@@ -79,6 +79,12 @@ class RunPlan:
             spec.tokenizer_json, spec.max_length, spec.prompt, spec.lowercase, spec.prefix_token_id
         )
 
+    @property
+    def model_shown(self) -> str:
+        """The model as messages name it: a local folder as `--model` gave it (relative
+        paths stay relative), else its hub id."""
+        return self.config.model.name if self.spec.local else self.spec.source
+
     def start_line(self, sizes: VectorSizes, budget: int, done: int, mode: str) -> str:
         """The local engine's start-up line: model, devices, outputs and the figures
         derived from the settings, and `mode`, the run mode's words."""
@@ -106,7 +112,7 @@ class RunPlan:
                 f"{counted(self.workers, 'tokenizer process', 'tokenizer processes')}"
             )
         return (
-            f"{spec.source} on {', '.join(self.devices)} ({self.dtype}): "
+            f"{self.model_shown} on {', '.join(self.devices)} ({self.dtype}): "
             f"{', '.join(outputs)}; {sizing}; "
             f"{counted(len(self.files), 'input file')}"
             + (f"; resuming after {counted(done, 'done unit')}" if done else "")

@@ -241,7 +241,7 @@ def embed_on_ray(
     try:
         device, actors, threads = pool_actors(plan.config.batching.devices)
         reporter.info(
-            f"{plan.spec.source} on Ray: {counted(actors, device + ' actor')}"
+            f"{plan.model_shown} on Ray: {counted(actors, device + ' actor')}"
             + (f" of {counted(threads, 'thread')}" if device == "cpu" else "")
             + f"; {counted(len(pending), 'unit')} to embed"
             + (f", {len(done)} done before" if done else "")
@@ -374,6 +374,7 @@ def _run_dataset(
                     checks.append(precision)
                 reporter.update(stats)
         stats.end_embedding()
+        reporter.update(stats)
     except BulkembedError:
         raise
     except Exception as e:  # Ray's own failures: an actor or a node lost, the object store full

@@ -89,7 +89,7 @@ def embed_corpus(config: RunConfig, reporter: Reporter | None = None) -> Summary
         # Closed on the way out: a phase may hold the terminal (listing inputs, an index).
         plan = plan_run(config, reporter, started)
         summary, precision = run_plan(plan, reporter, stop)
-    reporter.finish(summary.as_dict())
+    reporter.finish({**summary.as_dict(), "model": plan.model_shown})
     if precision is not None and not precision.passed:
         # Said again last: a run several times slower than it could be is worth a look.
         reporter.warn(f"this run computed in float32: --dtype auto: {precision.describe()}")

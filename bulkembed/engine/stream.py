@@ -152,12 +152,17 @@ def _tokenizer_seconds(
 
 
 def gather_windows(
-    tokenized: Iterator[TokenizedChunk], sizes: VectorSizes, budget: int, stats: RunStats
+    tokenized: Iterator[TokenizedChunk],
+    sizes: VectorSizes,
+    budget: int,
+    stats: RunStats,
+    per_unit: bool = False,
 ) -> Iterator[list[TokenizedChunk]]:
-    """`tokenized` gathered into windows (`windows`) for batches of `budget` tokens of a
-    model that gives vectors of `sizes`; each chunk's tokenizer seconds count into `stats`."""
+    """`tokenized` gathered into windows (`windows`; `per_unit`: ending at every unit's
+    end) for batches of `budget` tokens of a model that gives vectors of `sizes`; each
+    chunk's tokenizer seconds count into `stats`."""
     size = window_tokens(budget, sizes.multivector_dim)
-    return windows(_tokenizer_seconds(tokenized, stats), size)
+    return windows(_tokenizer_seconds(tokenized, stats), size, per_unit)
 
 
 def embed_windows(

@@ -270,9 +270,13 @@ class LogReporter(QuietReporter):
     def update(self, stats: RunStats) -> None:
         super().update(stats)
         self.progress.count(stats.docs + stats.carried + stats.saved, stats.tokens)
+        self.progress.mean = (stats.docs_per_s, stats.tokens_per_s)
+        self.progress.carried = stats.carried + stats.saved
         self.progress.read(stats.read, stats.read_tokens)
 
     def finish(self, summary: dict[str, Any]) -> None:
+        # The last line gives the rates the summary gives, to the end of the embedding.
+        self.progress.mean = (summary.get("docs_per_s", 0.0), summary.get("tokens_per_s", 0.0))
         self.close()
         for line in summary_lines(summary):
             self.console.print(line, soft_wrap=True, markup=False)

@@ -1,5 +1,6 @@
 """Where a run stands, apart from how it is shown: the phase it is in, documents done of
-how many, rates over a recent window, and the ETA. `bulkembed.reporting.progress` shows it."""
+how many, the run's rates, and the ETA (at the rate over a recent window).
+`bulkembed.reporting.progress` shows it."""
 
 from __future__ import annotations
 
@@ -72,6 +73,11 @@ class RunProgress:
         self.read_docs = 0
         self.read_tokens = 0
         self.window = RateWindow()
+        # The run's own rates (`RunStats.docs_per_s`, `tokens_per_s`: what the model
+        # embedded over the embedding seconds), shown as the summary shows them; and the
+        # documents done that were carried over or saved, not embedded.
+        self.mean: tuple[float, float] | None = None
+        self.carried = 0
         # When the first and the latest batch came back.
         self.first_count: float | None = None
         self.last_count = 0.0
@@ -133,13 +139,18 @@ class RunProgress:
         return max(0, self.total - self.done) / docs_per_second
 
     def counts(self) -> str:
-        """`4,200/10,000 docs`, or `4,200 docs` while the total is unknown."""
-        return f"{self.done:,}" + (f"/{self.total:,}" if self.total else "") + " docs"
+        """`4,200/10,000 docs`, or `4,200 docs` while the total is unknown; `(3,000
+        carried)` after, for those not embedded (carried over, or saved by an interrupted
+        run)."""
+        done = f"{self.done:,}" + (f"/{self.total:,}" if self.total else "") + " docs"
+        return done + (f" ({self.carried:,} carried)" if self.carried else "")
 
     def rates(self) -> str:
-        """`1,310 docs/s  402,118 tok/s` over the recent window, or "" before it has one."""
-        rates = self.window.rates()
-        return "" if rates is None else f"{rates[0]:,.0f} docs/s  {rates[1]:,.0f} tok/s"
+        """`1,310 docs/s  402,118 tok/s`: documents and tokens the model embedded, over the
+        seconds since the first batch, as the summary gives them; "" before a batch."""
+        if self.mean is None or not any(self.mean):
+            return ""
+        return f"{self.mean[0]:,.0f} docs/s  {self.mean[1]:,.0f} tok/s"
 
     def describe(self) -> str:
         """The state as a line: `loading the model` as it begins, `loading the model (12s)`

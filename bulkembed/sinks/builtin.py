@@ -122,7 +122,7 @@ PARQUET = SinkKind(
 LANCEDB = SinkKind(
     "lancedb", _lancedb, _open_lancedb, Capabilities(many_writers=True, indexes=True), in_place
 )
-STREAM = SinkKind("stdout", _stdout, _open_stdout, Capabilities(resumable=False))
+STREAM = SinkKind("stdout", _stdout, _open_stdout, Capabilities(resumable=False, streamed=True))
 
 
 def register_builtin_sinks() -> None:

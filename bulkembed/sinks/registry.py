@@ -39,6 +39,8 @@ class Capabilities:
     - `indexes`: it builds vector and full-text indexes (`--index`, `--fts`).
     - `in_place`: a `--since` naming the output itself updates it in place (the kind's
       `in_place` gives the `InPlaceSync`).
+    - `streamed`: a reader takes the rows as they are written (stdout): windows end at
+      every unit's end, so that each unit's rows go out as soon as they are embedded.
 
     `change_set` and `in_place` follow from the kind giving what they need; they are not
     declared.
@@ -49,6 +51,7 @@ class Capabilities:
     change_set: bool = False
     indexes: bool = False
     in_place: bool = False
+    streamed: bool = False
 
 
 @dataclass(frozen=True, slots=True)

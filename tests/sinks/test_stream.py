@@ -68,9 +68,14 @@ def test_a_loader_reads_every_record_from_the_pipe(tmp_path, tiny_st):
     assert "bad record: " in result.stderr and '"reason": "text is null"' in result.stderr
     reference = _reference(tmp_path, corpus, model)
     assert reference.column("id").to_pylist() == expected
-    # The shortest text of each float32 reads back as exactly that float32.
+    # The shortest text of each float32 reads back as exactly that float32: the Arrow
+    # stream of the same run (the same batches) holds the same floats.
+    command = _command(corpus, model, "--stream-format", "arrow", "--quiet")
+    arrow = subprocess.run(command, capture_output=True, timeout=300)
+    exact = pa.ipc.open_stream(arrow.stdout).read_all().column("dense").to_pylist()
     streamed = np.array(read["dense"], dtype=np.float32)
-    assert np.array_equal(streamed, np.array(reference.column("dense").to_pylist(), np.float32))
+    assert np.array_equal(streamed, np.array(exact, np.float32))
+    np.testing.assert_allclose(streamed, np.array(reference.column("dense").to_pylist()), atol=1e-5)
 
 
 @pytest.mark.slow
@@ -96,7 +101,17 @@ def test_arrow_stream_holds_the_same_table(tmp_path, tiny_st):
     result = subprocess.run(command, capture_output=True, timeout=300)
     assert result.returncode == 0, result.stderr.decode()
     streamed = pa.ipc.open_stream(result.stdout).read_all()
-    assert streamed.equals(_reference(tmp_path, corpus, model))
+    reference = _reference(tmp_path, corpus, model)
+    assert streamed.column_names == reference.column_names
+    assert streamed.column("id").equals(reference.column("id"))
+    assert streamed.column("content_hash").equals(reference.column("content_hash"))
+    # Each unit is embedded as a window of its own on a stream: other batches, the same
+    # vectors to float32 rounding.
+    np.testing.assert_allclose(
+        np.array(streamed.column("dense").to_pylist()),
+        np.array(reference.column("dense").to_pylist()),
+        atol=1e-5,
+    )
 
 
 def test_stream_sink_turns_a_closed_pipe_into_one_error(tmp_path):
@@ -170,3 +185,22 @@ def test_json_lines_write_each_float32_in_its_shortest_text():
     row = json.loads(lines[1])
     assert row["sparse"] == {"indices": [], "values": []} and row["multivector"] == []
     assert np.float32(row["dense"][0]) == vectors[1, 0] and row["dense"][0] == -2.5e-8
+
+
+@pytest.mark.slow
+def test_each_unit_goes_out_as_soon_as_it_is_embedded(tmp_path, tiny_st):
+    """300 documents in units of 50 fit one window of a file output; on a stream, each
+    unit's rows are written once it is embedded, not with the last."""
+    records = [{"id": f"doc-{i}", "text": t} for i, t in enumerate(sample_texts(300))]
+    corpus = write_jsonl(tmp_path / "c.jsonl", records)
+    command = _command(corpus, tiny_st("mean"), "--stream-format", "arrow", "--quiet")
+    result = subprocess.run(
+        [*command, "--records-per-unit", "50"], capture_output=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr.decode()
+    reader = pa.ipc.open_stream(result.stdout)
+    batches = [batch.column("id").to_pylist() for batch in reader]
+    # One message a unit at most, and no message across two units.
+    units = [{int(i.split("-")[1]) // 50 for i in ids} for ids in batches]
+    assert len(batches) >= 6 and all(len(unit) == 1 for unit in units)
+    assert [i for ids in batches for i in ids] == [r["id"] for r in records]
