@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -79,10 +80,13 @@ def lance_modules() -> Any:
         raise OutputError(
             "LanceDB output needs the lance extra: pip install 'bulkembed[lance]'"
         ) from None
-    # Both warn at every fork of a process that imported them. The processes a run forks
-    # (OpenVINO's telemetry sender) never touch a table.
+    # Both warn at every fork of a process that imported them: a process a run forks never
+    # touches a table.
     warnings.filterwarnings("ignore", "lance is not fork-safe", UserWarning)
     warnings.filterwarnings("ignore", "lancedb fork support is experimental", RuntimeWarning)
+    # Lance warns, on every index it reads the statistics of, that centroids will leave
+    # them; bulkembed reads no centroids: the new behaviour, unless the user chose.
+    os.environ.setdefault("LANCE_INCLUDE_VECTOR_CENTROIDS", "false")
     from bulkembed.sinks.lance_function import register
 
     # The tables runs write name bulkembed's embedding function: LanceDB looks it up when

@@ -380,3 +380,40 @@ def test_ids_read_while_another_run_compacts_the_table_are_read_from_the_compact
     assert len(_data_files(tmp_path)) == 1
     ids += [i for array in reader for i in array.to_pylist()]
     assert set(ids) == {f"u{unit}-{i}" for unit in range(4) for i in range(3)}
+
+
+def test_an_indexed_sync_and_a_users_text_search_print_no_third_party_warning(tmp_path, tiny_st):
+    import os
+    import subprocess
+    import sys
+
+    corpus, records = _corpus(tmp_path, n=300)
+    model = tiny_st("mean")
+    out = f"lancedb://{tmp_path / 'db'}?table=docs"
+    environment = {
+        k: v for k, v in os.environ.items() if k not in ("LANCE_INCLUDE_VECTOR_CENTROIDS", "CI")
+    }
+    environment["HF_HUB_OFFLINE"] = "1"
+    command = [sys.executable, "-m", "bulkembed", *_arguments(corpus, model, out)]
+    command += ["--keep-columns", "text", "--index"]
+    first = subprocess.run(command, env=environment, capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stderr
+    records[0]["text"] = "an edited text about sorting lists"
+    write_parquet(corpus / "a.parquet", records[:100], row_group_size=7)
+    synced = subprocess.run(
+        [*command, "--since", out], env=environment, capture_output=True, text=True, timeout=300
+    )
+    assert synced.returncode == 0, synced.stderr
+    assert synced.stderr == "", synced.stderr
+    script = (
+        "import lancedb\n"
+        "import bulkembed.lancedb  # noqa: F401\n"
+        f"table = lancedb.connect({str(tmp_path / 'db')!r}).open_table('docs')\n"
+        "print(table.search('sorting lists').limit(1).to_list()[0]['id'])\n"
+    )
+    environment["BULKEMBED_DEVICE"] = "cpu"
+    search = subprocess.run(
+        [sys.executable, "-c", script], env=environment, capture_output=True, text=True, timeout=300
+    )
+    assert search.returncode == 0, search.stderr
+    assert search.stdout.strip() in {r["id"] for r in records} and search.stderr == ""
