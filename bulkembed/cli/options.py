@@ -244,6 +244,24 @@ EngineOption = Annotated[
         **from_env("ENGINE"),
     ),
 ]
+MetricsPort = Annotated[
+    int | None,
+    typer.Option(
+        help="Serve the run's Prometheus metrics on this port while it runs "
+        "(http://HOST:PORT/metrics; needs bulkembed[metrics]).",
+        min=0,
+        max=65535,
+        **from_env("METRICS_PORT"),
+    ),
+]
+MetricsFile = Annotated[
+    str | None,
+    typer.Option(
+        help="Write the run's Prometheus metrics to this file every 10 s and at the end, "
+        "for node_exporter's textfile collector (needs bulkembed[metrics]).",
+        **from_env("METRICS_FILE"),
+    ),
+]
 RayAddress = Annotated[
     str | None,
     typer.Option(

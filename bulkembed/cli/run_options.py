@@ -25,6 +25,8 @@ from bulkembed.cli.options import (
     MaxBadRecords,
     MaxDeletes,
     MaxImagePixels,
+    MetricsFile,
+    MetricsPort,
     OnBadRecordOption,
     Overwrite,
     Quiet,
@@ -107,6 +109,8 @@ class ExecutionOptions:
     engine: EngineOption = Engine.LOCAL
     ray_address: RayAddress = None
     quiet: Quiet = False
+    metrics_port: MetricsPort = None
+    metrics_file: MetricsFile = None
 
     def settings(self) -> dict[str, Any]:
         """The settings of `RunConfig` these options give, by its field names (`--shard`

@@ -243,6 +243,9 @@ class RunSettings:
     ray_address: str | None = None
     storage_options: tuple[str, ...] = ()
     break_lock: bool = False
+    # Where the run's Prometheus metrics go while it runs (`bulkembed.reporting.metrics`).
+    metrics_port: int | None = None
+    metrics_file: str | None = None
 
     def __post_init__(self) -> None:
         _coerce_enums(self, {"on_bad_record": OnBadRecord, "engine": Engine})

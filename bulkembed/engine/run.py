@@ -85,6 +85,12 @@ def embed_corpus(config: RunConfig, reporter: Reporter | None = None) -> Summary
     one is left as it is."""
     started = _command_start()
     reporter = reporter or QuietReporter()
+    settings = config.run
+    if settings.metrics_port is not None or settings.metrics_file is not None:
+        from bulkembed.reporting.metrics import MetricsReporter
+
+        port, path = settings.metrics_port, settings.metrics_file
+        reporter = MetricsReporter(reporter, config.output.target, port, path)
     with _stop_on_signals() as stop, contextlib.closing(reporter):
         # Closed on the way out: a phase may hold the terminal (listing inputs, an index).
         plan = plan_run(config, reporter, started)
