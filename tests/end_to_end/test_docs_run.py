@@ -276,7 +276,20 @@ def _checked_object_storage(workspace: Path, shown: str) -> None:
     assert states == ["complete"]
 
 
+def _checked_tutorial(workspace: Path, shown: str) -> None:
+    import lancedb
+
+    # The table was synced after the documents changed: it holds the corpus as it is now.
+    table = lancedb.connect(str(workspace / "search-db")).open_table("docs")
+    assert sorted(table.to_arrow().column("id").to_pylist()) == _corpus_ids(workspace)
+    assert "a-new-0" in _corpus_ids(workspace)
+    assert re.search(r"^Answer: \[[ab]-\d+\] ", shown, re.M)
+    states = [json.loads(s)["state"] for s in shown.splitlines() if s.startswith('{"output"')]
+    assert states == ["complete"]
+
+
 CHECKS: dict[str, Callable[..., None]] = {
+    "tutorial.md": _checked_tutorial,
     "README.md": _checked_readme,
     "index.md": _checked_readme,
     "incremental.md": _checked_incremental,
