@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -166,6 +167,37 @@ def status(
     code = _guarded(action)
     if code:
         raise typer.Exit(code)
+
+
+@app.command()
+def report(
+    output: Annotated[
+        str,
+        typer.Argument(
+            help="The --output of a run: a directory or lancedb://PATH?table=NAME.",
+            metavar="OUT",
+        ),
+    ],
+    to: Annotated[
+        str | None,
+        typer.Option(help="Write the page here. Default: report.html in the run directory."),
+    ] = None,
+    storage_option: StorageOption = None,
+) -> None:
+    """Write one self-contained HTML page about a run, from its run directory: tokens per
+    second over time, document lengths, padding, stage seconds, device idle, bad records
+    by reason, the encoder and the run's figures."""
+
+    def action() -> str:
+        from bulkembed.reporting.report import write_report
+        from bulkembed.sinks import parse_output
+        from bulkembed.storage import StorageOptions
+
+        options = StorageOptions.parse(storage_option or [])
+        written = write_report(parse_output(output, options), None if to is None else Path(to))
+        return f"report: {written}"
+
+    typer.echo(_guarded(action))
 
 
 @recipes_app.callback(invoke_without_command=True)

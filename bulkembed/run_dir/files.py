@@ -30,6 +30,7 @@ OWN_FILES = (
     "bad_records.jsonl",
     "failed.json",
     "ledger.json",
+    "report.html",
 )
 # Temporary files: `.NAME.PID-TOKEN.tmp` (`write_json_atomically`) and the quarantine's.
 TEMPORARY = re.compile(r"\..+\.\d+-[0-9a-f]{8}\.tmp|\.bad_records(\.shard-\d+-of-\d+)?\.jsonl\.tmp")

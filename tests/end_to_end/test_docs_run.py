@@ -288,7 +288,14 @@ def _checked_tutorial(workspace: Path, shown: str) -> None:
     assert states == ["complete"]
 
 
+def _checked_watching(workspace: Path, shown: str) -> None:
+    report = (workspace / "watched" / "_bulkembed" / "report.html").read_text()
+    assert report.count("<svg") >= 5
+    assert re.search(r"^bulkembed_documents_embedded_total\{[^}]*\} 80\.0$", shown, re.M)
+
+
 CHECKS: dict[str, Callable[..., None]] = {
+    "watching.md": _checked_watching,
     "tutorial.md": _checked_tutorial,
     "README.md": _checked_readme,
     "index.md": _checked_readme,
