@@ -7,6 +7,7 @@ behind is then checked: the rows loaded, the ids synced, the files written."""
 
 from __future__ import annotations
 
+import ast
 import gzip
 import hashlib
 import json
@@ -227,6 +228,14 @@ def _checked_outputs(workspace: Path, shown: str, postgres: str) -> None:
     table = lancedb.connect(str(workspace / "vectors")).open_table("docs")
     assert sorted(table.to_arrow().column("id").to_pylist()) == ids
     assert (workspace / "out.arrows").stat().st_size > 0
+    # Both stores were searched with the same query vector: the same five documents.
+    found = {
+        store: ast.literal_eval(line.split(": ", 1)[1])
+        for line in shown.splitlines()
+        for store in ("qdrant", "pgvector")
+        if line.startswith(f"{store}: ")
+    }
+    assert len(found["qdrant"]) == 5 and found["qdrant"] == found["pgvector"]
 
 
 def _checked_incremental(workspace: Path, shown: str) -> None:
