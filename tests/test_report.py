@@ -6,7 +6,7 @@ import shutil
 import subprocess
 
 import pytest
-from helpers import records, run_cli, write_jsonl
+from helpers import ROOT, records, run_cli, write_jsonl
 from typer.testing import CliRunner
 
 from bulkembed.cli import app
@@ -38,6 +38,20 @@ def finished(tmp_path, tiny_st):
     extra = ("--records-per-unit", "20", "--max-batch-tokens", "256", "--dtype", "float32")
     assert run_cli(corpus, tiny_st("mean"), out, *extra).exit_code == 0
     return out
+
+
+@pytest.mark.slow
+@needs_chromium
+def test_the_report_of_the_demo_run_opens_with_its_charts(tmp_path, minilm):
+    """`make demo`'s run (the bundled sample, all-MiniLM-L6-v2), then its report."""
+    out = tmp_path / "demo-out"
+    assert run_cli(ROOT / "samples" / "python-docs.jsonl", minilm, out, workers=None).exit_code == 0
+    assert CliRunner().invoke(app, ["report", str(out)]).exit_code == 0
+    dom, console = _open(out / "_bulkembed" / "report.html")
+    assert console == []
+    drawn = re.findall(r"<svg[^>]*>.*?</svg>", dom, re.S)
+    assert len([svg for svg in drawn if re.search(r"<(polyline|rect) ", svg)]) >= 4
+    assert "<td>docs</td><td>1000</td>" in dom and "<h2>Encoder</h2>" in dom
 
 
 @needs_chromium
