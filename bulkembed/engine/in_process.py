@@ -167,10 +167,10 @@ def _write_carried(
         for _ in stats.timed_iterator("write", window.write(writer)):
             continue
         carried = chunk.chunk.carried
-        if carried is not None and carried.saved:
-            stats.saved += len(carried.records.positions)
-        elif carried is not None:
-            stats.carried += len(carried.records.positions)
+        if carried is not None:
+            saved = int(carried.saved_rows.sum())
+            stats.saved += saved
+            stats.carried += len(carried.records.positions) - saved
         reporter.update(stats)
     return None
 
@@ -222,6 +222,12 @@ def _saved_on_stop(
     """Save the rows embedded but not committed (`bulkembed.engine.saved`); the error
     that ends the run, which says what is kept and what remains."""
     assert writer.open_rows is not None and stop.signal_number is not None
+    if writing.streamed:
+        return Interrupted(
+            stop.signal_number,
+            f"stopped by {stop.name}: the records embedded before it are on stdout; a stream "
+            "does not resume: run the command again to start over",
+        )
     rows = writer.open_rows.batches()
     for window in unfinished:
         rows += window_rows(window.chunks, window.rows, window.vectors, writer.schema)

@@ -121,7 +121,7 @@ def embed_locally(
         load_ahead("cpu" in devices and plan.spec.backend != "torch")
     settings = plan.tokenizer_settings
     with TokenizerPool(settings, plan.workers, plan.id_key, previous=carrier.lookup) as pool:
-        saved = SavedVectors.open(run)
+        saved = SavedVectors.open(run, done, reporter.warn)
         admitted = _admitted(plan, sink, done, carrier, pool.map(chunks), stats, saved)
         with ReadAhead(admitted, lambda c: share_of_window(c, budget)) as tokenized:
             if len(devices) > 1 and plan.target.capabilities.many_writers:

@@ -19,20 +19,22 @@ from __future__ import annotations
 
 import os
 import secrets
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from bulkembed.batching.tokenize import CUT
 from bulkembed.contracts import Embeddings, RowCounts
 from bulkembed.errors import BulkembedError
-from bulkembed.schema import CONTENT_HASH, hex_strings, record_batch
+from bulkembed.schema import CONTENT_HASH, EMBEDDING_COLUMNS, hex_strings, record_batch
 from bulkembed.sources import count_records
-from bulkembed.sources.records import Carried
+from bulkembed.sources.records import SAVED, SAVED_CUT, Carried, Chunk
 from bulkembed.wording import counted
 
 if TYPE_CHECKING:
@@ -43,15 +45,17 @@ if TYPE_CHECKING:
 
 FILE_COLUMN = "_file"
 POSITION_COLUMN = "_position"
+PART_COLUMN = "_part"
 # A part's rows are kept in memory for saving up to this size (a unit of ColBERT vectors
 # may be larger than that): past it, they are embedded again after an interrupt.
 OPEN_PART_BYTES = 256 * 1024 * 1024
 
 
-def _placed(batch: pa.RecordBatch, file: int, positions: np.ndarray) -> pa.RecordBatch:
-    """`batch` with the input file and positions of its rows."""
+def _placed(batch: pa.RecordBatch, part: str, file: int, positions: np.ndarray) -> pa.RecordBatch:
+    """`batch` with the unit, input file and positions of its rows."""
+    placed = batch.append_column(PART_COLUMN, pa.array([part] * batch.num_rows, pa.string()))
     files = pa.array(np.full(batch.num_rows, file, np.int32))
-    placed = batch.append_column(FILE_COLUMN, files)
+    placed = placed.append_column(FILE_COLUMN, files)
     return placed.append_column(POSITION_COLUMN, pa.array(positions, pa.int64()))
 
 
@@ -73,7 +77,7 @@ class OpenRows:
             self._rows[part] = None
             return
         self._bytes[part] = size
-        kept.append(_placed(batch, file, positions))
+        kept.append(_placed(batch, part, file, positions))
 
     def drop(self, part: str) -> None:
         """`part` is committed."""
@@ -99,7 +103,7 @@ def window_rows(
             records = chunk.rows(mine)
             embeddings = vectors.take(slice(taken, taken + len(mine)))
             batch = record_batch(records.ids, embeddings, schema, records.hashes, records.columns)
-            batches.append(_placed(batch, chunk.file, records.positions))
+            batches.append(_placed(batch, chunk.part, chunk.file, records.positions))
             taken += len(mine)
         start = end
     return batches
@@ -146,9 +150,10 @@ class KeptDocuments:
 
 def kept_documents(run: RunDirectory, files: list[InputFile]) -> KeptDocuments:
     """What the unfinished run of `run` keeps, of the records of `files`."""
-    done = run.done_units().values()
+    units = run.done_units()
+    done = units.values()
     finished = sum(r.rows + r.bad_records for r in done)
-    saved = run.saved_documents()
+    saved = run.saved_documents(units)
     try:
         total: int | None = count_records(files)
     except BulkembedError:
@@ -167,26 +172,41 @@ class SavedVectors:
         pairs = zip(files.tolist(), positions.tolist(), strict=True)
         self._rows = {pair: row for row, pair in enumerate(pairs)}
         self._hashes = table.column(CONTENT_HASH).to_numpy(zero_copy_only=False)
+        self._vectors = [c for c in EMBEDDING_COLUMNS if c in table.column_names]
 
     def __len__(self) -> int:
         return len(self._rows)
 
     @classmethod
-    def open(cls, run: RunDirectory) -> SavedVectors | None:
-        """The saved rows of the run directory `run`; None where there are none."""
-        tables = [pq.read_table(pa.BufferReader(p.read_bytes())) for p in run.saved_files()]
-        if not tables:
+    def open(
+        cls, run: RunDirectory, done: Collection[str], warn: Callable[[str], None]
+    ) -> SavedVectors | None:
+        """The saved rows of the run directory `run` whose units are not in `done`; None
+        where there are none. A saved file that cannot be read (cut short by a crash, an
+        upload stopped) is removed, with a warning: its documents are embedded again."""
+        tables = []
+        for path in run.saved_files():
+            try:
+                table = pq.read_table(pa.BufferReader(path.read_bytes()))
+            except (OSError, pa.ArrowException) as e:
+                warn(f"{path} cannot be read ({e}): removed; its documents are embedded again")
+                path.unlink(missing_ok=True)
+                continue
+            parts = pc.is_in(table.column(PART_COLUMN), pa.array(sorted(done), pa.string()))
+            tables.append(table.filter(pc.invert(parts)))
+        if not tables or not sum(t.num_rows for t in tables):
             return None
         return cls(pa.concat_tables(tables, promote_options="default"))
 
     def carry(self, chunks: Iterable[TokenizedChunk]) -> Iterator[TokenizedChunk]:
         """Move the records of each chunk that were saved, with the same content hash, to
-        `carried` (`Carried.saved`), their vectors from the saved rows. A chunk that
-        carries records over from a previous output already (`--since`) keeps its own:
-        they are embedded again."""
+        `carried` (`Carried.saved`), their vectors from the saved rows, beside those the
+        chunk carries over from a previous output (`--since`)."""
         for tokenized in chunks:
             chunk = tokenized.chunk
-            if chunk.carried is None and len(chunk.ids):
+            carried = chunk.carried
+            # Rows carried whole from a previous part (read only if written) stay apart.
+            if len(chunk.ids) and (carried is None or carried.embeddings is not None):
                 found = self._found(chunk.file, chunk.positions, chunk.hashes)
                 if len(found[0]):
                     self._move(tokenized, *found)
@@ -205,10 +225,51 @@ class SavedVectors:
         return which, rows[which]
 
     def _move(self, tokenized: TokenizedChunk, which: np.ndarray, rows: np.ndarray) -> None:
+        """The records at `which` of the chunk, saved at `rows`, into its `carried`."""
         chunk = tokenized.chunk
         counts = RowCounts(tokenized.lengths[which], tokenized.truncated_rows[which])
-        vectors = self.table.take(pa.array(rows, pa.int64()))
-        chunk.carried = Carried(chunk.rows(which), vectors, counts, saved=True)
+        marks = np.full(len(which), SAVED, np.int8)
+        if tokenized.read is not None:
+            marks[tokenized.read[which] == CUT] = SAVED_CUT
+        vectors = self.table.take(pa.array(rows, pa.int64())).select(self._vectors)
+        saved = Carried(chunk.rows(which), vectors, counts, saved=marks)
+        chunk.carried = saved if chunk.carried is None else _joined(chunk.carried, saved)
         others = np.ones(len(tokenized.lengths), dtype=bool)
         others[which] = False
         tokenized.keep(np.flatnonzero(others))
+
+
+def _joined(carried: Carried, saved: Carried) -> Carried:
+    """The records of both, in input order (`carried`: from a previous output, its vectors
+    in hand)."""
+    assert carried.embeddings is not None and saved.embeddings is not None
+    a, b = carried.records, saved.records
+    order = np.argsort(np.concatenate([a.positions, b.positions]), kind="stable")
+    taken = pa.array(order, pa.int64())
+
+    def both(x: pa.Array, y: pa.Array) -> pa.Array:
+        return pa.concat_arrays([x, y.cast(x.type)]).take(taken)
+
+    id_hashes = None
+    if a.id_hashes is not None and b.id_hashes is not None:
+        id_hashes = np.concatenate([a.id_hashes, b.id_hashes])[order]
+    records = Chunk(
+        a.file,
+        a.unit,
+        both(a.ids, b.ids),
+        a.texts[:0],
+        False,
+        [],
+        np.concatenate([a.positions, b.positions])[order],
+        {name: both(a.columns[name], b.columns[name]) for name in a.columns},
+        np.concatenate([a.hashes, b.hashes])[order],
+        id_hashes,
+    )
+    names = carried.embeddings.column_names
+    vectors = pa.concat_tables(
+        [carried.embeddings, saved.embeddings.select(names).cast(carried.embeddings.schema)]
+    ).take(taken)
+    counts = RowCounts.joined([carried.counts, saved.counts]).take(order)
+    marks = np.concatenate([np.zeros(len(a.positions), np.int8), saved.saved])[order]
+    assert carried.saved is None, "a chunk's saved records are taken once"
+    return Carried(records, vectors, counts, saved=marks)

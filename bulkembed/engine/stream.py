@@ -188,10 +188,10 @@ def embed_windows(
         write(EmbeddedWindow(window, vectors, padded))
         for chunk in window:
             carried = chunk.chunk.carried
-            if carried is not None and carried.saved:
-                stats.saved += len(carried.records.positions)
-            elif carried is not None:
-                stats.carried += len(carried.records.positions)
+            if carried is not None:
+                saved = int(carried.saved_rows.sum())
+                stats.saved += saved
+                stats.carried += len(carried.records.positions) - saved
         reporter.update(stats)
 
     # The dtype is settled on the first window with a document, before any batch runs (the

@@ -28,7 +28,7 @@ from bulkembed.contracts import Embeddings, RowCounts, UnitRecord, part_name
 from bulkembed.engine.saved import OpenRows
 from bulkembed.schema import CONTENT_HASH, hex_strings, record_batch
 from bulkembed.sinks import Sink
-from bulkembed.sources.records import BadRecord, Carried
+from bulkembed.sources.records import SAVED_CUT, BadRecord, Carried
 
 Item = TypeVar("Item")
 # A part's label keeps its unit's bad records up to this size (Parquet readers refuse footers
@@ -130,11 +130,12 @@ class PartWriter:
             self.embedded(chunk.part, batches[0])
             if self.open_rows is not None:
                 self.open_rows.add(chunk.part, batches[0], chunk.file, chunk.positions)
+        saved = None if carried is None else carried.saved_rows
         if carried is not None and carried.embeddings is not None:
             batches.append(_carried_batch(carried, self.schema))
             counts.append(carried.counts)
-            if carried.saved:
-                self.embedded(chunk.part, batches[-1])
+            if saved is not None and saved.any():
+                self.embedded(chunk.part, batches[-1].filter(pa.array(saved)))
         if len(batches) > 1:
             assert carried is not None
             positions = np.concatenate([chunk.positions, carried.records.positions])
@@ -151,13 +152,14 @@ class PartWriter:
         tally.truncated += tokenized.truncated
         tally.tokens += int(tokenized.lengths.sum())
         tally.padded_tokens += int(padded.sum())
-        if carried is not None and carried.saved:
+        if carried is not None and saved is not None:
             # Embedded by this run before an interrupt: counted as embedded, unpadded.
-            tally.tokens += int(carried.counts.tokens.sum())
-            tally.padded_tokens += int(carried.counts.tokens.sum())
-            tally.truncated += int(carried.counts.truncated.sum())
-        elif carried is not None:
-            tally.carried += len(carried.records.positions)
+            tokens = int(carried.counts.tokens[saved].sum())
+            tally.tokens += tokens
+            tally.padded_tokens += tokens
+            tally.truncated += int(carried.counts.truncated[saved].sum())
+            tally.cut += int((carried.saved == SAVED_CUT).sum()) if carried.saved is not None else 0
+            tally.carried += int((~saved).sum())
         tally.carried_tokens += tokenized.carried_tokens
         tally.carried_truncated += tokenized.carried_truncated
         tally.cut += tokenized.cut

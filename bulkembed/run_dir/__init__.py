@@ -335,13 +335,23 @@ class RunDirectory:
             return []
         return sorted(p for p in self.meta.iterdir() if SAVED_FILE.fullmatch(p.name))
 
-    def saved_documents(self) -> int:
-        """How many documents the saved files hold (their footers say)."""
+    def saved_documents(self, done: Collection[str]) -> int:
+        """How many documents the saved files hold for units not in `done` (a document
+        saved twice counts once; a file that cannot be read, none)."""
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        files = self.saved_files()
-        return sum(pq.read_metadata(pa.BufferReader(p.read_bytes())).num_rows for p in files)
+        found: set[tuple[int, int]] = set()
+        for path in self.saved_files():
+            try:
+                table = pq.read_table(
+                    pa.BufferReader(path.read_bytes()), columns=["_part", "_file", "_position"]
+                )
+            except (OSError, pa.ArrowException):
+                continue
+            rows = zip(*(table.column(c).to_pylist() for c in table.column_names), strict=True)
+            found.update((file, position) for part, file, position in rows if part not in done)
+        return len(found)
 
     def is_complete(self, done: Collection[str] | None = None) -> bool:
         """Whether every unit is done (`Ledger.is_complete`)."""

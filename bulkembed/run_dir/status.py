@@ -125,7 +125,7 @@ def run_status(
     remaining: int | None = 0
     saved = 0
     if not run.is_complete(done):
-        saved = run.saved_documents()
+        saved = run.saved_documents(done)
         readable = all(s.path.is_file() for s in files)
         records = config.get("records_per_unit", DEFAULT_RECORDS_PER_UNIT)
         pending = len(set(unit_names(files, records)) - set(done)) if readable else None

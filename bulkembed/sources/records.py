@@ -203,20 +203,36 @@ class PreviousRows:
         return table.slice(self.start - int(starts[first]), self.stop - self.start)
 
 
+# What a record of `Carried` is: carried over from a previous output, or saved by an
+# interrupted run (its text cut before it was tokenized, or not).
+CARRIED_OVER, SAVED, SAVED_CUT = 0, 1, 2
+
+
 @dataclass(slots=True)
 class Carried:
     """Records whose text is unchanged since a previous output, their output columns from
     it (`embeddings`: dense, sparse, multivector as that output wrote them) and their
     counts. Where they are `source`, rows of one part of it in order, `embeddings` may be
     None: read only if the rows are written (their unit's part is not carried over whole).
-    `saved` records are not carried over but embedded by this run before it was interrupted
-    (`bulkembed.engine.saved`): they count as embedded."""
+    `saved` marks, per record, those not carried over but embedded by this run before it
+    was interrupted (`bulkembed.engine.saved`: `SAVED`, or `SAVED_CUT` for a text cut before
+    it was tokenized); they count as embedded. None: every record is carried over."""
 
     records: Chunk
     embeddings: pa.Table | None
     counts: RowCounts
     source: PreviousRows | None = None
-    saved: bool = False
+    saved: np.ndarray | None = None
+
+    @property
+    def saved_rows(self) -> np.ndarray:
+        """Which records were saved by an interrupted run (a boolean mask)."""
+        if self.saved is None:
+            return np.zeros(len(self.records.positions), dtype=bool)
+        return self.saved != CARRIED_OVER
+
+    def _saved_at(self, rows: slice) -> np.ndarray | None:
+        return None if self.saved is None else self.saved[rows]
 
     @property
     def nbytes(self) -> int:
@@ -248,13 +264,13 @@ class Carried:
                 self.records.rows(head),
                 self.embeddings.slice(0, cut),
                 self.counts.take(head),
-                saved=self.saved,
+                saved=self._saved_at(head),
             ),
             Carried(
                 self.records.rows(tail),
                 self.embeddings.slice(cut),
                 self.counts.take(tail),
-                saved=self.saved,
+                saved=self._saved_at(tail),
             ),
         )
 

@@ -77,8 +77,15 @@ def test_a_signal_at_45_percent_keeps_what_was_embedded(
     assert not list((out / "_bulkembed").glob("saved-*"))
 
 
+def _signal(number):
+    """What the process does on signal `number`: its handler, called here rather than sent
+    (a real signal to the test process could reach any of the threads its libraries run)."""
+    import signal
+
+    signal.getsignal(number)(number, None)
+
+
 def test_a_second_signal_stops_at_once():
-    import os
     import signal
 
     from bulkembed.engine.run import _stop_on_signals
@@ -86,11 +93,11 @@ def test_a_second_signal_stops_at_once():
 
     told = []
     with _stop_on_signals() as stop, stop.graceful(told.append):
-        os.kill(os.getpid(), signal.SIGINT)
+        _signal(signal.SIGINT)
         assert stop.requested and stop.name == "SIGINT"
         assert stop.check() and stop.check()
         with pytest.raises(Interrupted, match="^stopped by SIGINT: committed parts are kept"):
-            os.kill(os.getpid(), signal.SIGINT)
+            _signal(signal.SIGINT)
     assert told == [
         "SIGINT: stopping after the batches in flight and keeping every vector embedded; "
         "send SIGINT again to stop at once"
@@ -98,14 +105,13 @@ def test_a_second_signal_stops_at_once():
 
 
 def test_a_signal_outside_the_embedding_loop_stops_at_once():
-    import os
     import signal
 
     from bulkembed.engine.run import _stop_on_signals
     from bulkembed.errors import Interrupted
 
     with _stop_on_signals() as stop, pytest.raises(Interrupted, match="stopped by SIGTERM"):
-        os.kill(os.getpid(), signal.SIGTERM)
+        _signal(signal.SIGTERM)
     assert not stop.requested
 
 
@@ -125,8 +131,11 @@ def _interrupt_and_rerun(arguments, out, batches):
     resumed = CliRunner().invoke(app, arguments(out))
     assert resumed.exit_code == 0, resumed.output
     summary = _summary(out)
-    # The rerun embeds what remained, and takes what was saved.
-    assert summary["docs_this_run"] == status["docs_remaining"]
+    # The rerun embeds what remained (carrying over, with --since, what did not change),
+    # and takes what was saved.
+    assert summary["docs_this_run"] <= status["docs_remaining"]
+    if "--since" not in arguments(out):
+        assert summary["docs_this_run"] == status["docs_remaining"]
     assert summary["saved_this_run"] == status["docs_saved"]
     return summary
 
@@ -182,7 +191,9 @@ def test_saved_documents_of_a_since_run_are_in_its_upserts(tmp_path, tiny_st, co
     old = tmp_path / "old"
     assert CliRunner().invoke(app, _arguments(corpus, model, old)).exit_code == 0
     records = [json.loads(line) for line in corpus.read_text().splitlines()]
-    for record in records:
+    # Every other document changes: nearly every chunk carries records over, beside those
+    # an interrupted run saved.
+    for record in records[::2]:
         record["text"] += " (edited)"
     edited = write_jsonl(tmp_path / "edited" / "docs.jsonl", records)
 
@@ -194,13 +205,57 @@ def test_saved_documents_of_a_since_run_are_in_its_upserts(tmp_path, tiny_st, co
     summary = _interrupt_and_rerun(
         arguments, tmp_path / "out", _summary(reference)["batches_this_run"]
     )
-    assert summary["changed"] == DOCUMENTS
+    assert summary["changed"] == DOCUMENTS // 2 and summary["saved_this_run"] > 0
     upserts = _table(tmp_path / "out" / "_bulkembed" / "changes" / "upserts")
     expected = _table(reference / "_bulkembed" / "changes" / "upserts")
     assert upserts.column("id").equals(expected.column("id"))
-    assert upserts.num_rows == DOCUMENTS
+    assert upserts.num_rows == DOCUMENTS // 2
+    assert _table(tmp_path / "out").column("id").equals(_table(reference).column("id"))
     np.testing.assert_allclose(
         np.array(upserts.column("dense").to_pylist()),
         np.array(expected.column("dense").to_pylist()),
         atol=1e-6,
     )
+
+
+@pytest.mark.slow
+def test_two_interrupts_count_what_is_saved_once_and_a_damaged_saved_file_is_set_aside(
+    tmp_path, tiny_st, corpus
+):
+    model = tiny_st("mean")
+
+    def arguments(out):
+        return _arguments(corpus, model, out, "--max-batch-tokens", "256")
+
+    reference = tmp_path / "reference"
+    assert CliRunner().invoke(app, arguments(reference)).exit_code == 0
+    batches = _summary(reference)["batches_this_run"]
+    out = tmp_path / "out"
+    assert run_forked("encode", int(batches * 0.45), "SIGINT", arguments(out)).returncode == 130
+    assert run_forked("encode", int(batches * 0.35), "SIGINT", arguments(out)).returncode == 130
+    status = json.loads(CliRunner().invoke(app, ["status", str(out), "--json"]).output)
+    # The second run committed units that the first had saved rows of: counted once.
+    units = RunDirectory(out).done_units()
+    saved = pq.read_table(sorted((out / "_bulkembed").glob("saved-*.parquet")))
+    pending = {
+        (f, p)
+        for part, f, p in zip(
+            *(saved.column(c).to_pylist() for c in ("_part", "_file", "_position")), strict=True
+        )
+        if part not in units
+    }
+    assert status["docs_saved"] == len(pending) > 0
+    assert status["docs_remaining"] == DOCUMENTS - status["docs"] - len(pending)
+    # A saved file cut short (a crash while it was written elsewhere) is set aside.
+    damaged = sorted((out / "_bulkembed").glob("saved-*.parquet"))[0]
+    damaged.write_bytes(damaged.read_bytes()[:100])
+    resumed = CliRunner().invoke(app, arguments(out))
+    assert resumed.exit_code == 0, resumed.output
+    assert f"warning: {damaged} cannot be read (" in resumed.stderr
+    assert "removed; its documents are embedded again" in resumed.stderr
+    summary = _summary(out)
+    assert summary["docs"] == DOCUMENTS and summary["cut"] == _summary(reference)["cut"]
+    output = read_output(out)
+    expected = read_output(reference)
+    assert output.keys() == expected.keys()
+    assert min(float(np.dot(expected[k], output[k])) for k in expected) >= 0.9999
