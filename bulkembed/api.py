@@ -20,7 +20,7 @@ import asyncio
 import os
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +30,7 @@ import pyarrow as pa
 from bulkembed.config import RUNTIME_SETTINGS, VECTOR_SETTINGS, RunConfig
 from bulkembed.contracts import Embeddings, SparseRows
 from bulkembed.errors import ModelError, UsageError, one_line
+from bulkembed.given_texts import text_list
 
 if TYPE_CHECKING:
     from langchain_core.embeddings import Embeddings as _LangChainEmbeddings
@@ -325,7 +326,7 @@ class TextEncoder(_LangChainEmbeddings):
         return self._dense(self.encode_images(images), "embed_images").tolist()
 
     def _embed(self, texts: str | Sequence[str], prompt: str) -> Embeddings:
-        listed = _text_list(texts)
+        listed = text_list(texts)
         if not listed:
             return self._empty()
         return self._embedded(self._tokenized(listed, prompt))
@@ -394,25 +395,3 @@ class TextEncoder(_LangChainEmbeddings):
         if "multivector" in self.spec.outputs:
             multivector = []
         return Embeddings(dense, sparse, multivector)
-
-
-def _text_list(texts: str | Iterable[str]) -> list[str]:
-    """`texts` as a list: one string is one text; anything but strings is an error."""
-    if isinstance(texts, str):
-        return [texts]
-    if texts is None or not isinstance(texts, Iterable):
-        raise UsageError(f"expected a text or a list of texts, not {type(texts).__name__}")
-    listed = list(texts)
-    for number, text in enumerate(listed):
-        if not isinstance(text, str):
-            raise UsageError(
-                f"text {number} is a {type(text).__name__}, not a string: pass strings only"
-            )
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError as e:
-            raise UsageError(
-                f"text {number} holds an unpaired surrogate (U+{ord(text[e.start]):04X}) at "
-                f"character {e.start}, which is not valid Unicode: pass valid text"
-            ) from None
-    return listed

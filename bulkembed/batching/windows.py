@@ -45,6 +45,11 @@ CARRIED_WINDOW_BYTES = 64 * 1024 * 1024
 PIXEL_WINDOW_BYTES = 192 * 1024 * 1024
 
 
+# A window that ends at every unit's end (a stream's) holds this many documents at least:
+# the `--dtype auto` check's sample is the first window's first 64.
+UNIT_WINDOW_DOCUMENTS = 64
+
+
 def window_tokens(budget: int, multivector_dim: int | None) -> int:
     """Tokens per window: `WINDOW_BATCHES` budgets, fewer when every token keeps a vector.
 
@@ -126,13 +131,13 @@ def windows(
     `CARRIED_WINDOW_BYTES` of vectors carried over from a previous output, or
     `PIXEL_WINDOW_BYTES` of decoded images; a larger chunk is cut. A window also closes
     where a unit ends once it holds half of either limit (`per_unit`: at every unit's
-    end), and one that began inside a unit closes where that unit ends: so windows seldom
-    straddle
+    end, once it holds `UNIT_WINDOW_DOCUMENTS`), and one that began inside a unit closes
+    where that unit ends: so windows seldom straddle
     units, and a run of them from one unit's start to another's end (what a device
     process embeds and writes, see `bulkembed.engine.unit_pool`) stays about a unit long.
     Windows depend only on the chunks since the last unit end that closed one."""
     window: list[TokenizedChunk] = []
-    tokens = carried = pixels = 0
+    tokens = carried = pixels = documents = 0
     inside = False  # whether this window began inside a unit
     for chunk in chunks:
         for piece in split_chunk(chunk, max_tokens):
@@ -140,16 +145,17 @@ def windows(
             tokens += int(piece.lengths.sum())
             carried += _carried_bytes(piece)
             pixels += _pixel_bytes(piece)
+            documents += len(piece.lengths)
             ends = piece.chunk.last_in_unit
             full = 2 * max(tokens / max_tokens, pixels / PIXEL_WINDOW_BYTES) >= 1
             if (
                 tokens >= max_tokens
                 or carried >= CARRIED_WINDOW_BYTES
                 or pixels >= PIXEL_WINDOW_BYTES
-                or (ends and (inside or full or per_unit))
+                or (ends and (inside or full or (per_unit and documents >= UNIT_WINDOW_DOCUMENTS)))
             ):
                 yield window
-                window, tokens, carried, pixels = [], 0, 0, 0
+                window, tokens, carried, pixels, documents = [], 0, 0, 0, 0
                 inside = not ends
     if window:
         yield window

@@ -32,6 +32,7 @@ import pyarrow.parquet as pq
 from bulkembed.batching.tokenize import CUT
 from bulkembed.contracts import Embeddings, RowCounts
 from bulkembed.errors import BulkembedError
+from bulkembed.run_dir.saved_files import saved_documents, saved_files
 from bulkembed.schema import CONTENT_HASH, EMBEDDING_COLUMNS, hex_strings, record_batch
 from bulkembed.sources import count_records
 from bulkembed.sources.records import SAVED, SAVED_CUT, Carried, Chunk
@@ -153,7 +154,7 @@ def kept_documents(run: RunDirectory, files: list[InputFile]) -> KeptDocuments:
     units = run.done_units()
     done = units.values()
     finished = sum(r.rows + r.bad_records for r in done)
-    saved = run.saved_documents(units)
+    saved = saved_documents(run.meta, units)
     try:
         total: int | None = count_records(files)
     except BulkembedError:
@@ -185,7 +186,7 @@ class SavedVectors:
         where there are none. A saved file that cannot be read (cut short by a crash, an
         upload stopped) is removed, with a warning: its documents are embedded again."""
         tables = []
-        for path in run.saved_files():
+        for path in saved_files(run.meta):
             try:
                 table = pq.read_table(pa.BufferReader(path.read_bytes()))
             except (OSError, pa.ArrowException) as e:

@@ -40,7 +40,6 @@ from bulkembed.run_dir.files import (
     MODE_FILE,
     OWN_FILES,
     OWN_NAMES,
-    SAVED_FILE,
     TEMPORARY,
     read_json,
     write_json_atomically,
@@ -50,6 +49,7 @@ from bulkembed.run_dir.lease import directory_lock
 from bulkembed.run_dir.ledger import Ledger
 from bulkembed.run_dir.lock import LockedError
 from bulkembed.run_dir.quarantine import Quarantine
+from bulkembed.run_dir.saved_files import saved_files
 from bulkembed.storage import AnyPath, scratch_folder
 from bulkembed.wording import counted
 
@@ -325,33 +325,8 @@ class RunDirectory:
         """Every unit of the inputs is done: there are `units` of them. Vectors that an
         interrupted run saved for the next (`bulkembed.engine.saved`) are not needed now."""
         self.ledger.mark_complete(units)
-        for path in self.saved_files():
+        for path in saved_files(self.meta):
             path.unlink(missing_ok=True)
-
-    def saved_files(self) -> list[AnyPath]:
-        """The files of vectors that interrupted runs saved for the next
-        (`bulkembed.engine.saved`)."""
-        if not self.meta.is_dir():
-            return []
-        return sorted(p for p in self.meta.iterdir() if SAVED_FILE.fullmatch(p.name))
-
-    def saved_documents(self, done: Collection[str]) -> int:
-        """How many documents the saved files hold for units not in `done` (a document
-        saved twice counts once; a file that cannot be read, none)."""
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
-        found: set[tuple[int, int]] = set()
-        for path in self.saved_files():
-            try:
-                table = pq.read_table(
-                    pa.BufferReader(path.read_bytes()), columns=["_part", "_file", "_position"]
-                )
-            except (OSError, pa.ArrowException):
-                continue
-            rows = zip(*(table.column(c).to_pylist() for c in table.column_names), strict=True)
-            found.update((file, position) for part, file, position in rows if part not in done)
-        return len(found)
 
     def is_complete(self, done: Collection[str] | None = None) -> bool:
         """Whether every unit is done (`Ledger.is_complete`)."""

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from bulkembed.config import DEFAULT_RECORDS_PER_UNIT
 from bulkembed.errors import ExitCode
+from bulkembed.run_dir.saved_files import saved_documents
 from bulkembed.wording import counted
 
 STATES = (
@@ -125,7 +126,7 @@ def run_status(
     remaining: int | None = 0
     saved = 0
     if not run.is_complete(done):
-        saved = run.saved_documents(done)
+        saved = saved_documents(run.meta, done)
         readable = all(s.path.is_file() for s in files)
         records = config.get("records_per_unit", DEFAULT_RECORDS_PER_UNIT)
         pending = len(set(unit_names(files, records)) - set(done)) if readable else None

@@ -83,3 +83,17 @@ def test_every_documented_command_line_parses():
             chosen.make_context(name, list(rest))
         except Exception as e:  # typer's own click: its exceptions are known by name
             assert type(e).__name__ == "MissingParameter", f"{line}: {e}"
+
+
+def test_every_page_is_in_sections_with_headings():
+    """Each page of docs/ has sections with headings (an in-page contents and anchors),
+    and no paragraph stands in for a heading by starting with a bold sentence."""
+    import re
+
+    for page in DOC_PAGES:
+        text = page.read_text()
+        if page.name != "README.md":
+            assert re.search(r"^## ", text, re.M), f"{page.name} has no section heading"
+        prose = re.sub(r"```.*?```", "", text, flags=re.S)
+        leads = re.findall(r"^\*\*[^*]+\.\*\* ", prose, re.M)
+        assert not leads, f"{page.name}: a bold sentence where a heading belongs: {leads[0]}"
