@@ -76,3 +76,21 @@ def test_a_port_in_use_is_one_line(tmp_path, tiny_st):
     assert result.exit_code == 2
     assert result.stderr.startswith(f"error: --metrics-port {port}: cannot serve on it (")
     assert result.stderr.rstrip().endswith("choose another port")
+
+
+def test_a_metrics_file_bulkembed_did_not_write_is_not_overwritten(tmp_path, tiny_st):
+    corpus = write_jsonl(tmp_path / "c.jsonl", records(5))
+    mine = tmp_path / "notes.prom"
+    mine.write_text("my own metrics\n")
+    result = run_cli(corpus, tiny_st("mean"), tmp_path / "out", "--metrics-file", mine)
+    assert result.exit_code == 2
+    assert result.stderr.strip() == (
+        f"error: --metrics-file {mine} exists and is not bulkembed's metrics: choose another file"
+    )
+    assert mine.read_text() == "my own metrics\n"
+    ours = tmp_path / "run.prom"
+    for _ in range(2):  # an earlier run's file is written over
+        assert (
+            run_cli(corpus, tiny_st("mean"), tmp_path / "o2", "--metrics-file", ours).exit_code == 0
+        )
+    assert _value(ours.read_text(), "bulkembed_documents_embedded_total") is not None

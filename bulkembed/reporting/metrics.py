@@ -29,6 +29,17 @@ from bulkembed.errors import UsageError
 from bulkembed.reporting.progress import Reporter, RunStats
 
 FILE_INTERVAL_SECONDS = 10.0
+# How a metrics file bulkembed wrote begins (the first metric's help line).
+_FIRST_LINE = b"# HELP bulkembed_"
+
+
+def _written_here(path: Path) -> bool:
+    """Whether `path` is a metrics file of an earlier run, which may be written over."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(len(_FIRST_LINE)) == _FIRST_LINE
+    except OSError:
+        return False
 
 
 def _prometheus() -> Any:
@@ -108,6 +119,11 @@ class MetricsReporter:
         self.registry = prometheus.CollectorRegistry()
         self.registry.register(self.collector)
         self.path = None if path is None else Path(path)
+        if self.path is not None and self.path.exists() and not _written_here(self.path):
+            raise UsageError(
+                f"--metrics-file {self.path} exists and is not bulkembed's metrics: choose "
+                "another file"
+            )
         self._written = 0.0
         self._lock = threading.Lock()
         self.server: Any = None
