@@ -142,7 +142,12 @@ def test_what_two_groups_say_together_is_checked_across_them():
 @pytest.mark.parametrize(
     ("field", "value", "message"),
     [
-        ("dtype", "f32", "--dtype: choose one of auto, float32, float16, bfloat16 (got 'f32')"),
+        (
+            "dtype",
+            "f32",
+            "--dtype: choose one of auto, float32, float16, bfloat16, int8-weights, int8 "
+            "(got 'f32')",
+        ),
         ("on_bad_record", "ignore", "--on-bad-record: choose skip or fail (got 'ignore')"),
         ("pooling", "max", "--pooling: choose one of cls, mean, last-token (got 'max')"),
         ("shard", "3/3", "--shard 3/3: expected I/N with 0 <= I < N"),

@@ -34,12 +34,17 @@ class Pooling(str, Enum):
 
 class DType(str, Enum):
     """Compute precision of the model. `auto` is bfloat16 or float16 on CUDA, bfloat16 on
-    CPUs with bfloat16 units, else float32 (see `bulkembed.models.devices.dtype_choice`)."""
+    CPUs with bfloat16 units, else int8-weights where the model can run it, else float32
+    (see `bulkembed.models.devices.dtype_choice`, `bulkembed.encoders.int8.int8_mode`).
+    `int8-weights` and `int8` (weights and activations) run on the CPU, behind a check
+    against float32 (`bulkembed.engine.int8_check`)."""
 
     AUTO = "auto"
     FLOAT32 = "float32"
     FLOAT16 = "float16"
     BFLOAT16 = "bfloat16"
+    INT8_WEIGHTS = "int8-weights"
+    INT8 = "int8"
 
 
 class Backend(str, Enum):

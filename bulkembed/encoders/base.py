@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     import torch
 
     from bulkembed.encoders.flat import FlatFamily
+    from bulkembed.encoders.int8 import Calibration
     from bulkembed.encoders.transfer import DeviceInputs, DeviceOutputs, Landing
     from bulkembed.models.model_spec import ModelSpec
 
@@ -201,6 +202,24 @@ class Encoder(DeviceRuntime):
             twin.model = self.model.in_dtype(dtype)
         else:
             twin.autocast = str(dtype) != "torch.float32"
+        return twin
+
+    def in_int8(self, mode: str, calibration: Calibration | None) -> Encoder:
+        """This encoder's OpenVINO graph quantized to `mode` (`bulkembed.encoders.int8`,
+        `calibration` for static int8), from the export cache or quantized now; a
+        `ModelError` where it cannot be."""
+        from bulkembed.encoders.int8 import quantized_graph
+        from bulkembed.encoders.openvino import Quantized, conversion_key
+
+        if self.backend is not Backend.OPENVINO:
+            raise ModelError(f"{self.spec.source} does not run on OpenVINO here, nor in int8")
+        conversion = conversion_key(self.spec, "base")
+        graph = self.model.graph
+        told = self.notices.append
+        quantized = quantized_graph(self.spec.source, conversion, graph, mode, calibration, told)
+        twin = copy.copy(self)
+        twin.counts, twin._float32 = DeviceCounts(), None
+        twin.model = self.model.in_int8(Quantized(mode, quantized))
         return twin
 
     def compute(self) -> contextlib.AbstractContextManager:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from bulkembed.encoders.int8 import int8_settings
 from bulkembed.encoders.openvino_import import import_openvino
 from bulkembed.errors import ModelError
 from bulkembed.models.export_cache import converted, installed_version
@@ -90,14 +91,25 @@ class OpenVINOModel:
     attention_mask=...)` returns `ModelOutput`, float32 tensors on the CPU."""
 
     def __init__(
-        self, graph: Any, config: Any, masked_lm: bool, dtype: torch.dtype, threads: int
+        self,
+        graph: Any,
+        config: Any,
+        masked_lm: bool,
+        dtype: torch.dtype,
+        threads: int,
+        int8: Quantized | None = None,
     ) -> None:
         self.graph = graph
         self.config = config
         self.masked_lm = masked_lm
         self.dtype = dtype
         self.threads = threads
-        self.compiled = compiled_for_cpu(graph, dtype, threads)
+        # The graph quantized to int8 that runs instead of `graph`, if any.
+        self.int8 = int8
+        if int8 is None:
+            self.compiled = compiled_for_cpu(graph, dtype, threads)
+        else:
+            self.compiled = compiled_for_cpu(int8.graph, dtype, threads, int8_settings(int8.mode))
         self.request = self.compiled.create_infer_request()
 
     def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> ModelOutput:
@@ -110,8 +122,23 @@ class OpenVINOModel:
         return ModelOutput(last_hidden_state=result)
 
     def in_dtype(self, dtype: torch.dtype) -> OpenVINOModel:
-        """The same graph compiled to compute in `dtype`."""
+        """The same graph, not quantized, compiled to compute in `dtype`."""
         return OpenVINOModel(self.graph, self.config, self.masked_lm, dtype, self.threads)
+
+    def in_int8(self, quantized: Quantized) -> OpenVINOModel:
+        """The graph `quantized` from this one, compiled for the CPU."""
+        import torch
+
+        config, masked_lm = self.config, self.masked_lm
+        return OpenVINOModel(self.graph, config, masked_lm, torch.float32, self.threads, quantized)
+
+
+@dataclass(frozen=True, slots=True)
+class Quantized:
+    """A graph quantized to int8 in `mode` (`bulkembed.encoders.int8`)."""
+
+    mode: str
+    graph: Any
 
 
 def conversion_key(spec: ModelSpec, head: str) -> dict[str, Any]:
@@ -229,8 +256,11 @@ def cached_graph(
         raise ModelError(f"OpenVINO cannot convert {spec.source}: {e}".splitlines()[0]) from e
 
 
-def compiled_for_cpu(graph: Any, dtype: torch.dtype, threads: int) -> Any:
-    """`graph` compiled for the CPU plugin to compute in `dtype` on `threads` threads."""
+def compiled_for_cpu(
+    graph: Any, dtype: torch.dtype, threads: int, overrides: dict[str, Any] | None = None
+) -> Any:
+    """`graph` compiled for the CPU plugin to compute in `dtype` on `threads` threads, with
+    the settings in `overrides` (an int8 graph's) taking the place of those."""
     ov = import_openvino()
 
     settings = {
@@ -238,5 +268,6 @@ def compiled_for_cpu(graph: Any, dtype: torch.dtype, threads: int) -> Any:
         "PERFORMANCE_HINT": "LATENCY",
         "INFERENCE_NUM_THREADS": threads,
         "CPU_RUNTIME_CACHE_CAPACITY": RUNTIME_CACHE_SHAPES,
+        **(overrides or {}),
     }
     return ov.Core().compile_model(graph, "CPU", settings)

@@ -18,6 +18,7 @@ import pyarrow as pa
 from bulkembed.batching.packing import BatchPolicy
 from bulkembed.batching.tokenize import TokenizedChunk
 from bulkembed.contracts import Embeddings
+from bulkembed.engine.int8_check import Int8Record
 from bulkembed.engine.modes import RunMode, part_writer
 from bulkembed.engine.plan import RunOutcome, RunPlan
 from bulkembed.engine.saved import OpenRows, kept_documents, save_rows, window_rows
@@ -100,7 +101,10 @@ def embed_in_process(
             if first is None:
                 return RunOutcome(stats, ",".join(devices), plan.dtype, budget)
             tokenized = chain([first], tokenized)
-        session = start_session(plan.spec, devices, config.batching.dtype, None, reporter)
+        int8_record = Int8Record.of(writing.run)
+        session = start_session(
+            plan.spec, devices, config.batching.dtype, None, reporter, int8_record
+        )
         sessions.append(session)
         if writer is None:
             mode = writing.mode.describe()

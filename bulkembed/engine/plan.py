@@ -215,7 +215,6 @@ def _check_since(config: RunConfig, target: OutputTarget, options: StorageOption
 def plan_run(config: RunConfig, reporter: Reporter, started: float) -> RunPlan:
     """Find the inputs and check their columns, resolve the model and the devices, for a
     command that `started` at that time (monotonic clock)."""
-    from bulkembed.encoders.compiling import compiles_by_default
     from bulkembed.models.devices import dtype_choice, resolve_devices
     from bulkembed.models.model_spec import resolve_model
 
@@ -260,9 +259,8 @@ def plan_run(config: RunConfig, reporter: Reporter, started: float) -> RunPlan:
     else:
         devices = resolve_devices(config.batching.devices)
         dtype = dtype_choice(config.batching.dtype, devices[0])
-    if config.batching.compile is None:
-        input_bytes = sum(f.size for f in files)
-        spec = replace(spec, compile=compiles_by_default(spec, devices[0], input_bytes))
+    spec = _on_device(config, spec, devices[0], files)
+    dtype = spec.int8 or dtype
     distributed = config.run.shard is not None or config.run.engine is Engine.RAY
     units = counted_units(files, config.inputs.records_per_unit) if distributed else None
     workers = config.batching.tokenize_workers
@@ -294,6 +292,21 @@ def plan_run(config: RunConfig, reporter: Reporter, started: float) -> RunPlan:
         started=started,
         unread_directories=tuple(directory for directory, _ in skipped),
     )
+
+
+def _on_device(
+    config: RunConfig, spec: ModelSpec, device: str, files: list[InputFile]
+) -> ModelSpec:
+    """`spec` with what the device decides: `--compile` left out (`compiles_by_default`)
+    and the int8 dtype the run tries (`int8_mode`)."""
+    from bulkembed.encoders.compiling import compiles_by_default
+    from bulkembed.encoders.int8 import int8_mode
+
+    if config.batching.compile is None:
+        input_bytes = sum(f.size for f in files)
+        spec = replace(spec, compile=compiles_by_default(spec, device, input_bytes))
+    one_process = config.run.engine is not Engine.RAY
+    return replace(spec, int8=int8_mode(config.batching.dtype, device, spec, one_process))
 
 
 def _reader(config: RunConfig, files: list[InputFile], images: bool) -> RecordReader:

@@ -45,6 +45,8 @@ PARITY_THRESHOLD = 0.9999
 # Multi-vector and sparse cosines are judged at this percentile (the 1st: 99% must pass).
 PERCENTILE = 1
 SAMPLE_DOCUMENTS = 64
+# The nearest neighbours an int8 check compares (`neighbour_agreement`).
+NEIGHBOURS = 5
 # Bumped when a recorded check means something else.
 _RECORD_FORMAT = 1
 _KIND = "dtype-checks"
@@ -90,10 +92,24 @@ class Agreement:
 
     dense: float | None
     others: float | None
+    # The mean share of each document's nearest neighbours in the sample that the fast
+    # dtype finds too (`neighbour_agreement`; int8 checks only).
+    neighbours: float | None = None
 
     @property
     def worst(self) -> float:
         return min(v for v in (self.dense, self.others, 1.0) if v is not None)
+
+
+@dataclass(frozen=True, slots=True)
+class Bar:
+    """What an int8 check must reach: the lowest dense cosine, and the neighbours' agreement."""
+
+    cosine: float
+    neighbours: float
+
+    def __str__(self) -> str:
+        return f"cosine {self.cosine}, top-{NEIGHBOURS} agreement {self.neighbours}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,12 +123,22 @@ class PrecisionCheck:
     recorded: bool = False
     # The token budget the sample was embedded in batches of (a recorded check's).
     budget: int | None = None
+    # An int8 check's bar (None: a half-precision one, at `PARITY_THRESHOLD`).
+    bar: Bar | None = None
+    # Why the int8 model could not be made, where it could not (the check then fails).
+    failure: str | None = None
 
     @property
     def passed(self) -> bool:
-        return self.agreement.worst >= PARITY_THRESHOLD
+        found = self.agreement
+        if self.bar is None:
+            return found.worst >= PARITY_THRESHOLD
+        cosine, neighbours = found.dense or 0.0, found.neighbours or 0.0
+        return cosine >= self.bar.cosine and neighbours >= self.bar.neighbours
 
     def describe(self) -> str:
+        if self.failure is not None:
+            return f"{self.tried}: {self.failure}; running in float32"
         found = []
         if self.agreement.dense is not None:
             found.append(f"lowest dense cosine {self.agreement.dense:.7f}")
@@ -121,12 +147,17 @@ class PrecisionCheck:
                 f"multi-vector/sparse cosine at the {PERCENTILE}st percentile "
                 f"{self.agreement.others:.7f}"
             )
-        verdict = (
-            "kept"
-            if self.passed
-            else f"below {PARITY_THRESHOLD}: running in float32, several times slower "
-            f"(--dtype {self.tried} keeps {self.tried} without the check)"
-        )
+        if self.agreement.neighbours is not None:
+            found.append(f"top-{NEIGHBOURS} neighbour agreement {self.agreement.neighbours:.3f}")
+        if self.passed:
+            verdict = "kept"
+        elif self.bar is not None:
+            verdict = f"below {self.bar}: running in float32"
+        else:
+            verdict = (
+                f"below {PARITY_THRESHOLD}: running in float32, several times slower "
+                f"(--dtype {self.tried} keeps {self.tried} without the check)"
+            )
         earlier = " (recorded by an earlier run of this model on this device)"
         return (
             f"{self.tried} against float32 on {counted(self.documents, 'document')}: "
@@ -196,6 +227,27 @@ def agreement(reference: Embeddings, candidate: Embeddings) -> Agreement:
         percentiles.append(_percentile(vectors))
     found = [p for p in percentiles if p is not None]
     return Agreement(dense, min(found) if found else None)
+
+
+def neighbour_agreement(reference: np.ndarray, candidate: np.ndarray) -> float:
+    """The mean share of each row's `NEIGHBOURS` nearest other rows by cosine in
+    `reference` that are among its nearest in `candidate` (1.0 with too few rows)."""
+    rows = len(reference)
+    k = min(NEIGHBOURS, rows - 1)
+    if k < 1:
+        return 1.0
+
+    def nearest(vectors: np.ndarray) -> np.ndarray:
+        unit = vectors.astype(np.float64)
+        unit /= np.maximum(np.linalg.norm(unit, axis=1, keepdims=True), 1e-30)
+        similarity = unit @ unit.T
+        np.fill_diagonal(similarity, -np.inf)
+        # Ties broken by row number, the same way in both.
+        return np.argsort(-similarity, axis=1, kind="stable")[:, :k]
+
+    found, expected = nearest(candidate), nearest(reference)
+    shared = [len(np.intersect1d(a, b)) for a, b in zip(expected, found, strict=True)]
+    return float(np.mean(shared) / k)
 
 
 def _percentile(cosines: list[np.ndarray]) -> float | None:

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from bulkembed.batching.tokenize import TokenizedChunk
     from bulkembed.batching.windows import EmbeddedHead
     from bulkembed.encoders import Embedder, Encoder
+    from bulkembed.engine.int8_check import Int8Record
     from bulkembed.engine.precision import PrecisionCheck
     from bulkembed.models.model_spec import ModelSpec
 
@@ -146,10 +147,15 @@ class Unsettled(_Started):
     candidate: torch.dtype
     policy: BatchPolicy
     recorded: PrecisionCheck | None
+    # `--dtype` as given, and where the run keeps its int8 decision (`ModelSpec.int8`).
+    asked: DType = DType.AUTO
+    int8_record: Int8Record | None = None
 
     @property
     def dtype(self) -> str:
         """The dtype the run computes in: the candidate, unless a recorded check failed."""
+        if self.start.spec.int8 is not None:
+            return self.start.spec.int8
         if self.recorded is not None and not self.recorded.passed:
             return "float32"
         return dtype_name(self.candidate)
@@ -176,7 +182,19 @@ class Unsettled(_Started):
         from bulkembed.engine.precision import check_on_window, record_check, replay_on_window
 
         start, recorded = self.start, self.recorded
-        if recorded is None:
+        int8 = start.spec.int8
+        if int8 is not None:
+            from bulkembed.engine.int8_check import int8_bar, int8_on_window
+
+            start.reporter.phase(f"checking {int8} against float32")
+            bar, budget = int8_bar(self.asked), self.budget
+            checked = int8_on_window(
+                self.embedder, window, bar, budget, self.int8_record, embedding
+            )
+            if checked is None:
+                return None
+            encoder, precision, sample = checked.encoder, checked.check, checked.sample
+        elif recorded is None:
             start.reporter.phase(f"checking {dtype_name(self.candidate)} against float32")
             checked = check_on_window(self.embedder, window, self.candidate, self.budget)
             if checked is None:
@@ -189,8 +207,8 @@ class Unsettled(_Started):
                 return None
             encoder, precision, sample = self.embedder, recorded, replayed
         say = start.reporter.info if precision.passed else start.reporter.warn
-        say(f"--dtype auto: {precision.describe()}")
-        dtype = dtype_name(self.candidate) if precision.passed else "float32"
+        say(f"--dtype {self.asked.value}: {precision.describe()}")
+        dtype = (int8 or dtype_name(self.candidate)) if precision.passed else "float32"
         retired = DeviceCounts()
         if encoder is not self.embedder:
             # The float32 start's device seconds stay counted: the run's counts only grow.
@@ -200,7 +218,7 @@ class Unsettled(_Started):
         if len(start.devices) == 1:
             start.tell(encoder.notices, encoder.remarks)
             policy = self.policy
-            if recorded is None and precision.passed and tunes_budget(encoder):
+            if not precision.recorded and precision.passed and tunes_budget(encoder):
                 # The probe at start ran in float32: the chosen dtype takes less memory.
                 found = encoder.measure_budget()
                 policy = start.probed(policy, found, lower_only=False)
@@ -221,13 +239,16 @@ def start_session(
     dtype: DType,
     threads: int | None,
     reporter: Reporter,
+    int8_record: Int8Record | None = None,
 ) -> DeviceSession | Unsettled:
     """The model of `spec` started on `devices`: a session in `dtype`, or, where `--dtype
     auto` has a half-precision candidate to check, the start that the first window with a
     document settles. With several devices one worker process per device (`EncoderPool`)
     starts once the dtype is known. An `auto` budget (`ModelSpec.probe_budget`) is probed
     at start, and again in the dtype the check keeps (before the first batch); the pool's
-    workers only ever lower it, so that batches packed before still fit."""
+    workers only ever lower it, so that batches packed before still fit. A run that tries
+    int8 (`ModelSpec.int8`) starts in float32 and settles it on its first window too,
+    keeping its decision in `int8_record` (`bulkembed.engine.int8_check`)."""
     import torch
 
     from bulkembed.encoders import start_encoder
@@ -237,9 +258,10 @@ def start_session(
     start = Start(spec, devices, threads, reporter)
     policy = BatchPolicy.of(spec)
     candidate = resolve_dtype(dtype, devices[0])
-    checking = dtype is DType.AUTO and candidate != torch.float32
+    half = dtype is DType.AUTO and candidate != torch.float32 and spec.int8 is None
+    checking = half or spec.int8 is not None
     # A check recorded by an earlier run: the model starts in the dtype it kept.
-    recorded = recorded_check(spec, devices[0], candidate) if checking else None
+    recorded = recorded_check(spec, devices[0], candidate) if half else None
     reporter.phase(f"loading the model on {', '.join(devices)}")
     if len(devices) > 1 and not checking:
         pool, policy = start.pool(dtype_name(candidate), policy)
@@ -250,7 +272,7 @@ def start_session(
     start.tell(encoder.notices, encoder.remarks)
     policy = start.probed(policy, found)
     if checking:
-        return Unsettled(start, encoder, candidate, policy, recorded)
+        return Unsettled(start, encoder, candidate, policy, recorded, dtype, int8_record)
     return DeviceSession(start, encoder, dtype_name(candidate), policy)
 
 

@@ -82,6 +82,7 @@ def cpu_threads_per_worker(devices: list[str]) -> int:
 
 
 _BFLOAT16_UNITS = re.compile(r"\b(amx_bf16|avx512_bf16)\b")
+_INT8_UNITS = re.compile(r"\b(avx512_vnni|avx_vnni|amx_int8)\b")
 
 
 def cpu_accelerates_bfloat16() -> bool:
@@ -92,6 +93,15 @@ def cpu_accelerates_bfloat16() -> bool:
     except OSError:
         return False
     return _BFLOAT16_UNITS.search(flags) is not None
+
+
+def cpu_multiplies_int8() -> bool:
+    """Whether this CPU multiplies int8 matrices in hardware (VNNI, AVX-VNNI or AMX)."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return False
+    return _INT8_UNITS.search(flags) is not None
 
 
 def device_identity(device: str) -> str:
@@ -126,7 +136,11 @@ def dtype_choice(dtype: DType, device: str) -> str:
     whatever the model was saved in), else float16; on a CPU bfloat16 where the CPU
     accelerates it, else float32. A half-precision `auto` choice is checked against
     float32 at start-up (see `bulkembed.engine.precision`), and a batch that gives values that are
-    not finite in it is embedded again in float32. Imports no torch for a CPU."""
+    not finite in it is embedded again in float32. The int8 dtypes compute around their
+    int8 matrix multiplies in float32 (`bulkembed.encoders.int8`). Imports no torch for a
+    CPU."""
+    if dtype in (DType.INT8, DType.INT8_WEIGHTS):
+        return "float32"
     if dtype is not DType.AUTO:
         return dtype.value
     if device != "cpu":

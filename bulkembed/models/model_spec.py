@@ -75,6 +75,9 @@ class ModelSpec:
     sparse_top_k: int | None
     tokenizer_json: str
     compile: bool = False
+    # The int8 dtype the run tries (`int8-weights`, `int8`; `encoders.int8.int8_mode`), set
+    # when the run is planned: None, it computes in a float dtype.
+    int8: str | None = None
     # Whether the budget was given (option, environment, `embed()`), not taken
     # from the recipe or the default: flat batches on CUDA probe a larger budget only
     # where it was not (`encoders.registry.tunes_budget`).

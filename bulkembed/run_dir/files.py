@@ -26,6 +26,7 @@ OWN_FILES = (
     "complete",
     "vocab.json",
     "quantization.json",
+    "int8.json",
     "shards.json",
     "bad_records.jsonl",
     "failed.json",

@@ -80,6 +80,9 @@ SETTINGS: dict[str, _Setting] = {
     "lowercase": _Setting("lowercasing", lambda c, s, f: s.lowercase),
     # As given: with `auto` a run may resume on another kind of device.
     "dtype": _Setting("--dtype", lambda c, s, f: c.batching.dtype.value),
+    # But int8 and float vectors are never mixed: the int8 dtype a run tries (`--dtype
+    # auto` tries int8-weights on CPUs without bfloat16) is part of what it writes.
+    "int8": _Setting("--dtype's int8", lambda c, s, f: s.int8),
     "text_column": _Setting("--text-column", lambda c, s, f: c.inputs.text_column),
     "image_column": _Setting("--image-column", lambda c, s, f: c.inputs.image_column),
     # How images are decoded, resized and cropped: the model's processor's settings.

@@ -222,7 +222,12 @@ class Incremental(Mode, ABC):
 
 
 def share_quantization(plan: RunPlan, run: RunDirectory, previous: PreviousOutput) -> None:
-    """Carried-over rows keep the previous output's int8/uint8 scale: so must new ones."""
+    """Carried-over rows keep the previous output's int8/uint8 scale: so must new ones; and
+    its int8 model (`share_int8`)."""
+    from bulkembed.engine.int8_check import share_int8
+
+    if plan.spec.int8 is not None and not previous.other_weights:
+        share_int8(run, previous.run)
     quantize = plan.output_format.quantize
     if quantize not in ("int8", "uint8") or run.read_quantization_ranges() is not None:
         return
