@@ -84,6 +84,7 @@ bench: install $(BENCH_VENV)/.installed $(INFINITY_VENV)/.installed
 	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/host_ceiling.py
 	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/object_storage.py
 	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/incremental.py
+	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/int8.py
 
 # On a machine with a GPU, first: eight checks of the GPU path in a few minutes, then the GPU
 # tests; offline. Where PyPI is reachable, `make gpu-wheels` downloads into $(WHEELHOUSE) the

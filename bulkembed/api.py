@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
-from bulkembed.config import RUNTIME_SETTINGS, VECTOR_SETTINGS, DType, RunConfig
+from bulkembed.config import RUNTIME_SETTINGS, VECTOR_SETTINGS, RunConfig, refuse_int8_in_process
 from bulkembed.contracts import Embeddings, SparseRows
 from bulkembed.errors import ModelError, UsageError, one_line
 from bulkembed.given_texts import text_list
@@ -205,12 +205,7 @@ class TextEncoder(_LangChainEmbeddings):
         from bulkembed.output.format import OutputFormat
         from bulkembed.reporting.progress import QuietReporter
 
-        if config.batching.dtype in (DType.INT8, DType.INT8_WEIGHTS):
-            raise UsageError(
-                f"dtype={config.batching.dtype.value!r} is checked on a run's corpus: embed "
-                "texts here with dtype='auto' or 'float32' (int8 vectors of a run agree with "
-                "float32 ones at cosine 0.995 and more)"
-            )
+        refuse_int8_in_process(config.batching.dtype)
         self.config = config
         self.spec: ModelSpec = resolve_model(config)
         self._format: OutputFormat = OutputFormat.for_run(config.model, self.spec)

@@ -49,8 +49,9 @@ DTypeOption = Annotated[
         "--dtype",
         help="Compute precision. auto: on CUDA bfloat16 on devices that have it (compute "
         "capability 8.0 on), else float16; on CPU bfloat16 where the CPU has bfloat16 "
-        "units (AMX, AVX512-BF16), else int8-weights for dense BERT/RoBERTa/XLM-R models "
-        "on OpenVINO, else float32. A half-precision auto choice is checked against "
+        "units (AMX, AVX512-BF16), else int8-weights where it has int8 units (VNNI) and the "
+        "model is a dense BERT/RoBERTa/XLM-R on OpenVINO (BULKEMBED_AUTO_INT8=0: never), "
+        "else float32. A half-precision auto choice is checked against "
         "float32 on the first 64 documents and dropped, with a warning, below cosine 0.9999 "
         "(every dense vector; 99% of multi-vector and sparse ones); an int8 auto choice "
         "below cosine 0.995 or top-5 neighbour agreement 0.93. int8-weights (int8 "

@@ -31,6 +31,7 @@ from bulkembed.config.choices import (
     ShardSpec,
     StreamFormat,
     default_tokenize_workers,
+    refuse_int8_in_process,
 )
 from bulkembed.config.groups import (
     BatchSettings,
@@ -43,6 +44,7 @@ from bulkembed.config.groups import (
 from bulkembed.errors import UsageError
 
 __all__ = [
+    "refuse_int8_in_process",
     "DEFAULT_MAX_BATCH_TOKENS",
     "DEFAULT_MAX_DELETES",
     "DEFAULT_MAX_IMAGE_PIXELS",

@@ -47,6 +47,17 @@ class DType(str, Enum):
     INT8 = "int8"
 
 
+def refuse_int8_in_process(dtype: DType) -> None:
+    """Texts embedded in-process (`bulkembed.load`) run in a float dtype: an int8 one is
+    checked on a run's corpus, which they have none of."""
+    if dtype in (DType.INT8, DType.INT8_WEIGHTS):
+        raise UsageError(
+            f"dtype={dtype.value!r} is checked on a run's corpus: embed texts here with "
+            "dtype='auto' or 'float32' (int8 vectors of a run agree with float32 ones at "
+            "cosine 0.995 and more)"
+        )
+
+
 class Backend(str, Enum):
     """What runs the model's transformer. `auto` is OpenVINO on a CPU for the architectures
     it is tested on (BERT, RoBERTa, XLM-RoBERTa) when the `openvino` package is installed,
