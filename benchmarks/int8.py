@@ -1,7 +1,8 @@
 """int8 on the CPU against float32, end to end through `bulkembed run`.
 
 For each model, the corpus of `corpus.py` is embedded by whole `bulkembed run` processes
-with `--dtype float32`, `int8-weights` and `int8`, in interleaved rounds after a warm-up
+with `--dtype float32`, `bfloat16` (where the CPU has bfloat16 units: what `--dtype auto`
+takes there), `int8-weights` and `int8`, in interleaved rounds after a warm-up
 round (which converts and quantizes into a fresh export cache, and is not counted). Each
 run's tokens per wall second of the whole process (start-up, reading, tokenizing, the
 start-up check, writing) is reported with its median over rounds and the ratio to float32's.
@@ -36,7 +37,9 @@ import pyarrow.parquet as pq
 from corpus import build, write
 from throughput import machine
 
-DTYPES = ("float32", "int8-weights", "int8")
+from bulkembed.models.devices import cpu_accelerates_bfloat16
+
+DTYPES = ("float32", "bfloat16", "int8-weights", "int8")
 
 
 def bge_base_shaped(folder: Path, tokenizer_from: Path) -> Path:
@@ -107,10 +110,11 @@ def measure(name: str, model: Path, docs: int, rounds: int, folder: Path) -> dic
         [{"id": r["id"], "text": first_sentence(r["text"])} for r in records], queries, 1, "parquet"
     )
     env = {**os.environ, "BULKEMBED_CACHE_DIR": str(folder / "cache")}
-    seconds: dict[str, list[float]] = {d: [] for d in DTYPES}
+    dtypes = DTYPES if cpu_accelerates_bfloat16() else tuple(d for d in DTYPES if d != "bfloat16")
+    seconds: dict[str, list[float]] = {d: [] for d in dtypes}
     tokens: dict[str, int] = {}
     for round_number in range(rounds + 1):
-        for dtype in DTYPES:
+        for dtype in dtypes:
             wall, summary = embed(corpus, model, folder / f"{name}-{dtype}", dtype, env)
             tokens[dtype] = summary["tokens"]
             if round_number:  # the first round converts, quantizes and checks: not counted
@@ -119,7 +123,7 @@ def measure(name: str, model: Path, docs: int, rounds: int, folder: Path) -> dic
     found = {}
     reference = vectors(folder / f"{name}-float32", ids)
     reference_nearest = nearest(reference, 10)
-    for dtype in DTYPES:
+    for dtype in dtypes:
         embed(queries, model, folder / f"{name}-{dtype}-queries", dtype, env)
         dense = vectors(folder / f"{name}-{dtype}", ids)
         cosines = (dense * reference).sum(1) / (
@@ -140,7 +144,7 @@ def measure(name: str, model: Path, docs: int, rounds: int, folder: Path) -> dic
                 mean_reciprocal_rank(dense, vectors(folder / f"{name}-{dtype}-queries", ids)), 4
             ),
         }
-    for dtype in DTYPES:
+    for dtype in dtypes:
         found[dtype]["x_float32"] = round(
             found[dtype]["tokens_per_second"] / found["float32"]["tokens_per_second"], 2
         )

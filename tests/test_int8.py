@@ -250,3 +250,30 @@ def test_texts_embedded_in_process_refuse_int8(tiny_st):
 
     with pytest.raises(UsageError, match=r"^dtype='int8' is checked on a run's corpus: embed "):
         api.load(str(tiny_st("mean")), dtype="int8")
+
+
+@pytest.mark.slow
+def test_shards_of_a_run_take_the_decision_of_the_first_to_make_one(tmp_path, tiny_st, monkeypatch):
+    model = tiny_st("mean")
+    corpus = write_jsonl(tmp_path / "corpus" / "c.jsonl", records(400))
+    common = ("--dtype", "int8", "--records-per-unit", "100", "--max-batch-tokens", "256")
+    first = run_cli(corpus, model, tmp_path / "out", *common, "--shard", "0/2")
+    assert first.exit_code == 0, first.output
+    made = (tmp_path / "out" / "_bulkembed" / "int8.json").read_bytes()
+    # The second shard checks on its own first window, as if the first had not decided
+    # yet; the first's decision is found as it is kept, and taken.
+    reads = []
+    read = Int8Record.read
+
+    def late(record):
+        reads.append(record.path)
+        return None if len(reads) == 1 else read(record)
+
+    monkeypatch.setattr(Int8Record, "read", late)
+    second = run_cli(corpus, model, tmp_path / "out", *common, "--shard", "1/2")
+    assert second.exit_code == 0, second.output
+    assert len(reads) == 2
+    assert (tmp_path / "out" / "_bulkembed" / "int8.json").read_bytes() == made
+    reference = run_cli(corpus, model, tmp_path / "one", *common)
+    assert reference.exit_code == 0, reference.output
+    assert _lowest_cosine(read_output(tmp_path / "one"), read_output(tmp_path / "out")) >= 0.9999

@@ -14,9 +14,10 @@ window's documents after the check's (`CALIBRATION_DOCUMENTS`; its first ones wh
 window holds too few after them), so that the check does not judge it on what it saw.
 
 What the check found, and the calibration's documents, are written in the run directory
-(`int8.json`) before any vector is: a resumed run, and a `--since` run on this output,
-take the same decision with the same calibration, so int8 and float32 vectors never mix in
-one output, whatever the export cache holds. The check is also recorded in the export
+(`int8.json`) before any vector is, by the first of a run's shards to decide: the others,
+a resumed run, and a `--since` run on this output take the same decision with the same
+calibration, so int8 and float32 vectors never mix in one output, whatever the export
+cache holds. The check is also recorded in the export
 cache (`int8-checks/`, keyed like the half-precision check's, with the mode and the
 calibration's digest), so that a later run of the same model on the same device skips its
 float32 half.
@@ -112,23 +113,24 @@ class Int8Record:
         ends = np.cumsum(stored["lengths"])
         return found, Calibration(tuple(np.split(ids, ends[:-1])))
 
-    def write(self, check: PrecisionCheck, calibration: Calibration | None) -> None:
-        """Keep `check`, and the documents that calibrated the model it checked."""
+    def write(self, check: PrecisionCheck, calibration: Calibration | None) -> bool:
+        """Keep `check`, and the documents that calibrated the model it checked, unless a
+        decision is kept already (a `--shard` beside this one made it first): False then."""
         found: dict[str, Any] = _as_record(check)
         if calibration is not None:
             # Token ids as little-endian int32, one document after another.
             ids = np.concatenate(calibration.sequences).astype("<i4").tobytes()
             lengths = [len(s) for s in calibration.sequences]
             found["calibration"] = {"lengths": lengths, "ids": base64.b64encode(ids).decode()}
-        write_json_atomically(self.path, found)
+        return write_json_atomically(self.path, found, exclusive=True)
 
 
 def share_int8(run: RunDirectory, previous: RunDirectory) -> None:
     """A `--since` run takes the int8 decision and calibration of the output it updates,
     where it made one, so that the vectors it writes are those of the vectors it keeps."""
     made = Int8Record.of(previous)
-    if not Int8Record.of(run).path.exists() and made.path.exists():
-        write_json_atomically(Int8Record.of(run).path, read_json(made.path))
+    if made.path.exists():
+        write_json_atomically(Int8Record.of(run).path, read_json(made.path), exclusive=True)
 
 
 def _as_record(check: PrecisionCheck) -> dict[str, Any]:
@@ -204,8 +206,9 @@ def int8_on_window(
             assert fast is not None
             checked = _checked(reference, fast, sample, budget, bar)
             record_decision(_KIND, key, _as_record(checked.check))
-    if record is not None and kept is None:
-        record.write(checked.check, calibration)
+    if record is not None and kept is None and not record.write(checked.check, calibration):
+        # Another shard of the run decided first: its decision is the run's.
+        return int8_on_window(reference, window, bar, budget, record, embedding)
     return checked
 
 
