@@ -207,8 +207,10 @@ def int8_on_window(
             checked = _checked(reference, fast, sample, budget, bar)
             record_decision(_KIND, key, _as_record(checked.check))
     if record is not None and kept is None and not record.write(checked.check, calibration):
-        # Another shard of the run decided first: its decision is the run's.
-        return int8_on_window(reference, window, bar, budget, record, embedding)
+        # Another shard of the run decided first: its decision is the run's (the run's first
+        # batch began already where this one replayed a check).
+        told = (lambda: None) if recorded is not None else embedding
+        return int8_on_window(reference, window, bar, budget, record, told)
     return checked
 
 
