@@ -184,6 +184,49 @@ def test_explicit_int8_refuses_what_it_cannot_run(tmp_path, tiny_bge_m3, tiny_st
     )
     assert result.exit_code == 2
     assert "int8 runs on the OpenVINO backend" in result.output
+    result = run_cli(
+        corpus, tiny_st("mean"), tmp_path / "two", "--dtype", "int8", "--devices", "cpu,cpu"
+    )
+    assert result.exit_code == 2
+    assert result.output.strip().splitlines()[-1] == (
+        "error: --dtype int8: int8 is checked in one process on one device, not on a Ray "
+        "cluster or several devices; pick --dtype float32 or auto"
+    )
+
+
+@pytest.mark.slow
+def test_auto_on_several_cpu_workers_stays_in_float(tmp_path, tiny_st, int8_cpu):
+    _, summary = _run(tmp_path, tiny_st("mean"), "two", "--devices", "cpu,cpu")
+    assert (summary["dtype"], summary["dtype_check"]) == ("float32", None)
+
+
+@pytest.mark.slow
+def test_a_resumed_int8_run_that_cannot_make_its_model_again_stops(tmp_path, tiny_st, monkeypatch):
+    model = tiny_st("mean")
+    corpus = write_jsonl(tmp_path / "corpus" / "c.jsonl", records(600))
+    common = ("--dtype", "int8", "--records-per-unit", "100", "--max-batch-tokens", "256")
+    out = tmp_path / "out"
+    arguments = ["run", str(corpus), "--model", str(model), "--output", str(out), "--quiet"]
+    stopped = run_forked("encode", 80, "SIGKILL", [*arguments, *common])
+    assert stopped.returncode != 0
+    kept = Int8Record.of(RunDirectory(out)).read()
+    assert kept is not None and kept[0]["tried"] == "int8"
+    shutil.rmtree(cache_root() / "openvino-int8", ignore_errors=True)
+
+    def fails(graph, mode, calibration, folder):
+        raise RuntimeError("no kernel for this CPU")
+
+    monkeypatch.setattr(int8, "quantize", fails)
+    resumed = run_cli(corpus, model, out, *common)
+    assert resumed.exit_code != 0
+    assert (
+        resumed.output.strip()
+        .splitlines()[-1]
+        .endswith(
+            "no kernel for this CPU; the run's vectors so far are int8: install what made them, "
+            "or start over with --overwrite"
+        )
+    ), resumed.output
 
 
 def test_neighbour_agreement_counts_shared_nearest_neighbours():

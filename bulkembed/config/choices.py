@@ -53,8 +53,8 @@ def refuse_int8_in_process(dtype: DType) -> None:
     if dtype in (DType.INT8, DType.INT8_WEIGHTS):
         raise UsageError(
             f"dtype={dtype.value!r} is checked on a run's corpus: embed texts here with "
-            "dtype='auto' or 'float32' (int8 vectors of a run agree with float32 ones at "
-            "cosine 0.995 and more)"
+            "dtype='auto' or 'float32' (the int8 vectors of a --dtype auto run agree with "
+            "float32 ones at cosine 0.995 and more)"
         )
 
 

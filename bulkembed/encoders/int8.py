@@ -74,7 +74,7 @@ def why_no_int8(spec: ModelSpec, device: str) -> str | None:
     return None
 
 
-def int8_mode(dtype: DType, device: str, spec: ModelSpec, one_process: bool) -> str | None:
+def int8_mode(dtype: DType, devices: list[str], spec: ModelSpec, one_process: bool) -> str | None:
     """The int8 dtype a run tries (`int8-weights`, `int8`), or None: `--dtype int8` and
     `int8-weights` as asked (a one-line error where they cannot run), and `--dtype auto` as
     `int8-weights` on a CPU that multiplies int8 in hardware and bfloat16 not, where the
@@ -83,16 +83,19 @@ def int8_mode(dtype: DType, device: str, spec: ModelSpec, one_process: bool) -> 
 
     if dtype.value in INT8_DTYPES:
         why = (
-            why_no_int8(spec, device)
-            if one_process
-            else "int8 is checked in one process, not on a Ray cluster"
+            why_no_int8(spec, devices[0])
+            if one_process and len(devices) == 1
+            else "int8 is checked in one process on one device, not on a Ray cluster or "
+            "several devices"
         )
         if why is not None:
             raise UsageError(f"--dtype {dtype.value}: {why}; pick --dtype float32 or auto")
         return dtype.value
     if dtype is not DType.AUTO or not one_process or os.environ.get(AUTO_VARIABLE) == "0":
         return None
-    if why_no_int8(spec, device) is not None or cpu_accelerates_bfloat16():
+    if len(devices) > 1 or why_no_int8(spec, devices[0]) is not None:
+        return None
+    if cpu_accelerates_bfloat16():
         return None
     return DType.INT8_WEIGHTS.value if cpu_multiplies_int8() else None
 
@@ -186,7 +189,9 @@ def quantized_graph(
     try:
         with converted("openvino-int8", key, build, rebuilt, unwritable) as folder:
             return ov.Core().read_model(folder / "model.xml")
-    except (OSError, RuntimeError, ValueError) as e:
+    except Exception as e:
+        # NNCF raises errors of its own types, OpenVINO and the import others: any of them
+        # leaves the run in float32 (or, replaying an int8 decision, stops it).
         raise ModelError(f"NNCF cannot quantize {source} to {mode}: {e}".splitlines()[0]) from e
 
 

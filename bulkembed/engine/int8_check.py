@@ -68,6 +68,7 @@ INT8_FILE = "int8.json"
 # Bumped when a recorded check means something else.
 _RECORD_FORMAT = 1
 _KIND = "int8-checks"
+_UNMADE = "install what made them, or start over with --overwrite"
 
 
 def int8_bar(dtype: DType) -> Bar:
@@ -197,6 +198,9 @@ def int8_on_window(
         if recorded is None or recorded.passed:
             fast = reference.in_int8(mode, calibration)
     except ModelError as e:
+        if recorded is not None and recorded.passed:
+            # The run's parts so far are int8: float32 ones must not join them.
+            raise ModelError(f"{e}; the run's vectors so far are {mode}: {_UNMADE}") from e
         failed = PrecisionCheck(mode, Agreement(None, None), 0, False, budget, bar, str(e))
         checked = CheckedWindow(reference, failed, _embed_exact(reference, sample, budget))
     else:

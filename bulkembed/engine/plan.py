@@ -259,7 +259,7 @@ def plan_run(config: RunConfig, reporter: Reporter, started: float) -> RunPlan:
     else:
         devices = resolve_devices(config.batching.devices)
         dtype = dtype_choice(config.batching.dtype, devices[0])
-    spec = _on_device(config, spec, devices[0], files)
+    spec = _on_devices(config, spec, devices, files)
     dtype = spec.int8 or dtype
     distributed = config.run.shard is not None or config.run.engine is Engine.RAY
     units = counted_units(files, config.inputs.records_per_unit) if distributed else None
@@ -294,19 +294,19 @@ def plan_run(config: RunConfig, reporter: Reporter, started: float) -> RunPlan:
     )
 
 
-def _on_device(
-    config: RunConfig, spec: ModelSpec, device: str, files: list[InputFile]
+def _on_devices(
+    config: RunConfig, spec: ModelSpec, devices: list[str], files: list[InputFile]
 ) -> ModelSpec:
-    """`spec` with what the device decides: `--compile` left out (`compiles_by_default`)
+    """`spec` with what the devices decide: `--compile` left out (`compiles_by_default`)
     and the int8 dtype the run tries (`int8_mode`)."""
     from bulkembed.encoders.compiling import compiles_by_default
     from bulkembed.encoders.int8 import int8_mode
 
     if config.batching.compile is None:
         input_bytes = sum(f.size for f in files)
-        spec = replace(spec, compile=compiles_by_default(spec, device, input_bytes))
+        spec = replace(spec, compile=compiles_by_default(spec, devices[0], input_bytes))
     one_process = config.run.engine is not Engine.RAY
-    return replace(spec, int8=int8_mode(config.batching.dtype, device, spec, one_process))
+    return replace(spec, int8=int8_mode(config.batching.dtype, devices, spec, one_process))
 
 
 def _reader(config: RunConfig, files: list[InputFile], images: bool) -> RecordReader:
