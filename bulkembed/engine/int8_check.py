@@ -46,6 +46,7 @@ from bulkembed.engine.precision import (
     embed_sample,
     neighbour_agreement,
     sample_sequences,
+    window_sequences,
 )
 from bulkembed.errors import ModelError
 from bulkembed.models.devices import exact_float32
@@ -79,14 +80,8 @@ def int8_bar(dtype: DType) -> Bar:
 def window_calibration(window: list[TokenizedChunk]) -> Calibration:
     """Static int8's calibration documents: those of `window` after the check's sample, up
     to `CALIBRATION_DOCUMENTS`, or its first ones where fewer than a third of that follow."""
-    sequences: list[np.ndarray] = []
-    wanted = SAMPLE_DOCUMENTS + CALIBRATION_DOCUMENTS
-    for tokenized in window:
-        ends = np.cumsum(tokenized.lengths)
-        sequences += np.split(tokenized.token_ids, ends[:-1]) if len(ends) else []
-        if len(sequences) >= wanted:
-            break
-    after = sequences[SAMPLE_DOCUMENTS:wanted]
+    sequences = window_sequences(window, SAMPLE_DOCUMENTS + CALIBRATION_DOCUMENTS)
+    after = sequences[SAMPLE_DOCUMENTS:]
     if len(after) >= CALIBRATION_DOCUMENTS // 3:
         return Calibration(tuple(after))
     return Calibration(tuple(sequences[:CALIBRATION_DOCUMENTS]))
@@ -129,9 +124,9 @@ class Int8Record:
 def share_int8(run: RunDirectory, previous: RunDirectory) -> None:
     """A `--since` run takes the int8 decision and calibration of the output it updates,
     where it made one, so that the vectors it writes are those of the vectors it keeps."""
-    made = Int8Record.of(previous)
-    if made.path.exists():
-        write_json_atomically(Int8Record.of(run).path, read_json(made.path), exclusive=True)
+    made = Int8Record.of(previous).path
+    if made.exists():
+        write_json_atomically(Int8Record.of(run).path, read_json(made), exclusive=True)
 
 
 def _as_record(check: PrecisionCheck) -> dict[str, Any]:

@@ -69,19 +69,29 @@ class Sample:
         return TokenBatch.from_sequences([self.sequences[i] for i in indices], pixels)
 
 
-def sample_sequences(window: list[TokenizedChunk]) -> Sample:
-    """The window's first `SAMPLE_DOCUMENTS` documents."""
+def window_sequences(window: list[TokenizedChunk], count: int) -> list[np.ndarray]:
+    """The token ids of the window's first `count` documents, one array each."""
     sequences: list[np.ndarray] = []
-    pixels: list[np.ndarray] = []
     for tokenized in window:
+        if len(sequences) >= count:
+            break
         ends = np.cumsum(tokenized.lengths)
         sequences += np.split(tokenized.token_ids, ends[:-1]) if len(ends) else []
+    return sequences[:count]
+
+
+def sample_sequences(window: list[TokenizedChunk]) -> Sample:
+    """The window's first `SAMPLE_DOCUMENTS` documents."""
+    pixels: list[np.ndarray] = []
+    held = 0
+    for tokenized in window:
+        if held >= SAMPLE_DOCUMENTS:
+            break
+        held += len(tokenized.lengths)
         if tokenized.pixels is not None:
             pixels.append(tokenized.pixels)
-        if len(sequences) >= SAMPLE_DOCUMENTS:
-            break
     images = np.concatenate(pixels)[:SAMPLE_DOCUMENTS] if pixels else None
-    return Sample(sequences[:SAMPLE_DOCUMENTS], images)
+    return Sample(window_sequences(window, SAMPLE_DOCUMENTS), images)
 
 
 @dataclass(frozen=True, slots=True)
